@@ -1,0 +1,40 @@
+// Frozen constants of the detlogp numeric contract v1 (docs/contract.md §2) and the
+// host/device qualifiers every contract-core function is compiled with.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DETLOGP_HD __host__ __device__ __forceinline__
+#else
+#define DETLOGP_HD inline
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define DETLOGP_DEVICE_PASS 1
+#else
+#define DETLOGP_DEVICE_PASS 0
+#endif
+
+namespace detlogp {
+
+// Bit-relevant. Changing any of these needs a contract version bump (docs/contract.md §9).
+inline constexpr int kContractVersion = 1;
+inline constexpr const char* kContractName = "detlogp-linear-logp-contract";
+inline constexpr int kVocabTile = 64;       // global vocab tile: ids [64g, 64g + 64)
+inline constexpr int kTileTreeLevels = 6;   // adjacent-pairwise tree over the 64 lanes
+inline constexpr int kKSlab = 32;           // documented slab of the ascending K walk
+inline constexpr const char* kTreeId = "adjpair64-nanmax-ascchain-fma-v1";
+inline constexpr const char* kTranscendentalId = "expc-cw2-poly6-v1+logc-atanh-poly4-v1";
+inline constexpr const char* kNSplitPolicy = "none: per-64-lane tile summaries, chain over global tiles";
+inline constexpr const char* kTemperatureId = "y=fl(z*fl(1/T))";
+inline constexpr int64_t kDefaultIgnoreIndex = -100;
+// Canonical quiet NaN written to lse/logp of any row whose statistics saw a NaN.
+inline constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;
+
+static_assert(kVocabTile == 64, "contract v1 pins VOCAB_TILE = 64");
+static_assert((1 << kTileTreeLevels) == kVocabTile, "the in-tile tree covers exactly one vocab tile");
+static_assert(kKSlab == 32, "contract v1 pins K_SLAB = 32");
+static_assert(kKSlab % 16 == 0, "K_SLAB must be a whole number of wgmma k16 steps");
+
+}  // namespace detlogp

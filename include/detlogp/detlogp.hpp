@@ -1,0 +1,101 @@
+// detlogp public C++ API: per-token log-probabilities straight from hidden states and the
+// lm_head weight, bearing the numeric contract of docs/contract.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "detlogp/config.hpp"
+#include "detlogp/error.hpp"
+#include "detlogp/provenance.hpp"
+#include "detlogp/reduce.hpp"
+#include "detlogp/tensor.hpp"
+
+namespace detlogp {
+
+// Inputs of one call. All tensors live in the same memory (host, or one CUDA device).
+struct LinearLogpInputs {
+  TensorView hidden;            // [N, D] bf16, rows may be strided
+  TensorView weight;            // [V_local, D] bf16: this rank's lm_head shard
+  TensorView bias;              // optional [V_local] f32
+  TensorView targets;           // [N] i32 or i64, global vocab ids
+  float temperature = 1.0f;     // used when temperature_rows is absent
+  TensorView temperature_rows;  // optional [N] f32, one T per row
+  int64_t real_vocab = -1;      // V_real; ids >= V_real are padding. -1: vocab_start + V_local
+  int64_t vocab_start = 0;      // global id of weight row 0; a multiple of 64
+  int64_t ignore_index = kDefaultIgnoreIndex;
+};
+
+// Outputs: logp [N] f32, lse [N] f32, and on the serving entry logits [N, V_local] f32
+// (unscaled z = h.W + b). logits absent = trainer entry, which never allocates [N, V].
+struct LinearLogpOutputs {
+  MutableTensorView logp;
+  MutableTensorView lse;
+  MutableTensorView logits;
+};
+
+struct CallOptions {
+  std::string backend;       // "" -> env DETLOGP_BACKEND, else "auto"
+  bool strict = false;       // also switched on by env DETLOGP_STRICT=1
+  void* cuda_stream = nullptr;
+};
+
+// The fused operator: logp[n] = min(y_t - lse, 0), lse[n] = M + logc(S) over the whole real
+// vocabulary. The shard must cover it (vocab_start == 0, V_local >= real_vocab); for a vocab
+// shard use linear_logp_partials and merge_partials.
+CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt = {});
+
+// Rank-local partials for tensor parallelism: tile summaries of this shard's global tiles and,
+// for rows whose target this shard owns, the scaled target logit y_t.
+struct ShardPartials {
+  int64_t rows = 0;
+  int64_t tiles = 0;             // ceil(V_local / 64)
+  TileSummary* summaries = nullptr;  // [rows][tiles]
+  float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
+  uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
+  Memory memory = Memory::host;
+};
+int64_t shard_tiles(int64_t vocab_local);
+CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt = {});
+
+// The owned merge: every rank runs it over the all-gathered partials placed in rank order
+// (= ascending global tile order). No floating-point reduction happens in transit.
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets,
+                    int64_t ignore_index, const MutableTensorView& logp, const MutableTensorView& lse);
+
+// The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
+// f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
+struct ReduceLogitsInputs {
+  TensorView logits;
+  TensorView targets;
+  float temperature = 1.0f;
+  TensorView temperature_rows;
+  int64_t real_vocab = -1;
+  int64_t ignore_index = kDefaultIgnoreIndex;
+};
+void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, const MutableTensorView& lse);
+
+// In-process simulation of R tensor-parallel ranks (host): the weight is split into R shards of
+// ceil(V / R) rows rounded up to 64, each rank's partials computed, gathered in rank order, merged.
+CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
+                                    const CallOptions& opt = {});
+
+// Registry view.
+struct BackendInfo {
+  std::string id;
+  bool contract_bearing = false;
+  bool available = false;
+  std::string detail;  // why unavailable, or the device it would use
+  Memory memory = Memory::host;
+  Provenance provenance;
+};
+std::vector<BackendInfo> list_backends();
+
+// Free-axis knobs read from the environment; throws if a DETLOGP_* variable tries to set a
+// frozen constant or is unknown.
+void check_environment();
+
+std::string version_string();
+
+}  // namespace detlogp

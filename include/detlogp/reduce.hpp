@@ -1,0 +1,97 @@
+// The contract's reduction (docs/contract.md §3-§6): temperature scaling, the per-tile summary
+// (m_g, s_g) with the adjacent-pairwise tree, the ascending chain over global tiles, and the
+// finalize step. Host and device backends call these same definitions; the GPU epilogue maps
+// the tree onto its accumulator layout and is proven equal by re-reducing its logits on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/config.hpp"
+#include "detlogp/fpops.hpp"
+#include "detlogp/transcendentals.hpp"
+
+namespace detlogp {
+
+struct TileSummary {
+  float max;  // m_g: NaN-propagating max over the tile's real lanes, -0 normalized; -inf if none
+  float sum;  // s_g: tree sum of expc(y - m_g) over the 64 lanes, padding lanes exactly 0
+};
+
+// fl(1/T), computed once per row. T must be finite and > 0 (checked by the API).
+DETLOGP_HD float inverse_temperature(float temperature) { return fp::div(1.0f, temperature); }
+
+// y = fl(z * fl(1/T)); y == z exactly when T == 1.
+DETLOGP_HD float scale_logit(float z, float inv_temperature) { return fp::mul(z, inv_temperature); }
+
+// z = fl(acc + b): the bias is added once, after the full K walk.
+DETLOGP_HD float add_bias(float acc, float bias) { return fp::add(acc, bias); }
+
+// One combining step of the tile tree and of the NaN max, named so every backend uses the same.
+DETLOGP_HD float tree_add(float a, float b) { return fp::add(a, b); }
+
+// -0 -> +0, everything else unchanged (NaN stays NaN).
+DETLOGP_HD float normalize_zero(float m) { return fp::add(m, 0.0f); }
+
+// Adjacent-pairwise tree over 64 values: level l adds elements 2i and 2i+1 of level l-1.
+DETLOGP_HD float tile_tree_sum(const float* e) {
+  float level[kVocabTile / 2];
+#pragma unroll
+  for (int i = 0; i < kVocabTile / 2; ++i) level[i] = tree_add(e[2 * i], e[2 * i + 1]);
+#pragma unroll
+  for (int width = kVocabTile / 4; width >= 1; width /= 2) {
+#pragma unroll
+    for (int i = 0; i < width; ++i) level[i] = tree_add(level[2 * i], level[2 * i + 1]);
+  }
+  return level[0];
+}
+
+// Summary of one tile from its scaled logits y[0..real_lanes); lanes real_lanes..63 are padding.
+// real_lanes is 0..64 (real lanes are always a prefix of a tile: see docs/contract.md §3).
+DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
+  float m = fp::neg_inf();
+  for (int v = 0; v < real_lanes; ++v) m = fp::max_nan(m, y[v]);
+  m = normalize_zero(m);
+  if (m == fp::neg_inf()) return {m, 0.0f};  // no real lane, or all real lanes -inf
+  float e[kVocabTile];
+#pragma unroll
+  for (int v = 0; v < kVocabTile; ++v) e[v] = v < real_lanes ? expc(fp::sub(y[v], m)) : 0.0f;
+  return {m, tile_tree_sum(e)};
+}
+
+// Global max M over tile maxima: exact, so any order gives the same bits.
+DETLOGP_HD float chain_max(float running, float tile_max) { return fp::max_nan(running, tile_max); }
+
+// One step of the ascending chain: S <- fl(s_g * expc(m_g - M) + S). Tiles with s_g == 0
+// (padding only, or all lanes -inf) contribute exactly nothing.
+DETLOGP_HD float chain_step(float running_sum, TileSummary tile, float global_max) {
+  if (tile.sum == 0.0f) return running_sum;
+  return fp::fma(tile.sum, expc(fp::sub(tile.max, global_max)), running_sum);
+}
+
+struct RowResult {
+  float logp;
+  float lse;
+};
+
+// lse = M + logc(S); logp = min(y_t - lse, 0), +0 for an ignored row. A NaN anywhere in the
+// row's statistics gives the canonical NaN for both outputs.
+DETLOGP_HD RowResult finalize_row(float global_max, float chain_sum, float target_logit, bool ignored) {
+  float lse = fp::add(global_max, logc(chain_sum));
+  if (fp::is_nan(lse)) lse = fp::canonical_nan();
+  if (ignored) return {0.0f, lse};
+  const float d = fp::sub(target_logit, lse);
+  if (fp::is_nan(d)) return {fp::canonical_nan(), lse};
+  return {d > 0.0f ? 0.0f : d, lse};
+}
+
+// Reference helper: the whole chain over a row's n_tiles summaries, ascending.
+DETLOGP_HD RowResult reduce_row_summaries(const TileSummary* tiles, int64_t n_tiles, float target_logit,
+                                          bool ignored) {
+  float global_max = fp::neg_inf();
+  for (int64_t g = 0; g < n_tiles; ++g) global_max = chain_max(global_max, tiles[g].max);
+  float sum = 0.0f;
+  for (int64_t g = 0; g < n_tiles; ++g) sum = chain_step(sum, tiles[g], global_max);
+  return finalize_row(global_max, sum, target_logit, ignored);
+}
+
+}  // namespace detlogp

@@ -1,0 +1,35 @@
+// The interface every backend implements; the registry (src/registry) selects among them.
+#pragma once
+
+#include <string>
+
+#include "core/problem.hpp"
+#include "detlogp/provenance.hpp"
+
+namespace detlogp::detail {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const Provenance& provenance() const = 0;
+  const std::string& id() const { return provenance().backend_id; }
+  virtual bool contract_bearing() const = 0;
+  // Where the problem's tensors must live.
+  virtual Memory memory() const = 0;
+  // False with a reason when it cannot run here (no GPU, built without CUDA, ...).
+  virtual bool available(std::string* why) const = 0;
+  virtual bool supports_partials() const { return contract_bearing(); }
+  // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
+  virtual void run(const LogpProblem& problem) const = 0;
+  // Runs a validated problem whose tensors are all in host memory. A device backend stages
+  // them to its device and back (used by the CLI and host-side callers); the default runs in place.
+  virtual void run_from_host(const LogpProblem& problem) const { run(problem); }
+};
+
+// Each backend translation unit defines its accessor; the SM90 one exists in every build and
+// reports itself unavailable where CUDA was not compiled in or no SM90 device is present.
+const Backend& cpu_contract_backend();
+const Backend& reference_materialized_backend();
+const Backend& sm90_contract_backend();
+
+}  // namespace detlogp::detail

@@ -1,0 +1,59 @@
+// The framework-free params struct handed from the API layer to a backend, already validated
+// (shapes, dtypes, alignment, host-resident values). Device-resident values (targets,
+// per-row temperatures) are validated by the backend without device asserts.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/reduce.hpp"
+#include "detlogp/tensor.hpp"
+
+namespace detlogp::detail {
+
+struct LogpProblem {
+  int64_t rows = 0;          // N
+  int64_t dim = 0;           // D
+  int64_t vocab_local = 0;   // V_local
+  int64_t real_vocab = 0;    // V_real (global)
+  int64_t vocab_start = 0;   // global id of weight row 0
+  int64_t ignore_index = -100;
+
+  const uint16_t* hidden = nullptr;  // bf16 bits, [rows][hidden_stride]
+  int64_t hidden_stride = 0;         // elements
+  const uint16_t* weight = nullptr;  // bf16 bits, [vocab_local][weight_stride]
+  int64_t weight_stride = 0;
+  const float* bias = nullptr;       // [vocab_local] or null
+  const void* targets = nullptr;
+  bool targets_i64 = false;
+  float temperature = 1.0f;
+  const float* temperature_rows = nullptr;  // [rows] or null
+
+  Memory memory = Memory::host;
+  int device = 0;
+  void* stream = nullptr;
+
+  // Full mode: logp/lse (and logits when non-null, row stride vocab_local).
+  float* logp = nullptr;
+  float* lse = nullptr;
+  float* logits = nullptr;
+  // Partial mode (summaries != null): tile summaries and target partials instead of logp/lse.
+  TileSummary* summaries = nullptr;  // [rows][local_tiles()]
+  float* target_logit = nullptr;
+  uint8_t* target_owned = nullptr;
+
+  int64_t local_tiles() const { return (vocab_local + kVocabTile - 1) / kVocabTile; }
+  // Lanes of local tile j that are real: a prefix of the tile, 0..64.
+  int real_lanes(int64_t tile) const {
+    const int64_t first = vocab_start + tile * kVocabTile;
+    int64_t end = vocab_start + vocab_local;
+    if (real_vocab < end) end = real_vocab;
+    const int64_t n = end - first;
+    return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
+  }
+  bool partial_mode() const { return summaries != nullptr; }
+  int64_t target(int64_t row) const {
+    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
+  }
+};
+
+}  // namespace detlogp::detail
