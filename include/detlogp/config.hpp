@@ -10,6 +10,15 @@
 #define DETLOGP_HD inline
 #endif
 
+// Full unrolling of the fixed-size tile loops (the tree has compile-time shape).
+#if defined(__CUDACC__)
+#define DETLOGP_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__) && !defined(__clang__)
+#define DETLOGP_UNROLL _Pragma("GCC unroll 64")
+#else
+#define DETLOGP_UNROLL
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define DETLOGP_DEVICE_PASS 1
 #else

@@ -35,11 +35,11 @@ DETLOGP_HD float normalize_zero(float m) { return fp::add(m, 0.0f); }
 // Adjacent-pairwise tree over 64 values: level l adds elements 2i and 2i+1 of level l-1.
 DETLOGP_HD float tile_tree_sum(const float* e) {
   float level[kVocabTile / 2];
-#pragma unroll
+DETLOGP_UNROLL
   for (int i = 0; i < kVocabTile / 2; ++i) level[i] = tree_add(e[2 * i], e[2 * i + 1]);
-#pragma unroll
+DETLOGP_UNROLL
   for (int width = kVocabTile / 4; width >= 1; width /= 2) {
-#pragma unroll
+DETLOGP_UNROLL
     for (int i = 0; i < width; ++i) level[i] = tree_add(level[2 * i], level[2 * i + 1]);
   }
   return level[0];
@@ -53,7 +53,7 @@ DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
   m = normalize_zero(m);
   if (m == fp::neg_inf()) return {m, 0.0f};  // no real lane, or all real lanes -inf
   float e[kVocabTile];
-#pragma unroll
+DETLOGP_UNROLL
   for (int v = 0; v < kVocabTile; ++v) e[v] = v < real_lanes ? expc(fp::sub(y[v], m)) : 0.0f;
   return {m, tile_tree_sum(e)};
 }

@@ -1,0 +1,26 @@
+// Public entry points: validate, select a backend, dispatch, report.
+#include "core/validate.hpp"
+#include "detlogp/detlogp.hpp"
+#include "registry/registry.hpp"
+
+namespace detlogp {
+
+CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt) {
+  CallReport report;
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, false, report);
+  detail::LogpProblem problem = detail::make_problem(in, &out, nullptr);
+  problem.stream = opt.cuda_stream;
+  if (problem.rows > 0) detail::dispatch(backend, problem);
+  return report;
+}
+
+CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt) {
+  CallReport report;
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, report);
+  detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
+  problem.stream = opt.cuda_stream;
+  if (problem.rows > 0) detail::dispatch(backend, problem);
+  return report;
+}
+
+}  // namespace detlogp

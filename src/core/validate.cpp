@@ -1,0 +1,156 @@
+#include "core/validate.hpp"
+
+#include <cmath>
+
+namespace detlogp::detail {
+namespace {
+
+void check_memory(const TensorView& t, const char* name, Memory expected, int device) {
+  DETLOGP_CHECK(t.memory == expected, name << " is in " << (t.memory == Memory::host ? "host" : "CUDA")
+                                           << " memory but hidden is in "
+                                           << (expected == Memory::host ? "host" : "CUDA")
+                                           << " memory; all tensors of a call must live together");
+  DETLOGP_CHECK(expected == Memory::host || t.device == device,
+                name << " is on CUDA device " << t.device << " but hidden is on device " << device);
+}
+
+void check_matrix(const TensorView& t, const char* name, DType dtype) {
+  DETLOGP_CHECK(t.ndim == 2, name << " must be 2-D, got ndim=" << t.ndim);
+  DETLOGP_CHECK(t.dtype == dtype, name << " must be " << dtype_name(dtype) << ", got " << dtype_name(t.dtype));
+  DETLOGP_CHECK(t.rows >= 0 && t.cols >= 0, name << " has a negative extent [" << t.rows << ", " << t.cols << "]");
+  DETLOGP_CHECK(t.row_stride >= t.cols, name << " row_stride=" << t.row_stride << " is smaller than its "
+                                             << t.cols << " columns (overlapping rows are not supported)");
+}
+
+void check_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes) {
+  DETLOGP_CHECK(t.ndim == 1, name << " must be 1-D, got ndim=" << t.ndim);
+  bool ok = false;
+  for (DType d : dtypes) ok = ok || t.dtype == d;
+  if (!ok) {
+    std::ostringstream allowed;
+    for (DType d : dtypes) allowed << (allowed.tellp() > 0 ? " or " : "") << dtype_name(d);
+    DETLOGP_FAIL(name << " must be " << allowed.str() << ", got " << dtype_name(t.dtype));
+  }
+  DETLOGP_CHECK(t.rows == n, name << " has " << t.rows << " elements, expected " << n);
+  DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
+}
+
+}  // namespace
+
+void check_temperature_value(float t, const char* what, int64_t row) {
+  if (std::isfinite(t) && t > 0.0f) return;
+  if (row < 0) DETLOGP_FAIL(what << "=" << t << " must be finite and > 0");
+  DETLOGP_FAIL(what << "[" << row << "]=" << t << " must be finite and > 0");
+}
+
+void check_temperatures_host(const float* temps, int64_t rows) {
+  for (int64_t n = 0; n < rows; ++n) check_temperature_value(temps[n], "temperature_rows", n);
+}
+
+void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const int64_t t = is_i64 ? static_cast<const int64_t*>(targets)[n] : static_cast<const int32_t*>(targets)[n];
+    if (t == ignore_index) continue;
+    DETLOGP_CHECK(t >= 0, "targets[" << n << "]=" << t << " is negative and not ignore_index=" << ignore_index);
+    DETLOGP_CHECK(t < real_vocab, "targets[" << n << "]=" << t << " is >= real_vocab=" << real_vocab);
+  }
+}
+
+LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials) {
+  LogpProblem p;
+  check_matrix(in.hidden, "hidden", DType::bf16);
+  check_matrix(in.weight, "weight", DType::bf16);
+  const Memory mem = in.hidden.memory;
+  const int dev = in.hidden.device;
+  p.rows = in.hidden.rows;
+  p.dim = in.hidden.cols;
+  p.vocab_local = in.weight.rows;
+  DETLOGP_CHECK(p.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
+  DETLOGP_CHECK(p.vocab_local > 0, "weight has V_local=0 rows; the vocabulary shard must be non-empty");
+  DETLOGP_CHECK(in.weight.cols == p.dim,
+                "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
+  DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
+  DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
+  check_memory(in.weight, "weight", mem, dev);
+
+  check_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64});
+  check_memory(in.targets, "targets", mem, dev);
+  if (in.bias.present()) {
+    check_vector(in.bias, "bias", p.vocab_local, {DType::f32});
+    check_memory(in.bias, "bias", mem, dev);
+    p.bias = static_cast<const float*>(in.bias.data);
+  }
+  check_temperature_value(in.temperature, "temperature", -1);
+  if (in.temperature_rows.present()) {
+    check_vector(in.temperature_rows, "temperature_rows", p.rows, {DType::f32});
+    check_memory(in.temperature_rows, "temperature_rows", mem, dev);
+    p.temperature_rows = static_cast<const float*>(in.temperature_rows.data);
+  }
+
+  DETLOGP_CHECK(in.vocab_start >= 0, "vocab_start=" << in.vocab_start << " must be >= 0");
+  DETLOGP_CHECK(in.vocab_start % kVocabTile == 0,
+                "vocab_start=" << in.vocab_start << " is not a multiple of VOCAB_TILE=" << kVocabTile
+                               << ": shard boundaries must fall on global vocab tile boundaries");
+  p.vocab_start = in.vocab_start;
+  p.real_vocab = in.real_vocab < 0 ? in.vocab_start + p.vocab_local : in.real_vocab;
+  DETLOGP_CHECK(in.real_vocab == -1 || in.real_vocab > 0,
+                "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + V_local)");
+  const int64_t shard_end = p.vocab_start + p.vocab_local;
+  DETLOGP_CHECK(shard_end >= p.real_vocab || p.vocab_local % kVocabTile == 0,
+                "weight shard [" << p.vocab_start << ", " << shard_end << ") ends inside the real vocabulary (real_vocab="
+                                 << p.real_vocab << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
+                                 << "; a tile would straddle two shards");
+  p.ignore_index = in.ignore_index;
+  p.temperature = in.temperature;
+
+  p.hidden = static_cast<const uint16_t*>(in.hidden.data);
+  p.hidden_stride = in.hidden.row_stride;
+  p.weight = static_cast<const uint16_t*>(in.weight.data);
+  p.weight_stride = in.weight.row_stride;
+  p.targets = in.targets.data;
+  p.targets_i64 = in.targets.dtype == DType::i64;
+  p.memory = mem;
+  p.device = dev;
+
+  if (partials != nullptr) {
+    DETLOGP_CHECK(partials->memory == mem, "partials are not in the same memory as hidden");
+    DETLOGP_CHECK(partials->rows == p.rows, "partials.rows=" << partials->rows << " but N=" << p.rows);
+    DETLOGP_CHECK(partials->tiles == p.local_tiles(),
+                  "partials.tiles=" << partials->tiles << " but the shard has " << p.local_tiles() << " tiles");
+    DETLOGP_CHECK(p.rows == 0 || (partials->summaries && partials->target_logit && partials->target_owned),
+                  "partials has a null buffer (summaries, target_logit and target_owned are all required)");
+    p.summaries = partials->summaries;
+    p.target_logit = partials->target_logit;
+    p.target_owned = partials->target_owned;
+  } else {
+    DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,
+                  "linear_logp needs the whole real vocabulary (vocab_start=0, V_local >= real_vocab); got shard ["
+                      << p.vocab_start << ", " << shard_end << ") of real_vocab=" << p.real_vocab
+                      << ": use linear_logp_partials + merge_partials for a vocab shard");
+    check_vector(out->logp, "logp", p.rows, {DType::f32});
+    check_vector(out->lse, "lse", p.rows, {DType::f32});
+    check_memory(out->logp, "logp", mem, dev);
+    check_memory(out->lse, "lse", mem, dev);
+    p.logp = static_cast<float*>(out->logp.mutable_data());
+    p.lse = static_cast<float*>(out->lse.mutable_data());
+    if (out->logits.present()) {
+      check_matrix(out->logits, "logits", DType::f32);
+      DETLOGP_CHECK(out->logits.rows == p.rows && out->logits.cols == p.vocab_local,
+                    "logits must be [N=" << p.rows << ", V_local=" << p.vocab_local << "], got [" << out->logits.rows
+                                         << ", " << out->logits.cols << "]");
+      DETLOGP_CHECK(out->logits.row_stride == p.vocab_local,
+                    "logits must be contiguous (row_stride=" << out->logits.row_stride << ", expected " << p.vocab_local << ")");
+      check_memory(out->logits, "logits", mem, dev);
+      DETLOGP_CHECK(p.rows == 0 || out->logits.data != nullptr, "logits data pointer is null");
+      p.logits = static_cast<float*>(out->logits.mutable_data());
+    }
+  }
+
+  if (mem == Memory::host && p.rows > 0) {
+    check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
+    if (p.temperature_rows) check_temperatures_host(p.temperature_rows, p.rows);
+  }
+  return p;
+}
+
+}  // namespace detlogp::detail

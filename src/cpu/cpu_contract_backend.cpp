@@ -1,0 +1,128 @@
+// cpu-linear-logp-contract-v1: the whole contract on the host. Work is split into (row group,
+// vocab tile) tasks; each task computes z for its block, the tile summaries and the owned y_t;
+// a second pass runs the ascending chain per row.
+#include <algorithm>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "cpu/cpu_gemm.hpp"
+#include "cpu/cpu_parallel.hpp"
+#include "detlogp/detlogp.hpp"
+
+namespace detlogp::detail {
+namespace {
+
+constexpr int kRowGroup = 32;
+constexpr int64_t kSummaryBudgetBytes = int64_t{64} << 20;  // bounded workspace: chunk rows
+
+struct WorkerScratch {
+  std::vector<float> hidden_f32;  // [kRowGroup][dim]
+  std::vector<float> z;           // [kRowGroup][kVocabTile]
+  cpu::WeightPanel panel;
+};
+
+float row_inverse_temperature(const LogpProblem& p, int64_t row) {
+  return inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+}
+
+// Computes tile summaries (and logits, y_t) for rows [row0, row0 + rows), writing summaries to
+// summaries[(r - row0) * tiles + j] and the owned scaled target logit to target_logit[r - row0].
+void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, TileSummary* summaries,
+                            float* target_logit, uint8_t* target_owned) {
+  const int64_t tiles = p.local_tiles();
+  const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
+  const int workers = cpu::cpu_threads();
+  std::vector<WorkerScratch> scratch(static_cast<size_t>(std::max(1, workers)));
+  cpu::parallel_for(groups * tiles, workers, [&](int64_t task, int worker) {
+    const int64_t group = task / tiles;
+    const int64_t tile = task % tiles;
+    const int64_t g_row0 = row0 + group * kRowGroup;
+    const int g_rows = static_cast<int>(std::min<int64_t>(kRowGroup, row0 + rows - g_row0));
+    const int64_t col0 = tile * kVocabTile;
+    const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab_local - col0));
+    WorkerScratch& s = scratch[static_cast<size_t>(worker)];
+
+    s.hidden_f32.resize(static_cast<size_t>(kRowGroup) * p.dim);
+    for (int r = 0; r < g_rows; ++r) {
+      const uint16_t* h = p.hidden + (g_row0 + r) * p.hidden_stride;
+      float* dst = s.hidden_f32.data() + static_cast<int64_t>(r) * p.dim;
+      for (int64_t k = 0; k < p.dim; ++k) dst[k] = fp::bf16_to_float(h[k]);
+    }
+    cpu::load_weight_panel(p.weight, p.weight_stride, col0, cols, p.dim, s.panel);
+    s.z.assign(static_cast<size_t>(kRowGroup) * kVocabTile, 0.0f);
+    cpu::gemm_rows_panel(s.hidden_f32.data(), g_rows, p.dim, s.panel, s.z.data(), kVocabTile);
+
+    const int real = p.real_lanes(tile);
+    float y[kVocabTile];
+    for (int r = 0; r < g_rows; ++r) {
+      const int64_t row = g_row0 + r;
+      float* z = s.z.data() + static_cast<int64_t>(r) * kVocabTile;
+      if (p.bias)
+        for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
+      if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
+      const float inv_t = row_inverse_temperature(p, row);
+      for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
+      summaries[(row - row0) * tiles + tile] = tile_summary(y, real);
+      const int64_t t = p.target(row);
+      if (t == p.ignore_index) continue;
+      const int64_t local = t - p.vocab_start - col0;
+      if (local >= 0 && local < cols) {
+        target_logit[row - row0] = y[local];
+        target_owned[row - row0] = 1;
+      }
+    }
+  });
+}
+
+class CpuContractBackend final : public Backend {
+ public:
+  CpuContractBackend() {
+    prov_ = {kContractName, kContractVersion, "cpu-linear-logp-contract-v1", "cpu", 0, kVocabTile, kKSlab,
+             kNSplitPolicy, kTreeId, kTranscendentalId, kTemperatureId};
+  }
+  const Provenance& provenance() const override { return prov_; }
+  bool contract_bearing() const override { return true; }
+  Memory memory() const override { return Memory::host; }
+  bool available(std::string*) const override { return true; }
+
+  void run(const LogpProblem& p) const override {
+    if (p.rows == 0) return;
+    const int64_t tiles = p.local_tiles();
+    if (p.partial_mode()) {
+      std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
+      std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
+      compute_tile_summaries(p, 0, p.rows, p.summaries, p.target_logit, p.target_owned);
+      return;
+    }
+    int64_t chunk = kSummaryBudgetBytes / (tiles * static_cast<int64_t>(sizeof(TileSummary)));
+    chunk = std::max<int64_t>(kRowGroup, chunk / kRowGroup * kRowGroup);
+    chunk = std::min(chunk, p.rows);
+    std::vector<TileSummary> summaries(static_cast<size_t>(chunk * tiles));
+    std::vector<float> target_logit(static_cast<size_t>(chunk));
+    std::vector<uint8_t> owned(static_cast<size_t>(chunk));
+    for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
+      const int64_t rows = std::min(chunk, p.rows - row0);
+      std::fill(owned.begin(), owned.end(), uint8_t{0});
+      compute_tile_summaries(p, row0, rows, summaries.data(), target_logit.data(), owned.data());
+      cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t r, int) {
+        const int64_t row = row0 + r;
+        const bool ignored = p.target(row) == p.ignore_index;
+        const RowResult res = reduce_row_summaries(summaries.data() + r * tiles, tiles, target_logit[r], ignored);
+        p.logp[row] = res.logp;
+        p.lse[row] = res.lse;
+      });
+    }
+  }
+
+ private:
+  Provenance prov_;
+};
+
+}  // namespace
+
+const Backend& cpu_contract_backend() {
+  static const CpuContractBackend backend;
+  return backend;
+}
+
+}  // namespace detlogp::detail

@@ -1,0 +1,14 @@
+// Environment knobs. Only free axes may be set from the environment; any DETLOGP_* variable
+// that names a frozen constant, or that detlogp does not know, is rejected with a clear error.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace detlogp::detail {
+
+std::optional<std::string> env_value(const char* name);
+bool env_strict();                      // DETLOGP_STRICT=1
+std::string env_backend();              // DETLOGP_BACKEND, "" when unset
+
+}  // namespace detlogp::detail

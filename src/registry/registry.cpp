@@ -1,0 +1,92 @@
+#include "registry/registry.hpp"
+
+#include <array>
+
+#include "registry/env.hpp"
+
+namespace detlogp::detail {
+namespace {
+
+std::array<const Backend*, 3> all_backends() {
+  return {&sm90_contract_backend(), &cpu_contract_backend(), &reference_materialized_backend()};
+}
+
+std::string backend_ids() {
+  std::string ids;
+  for (const Backend* b : all_backends()) ids += (ids.empty() ? "" : ", ") + b->id();
+  return ids + ", auto";
+}
+
+}  // namespace
+
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, CallReport& report) {
+  check_environment();
+  report.strict = opt.strict || env_strict();
+  std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
+  if (requested.empty()) requested = "auto";
+  report.requested_backend = requested;
+
+  const Backend* chosen = nullptr;
+  if (requested == "auto") {
+    std::string why;
+    if (sm90_contract_backend().available(&why)) {
+      chosen = &sm90_contract_backend();
+    } else {
+      DETLOGP_CHECK(memory == Memory::host,
+                    "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
+      chosen = &cpu_contract_backend();
+    }
+  } else {
+    for (const Backend* b : all_backends())
+      if (b->id() == requested) chosen = b;
+    DETLOGP_CHECK(chosen != nullptr, "unknown backend '" << requested << "'; known: " << backend_ids());
+    DETLOGP_CHECK(!report.strict || chosen->contract_bearing(),
+                  "strict mode refuses backend '" << requested
+                                                  << "': it does not bear the detlogp contract (contract-bearing: "
+                                                  << sm90_contract_backend().id() << ", " << cpu_contract_backend().id()
+                                                  << ")");
+    std::string why;
+    if (!chosen->available(&why)) {
+      DETLOGP_CHECK(!report.strict,
+                    "strict mode forbids fallback: requested backend '" << requested << "' is unavailable: " << why);
+      DETLOGP_CHECK(memory == Memory::host, "requested backend '" << requested << "' is unavailable (" << why
+                                                                  << ") and the tensors are in CUDA memory");
+      report.fallback = true;
+      report.fallback_reason = "'" + requested + "' unavailable: " + why;
+      chosen = &cpu_contract_backend();
+    }
+  }
+  DETLOGP_CHECK(!partials || chosen->supports_partials(),
+                "backend '" << chosen->id() << "' cannot produce tensor-parallel partials");
+  DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
+                "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
+  report.provenance = chosen->provenance();
+  return *chosen;
+}
+
+void dispatch(const Backend& backend, const LogpProblem& problem) {
+  if (backend.memory() == problem.memory)
+    backend.run(problem);
+  else
+    backend.run_from_host(problem);
+}
+
+}  // namespace detlogp::detail
+
+namespace detlogp {
+
+std::vector<BackendInfo> list_backends() {
+  std::vector<BackendInfo> out;
+  for (const detail::Backend* b : detail::all_backends()) {
+    BackendInfo info;
+    info.id = b->id();
+    info.contract_bearing = b->contract_bearing();
+    info.available = b->available(&info.detail);
+    info.memory = b->memory();
+    info.provenance = b->provenance();
+    out.push_back(info);
+  }
+  return out;
+}
+
+}  // namespace detlogp
