@@ -30,9 +30,9 @@ namespace detlogp {
 // Bit-relevant. Changing any of these needs a contract version bump (docs/contract.md §9).
 inline constexpr int kContractVersion = 1;
 inline constexpr const char* kContractName = "detlogp-linear-logp-contract";
-inline constexpr int kVocabTile = 64;       // global vocab tile: ids [64g, 64g + 64)
-inline constexpr int kTileTreeLevels = 6;   // adjacent-pairwise tree over the 64 lanes
-inline constexpr int kKSlab = 32;           // documented slab of the ascending K walk
+inline constexpr int kVocabTile = 64;      // global vocab tile: ids [64g, 64g + 64)
+inline constexpr int kTileTreeLevels = 6;  // adjacent-pairwise tree over the 64 lanes
+inline constexpr int kKSlab = 32;          // documented slab of the ascending K walk
 inline constexpr const char* kTreeId = "adjpair64-nanmax-ascchain-fma-v1";
 inline constexpr const char* kTranscendentalId = "expc-cw2-poly6-v1+logc-atanh-poly4-v1";
 inline constexpr const char* kNSplitPolicy = "none: per-64-lane tile summaries, chain over global tiles";

@@ -36,8 +36,8 @@ struct LinearLogpOutputs {
 };
 
 struct CallOptions {
-  std::string backend;       // "" -> env DETLOGP_BACKEND, else "auto"
-  bool strict = false;       // also switched on by env DETLOGP_STRICT=1
+  std::string backend;  // "" -> env DETLOGP_BACKEND, else "auto"
+  bool strict = false;  // also switched on by env DETLOGP_STRICT=1
   void* cuda_stream = nullptr;
 };
 
@@ -50,7 +50,7 @@ CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out,
 // for rows whose target this shard owns, the scaled target logit y_t.
 struct ShardPartials {
   int64_t rows = 0;
-  int64_t tiles = 0;             // ceil(V_local / 64)
+  int64_t tiles = 0;                 // ceil(V_local / 64)
   TileSummary* summaries = nullptr;  // [rows][tiles]
   float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
   uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
@@ -61,8 +61,8 @@ CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials&
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order
 // (= ascending global tile order). No floating-point reduction happens in transit.
-void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets,
-                    int64_t ignore_index, const MutableTensorView& logp, const MutableTensorView& lse);
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const MutableTensorView& logp, const MutableTensorView& lse);
 
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.

@@ -24,13 +24,13 @@ namespace detail {
 }  // namespace detlogp
 
 // DETLOGP_CHECK(cond, stream-expression): throws with file:line when cond is false.
-#define DETLOGP_CHECK(cond, msg)                                            \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::ostringstream detlogp_os_;                                       \
-      detlogp_os_ << msg;                                                   \
+#define DETLOGP_CHECK(cond, msg)                                             \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::ostringstream detlogp_os_;                                        \
+      detlogp_os_ << msg;                                                    \
       ::detlogp::detail::throw_error(__FILE__, __LINE__, detlogp_os_.str()); \
-    }                                                                       \
+    }                                                                        \
   } while (0)
 
 #define DETLOGP_FAIL(msg) DETLOGP_CHECK(false, msg)

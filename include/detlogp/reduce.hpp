@@ -35,11 +35,11 @@ DETLOGP_HD float normalize_zero(float m) { return fp::add(m, 0.0f); }
 // Adjacent-pairwise tree over 64 values: level l adds elements 2i and 2i+1 of level l-1.
 DETLOGP_HD float tile_tree_sum(const float* e) {
   float level[kVocabTile / 2];
-DETLOGP_UNROLL
+  DETLOGP_UNROLL
   for (int i = 0; i < kVocabTile / 2; ++i) level[i] = tree_add(e[2 * i], e[2 * i + 1]);
-DETLOGP_UNROLL
+  DETLOGP_UNROLL
   for (int width = kVocabTile / 4; width >= 1; width /= 2) {
-DETLOGP_UNROLL
+    DETLOGP_UNROLL
     for (int i = 0; i < width; ++i) level[i] = tree_add(level[2 * i], level[2 * i + 1]);
   }
   return level[0];
@@ -53,7 +53,7 @@ DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
   m = normalize_zero(m);
   if (m == fp::neg_inf()) return {m, 0.0f};  // no real lane, or all real lanes -inf
   float e[kVocabTile];
-DETLOGP_UNROLL
+  DETLOGP_UNROLL
   for (int v = 0; v < kVocabTile; ++v) e[v] = v < real_lanes ? expc(fp::sub(y[v], m)) : 0.0f;
   return {m, tile_tree_sum(e)};
 }
@@ -85,8 +85,7 @@ DETLOGP_HD RowResult finalize_row(float global_max, float chain_sum, float targe
 }
 
 // Reference helper: the whole chain over a row's n_tiles summaries, ascending.
-DETLOGP_HD RowResult reduce_row_summaries(const TileSummary* tiles, int64_t n_tiles, float target_logit,
-                                          bool ignored) {
+DETLOGP_HD RowResult reduce_row_summaries(const TileSummary* tiles, int64_t n_tiles, float target_logit, bool ignored) {
   float global_max = fp::neg_inf();
   for (int64_t g = 0; g < n_tiles; ++g) global_max = chain_max(global_max, tiles[g].max);
   float sum = 0.0f;

@@ -25,8 +25,7 @@ struct TensorView {
   int device = 0;
 
   bool present() const { return data != nullptr || ndim != 0; }
-  static TensorView matrix(const void* p, DType t, int64_t r, int64_t c, Memory m = Memory::host,
-                           int64_t stride = -1) {
+  static TensorView matrix(const void* p, DType t, int64_t r, int64_t c, Memory m = Memory::host, int64_t stride = -1) {
     return {p, t, 2, r, c, stride < 0 ? c : stride, m, 0};
   }
   static TensorView vector(const void* p, DType t, int64_t n, Memory m = Memory::host) {

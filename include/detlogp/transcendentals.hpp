@@ -13,15 +13,15 @@ namespace detlogp {
 
 namespace expc_constants {
 inline constexpr float kLog2e = 0x1.715476p+0f;
-inline constexpr float kRoundMagic = 0x1.8p+23f;   // fma(x, log2e, magic) - magic = rint(x*log2e)
-inline constexpr float kLn2Hi = 0x1.62e43p-1f;     // fl(ln 2): x - k*hi is exact for |r| < 0.5
-inline constexpr float kLn2Lo = -0x1.05c61p-29f;   // fl(ln 2 - hi)
+inline constexpr float kRoundMagic = 0x1.8p+23f;  // fma(x, log2e, magic) - magic = rint(x*log2e)
+inline constexpr float kLn2Hi = 0x1.62e43p-1f;    // fl(ln 2): x - k*hi is exact for |r| < 0.5
+inline constexpr float kLn2Lo = -0x1.05c61p-29f;  // fl(ln 2 - hi)
 inline constexpr float kC2 = 0x1.fffff8p-2f;
 inline constexpr float kC3 = 0x1.55548ep-3f;
 inline constexpr float kC4 = 0x1.555b5cp-5f;
 inline constexpr float kC5 = 0x1.123bdcp-7f;
 inline constexpr float kC6 = 0x1.687b46p-10f;
-inline constexpr float kUnderflow = -104.0f;       // e^x < 2^-150 below: rounds to +0
+inline constexpr float kUnderflow = -104.0f;        // e^x < 2^-150 below: rounds to +0
 inline constexpr float kOverflow = 0x1.62e42ep+6f;  // e^x > FLT_MAX above: +inf
 }  // namespace expc_constants
 
@@ -50,7 +50,7 @@ DETLOGP_HD float expc(float x) {
 }
 
 namespace logc_constants {
-inline constexpr float kLn2Hi = 0x1.62e4p-1f;       // 16 significant bits: e * hi exact
+inline constexpr float kLn2Hi = 0x1.62e4p-1f;  // 16 significant bits: e * hi exact
 inline constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
 inline constexpr float kR1 = 0x1.555554p-1f;
 inline constexpr float kR2 = 0x1.999a7ep-2f;

@@ -11,18 +11,18 @@
 namespace detlogp::detail {
 
 struct LogpProblem {
-  int64_t rows = 0;          // N
-  int64_t dim = 0;           // D
-  int64_t vocab_local = 0;   // V_local
-  int64_t real_vocab = 0;    // V_real (global)
-  int64_t vocab_start = 0;   // global id of weight row 0
+  int64_t rows = 0;         // N
+  int64_t dim = 0;          // D
+  int64_t vocab_local = 0;  // V_local
+  int64_t real_vocab = 0;   // V_real (global)
+  int64_t vocab_start = 0;  // global id of weight row 0
   int64_t ignore_index = -100;
 
   const uint16_t* hidden = nullptr;  // bf16 bits, [rows][hidden_stride]
   int64_t hidden_stride = 0;         // elements
   const uint16_t* weight = nullptr;  // bf16 bits, [vocab_local][weight_stride]
   int64_t weight_stride = 0;
-  const float* bias = nullptr;       // [vocab_local] or null
+  const float* bias = nullptr;  // [vocab_local] or null
   const void* targets = nullptr;
   bool targets_i64 = false;
   float temperature = 1.0f;

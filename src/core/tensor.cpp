@@ -6,20 +6,28 @@ namespace detlogp {
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::bf16: return "bf16";
-    case DType::f32: return "f32";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f32:
+      return "f32";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
 
 int dtype_size(DType d) {
   switch (d) {
-    case DType::bf16: return 2;
-    case DType::f32: return 4;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::bf16:
+      return 2;
+    case DType::f32:
+      return 4;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }

@@ -18,8 +18,8 @@ void check_matrix(const TensorView& t, const char* name, DType dtype) {
   DETLOGP_CHECK(t.ndim == 2, name << " must be 2-D, got ndim=" << t.ndim);
   DETLOGP_CHECK(t.dtype == dtype, name << " must be " << dtype_name(dtype) << ", got " << dtype_name(t.dtype));
   DETLOGP_CHECK(t.rows >= 0 && t.cols >= 0, name << " has a negative extent [" << t.rows << ", " << t.cols << "]");
-  DETLOGP_CHECK(t.row_stride >= t.cols, name << " row_stride=" << t.row_stride << " is smaller than its "
-                                             << t.cols << " columns (overlapping rows are not supported)");
+  DETLOGP_CHECK(t.row_stride >= t.cols, name << " row_stride=" << t.row_stride << " is smaller than its " << t.cols
+                                             << " columns (overlapping rows are not supported)");
 }
 
 void check_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes) {
@@ -67,8 +67,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
   p.vocab_local = in.weight.rows;
   DETLOGP_CHECK(p.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
   DETLOGP_CHECK(p.vocab_local > 0, "weight has V_local=0 rows; the vocabulary shard must be non-empty");
-  DETLOGP_CHECK(in.weight.cols == p.dim,
-                "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
+  DETLOGP_CHECK(in.weight.cols == p.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
   DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
   DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
   check_memory(in.weight, "weight", mem, dev);
@@ -97,8 +96,9 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
                 "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + V_local)");
   const int64_t shard_end = p.vocab_start + p.vocab_local;
   DETLOGP_CHECK(shard_end >= p.real_vocab || p.vocab_local % kVocabTile == 0,
-                "weight shard [" << p.vocab_start << ", " << shard_end << ") ends inside the real vocabulary (real_vocab="
-                                 << p.real_vocab << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
+                "weight shard [" << p.vocab_start << ", " << shard_end
+                                 << ") ends inside the real vocabulary (real_vocab=" << p.real_vocab
+                                 << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
                                  << "; a tile would straddle two shards");
   p.ignore_index = in.ignore_index;
   p.temperature = in.temperature;
@@ -138,8 +138,9 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
       DETLOGP_CHECK(out->logits.rows == p.rows && out->logits.cols == p.vocab_local,
                     "logits must be [N=" << p.rows << ", V_local=" << p.vocab_local << "], got [" << out->logits.rows
                                          << ", " << out->logits.cols << "]");
-      DETLOGP_CHECK(out->logits.row_stride == p.vocab_local,
-                    "logits must be contiguous (row_stride=" << out->logits.row_stride << ", expected " << p.vocab_local << ")");
+      DETLOGP_CHECK(
+          out->logits.row_stride == p.vocab_local,
+          "logits must be contiguous (row_stride=" << out->logits.row_stride << ", expected " << p.vocab_local << ")");
       check_memory(out->logits, "logits", mem, dev);
       DETLOGP_CHECK(p.rows == 0 || out->logits.data != nullptr, "logits data pointer is null");
       p.logits = static_cast<float*>(out->logits.mutable_data());

@@ -23,8 +23,8 @@ constexpr int kColBlock = 16;
 // keeps them apart, so every ISA clone below gives the same bits.
 template <int R>
 __attribute__((target_clones("avx2", "default"))) void micro_kernel(const float* __restrict h, int64_t dim,
-                                                                     const float* __restrict panel, int col0,
-                                                                     float* __restrict out, int64_t out_stride) {
+                                                                    const float* __restrict panel, int col0,
+                                                                    float* __restrict out, int64_t out_stride) {
   float acc[R][kColBlock] = {};
   for (int64_t k = 0; k < dim; ++k) {
     const float* w = panel + k * kPanelCols + col0;

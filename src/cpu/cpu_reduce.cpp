@@ -11,8 +11,8 @@ namespace detlogp {
 void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, const MutableTensorView& lse) {
   check_environment();
   const TensorView& z = in.logits;
-  DETLOGP_CHECK(z.ndim == 2 && z.dtype == DType::f32, "logits must be a 2-D f32 tensor, got ndim=" << z.ndim << " dtype="
-                                                                                                 << dtype_name(z.dtype));
+  DETLOGP_CHECK(z.ndim == 2 && z.dtype == DType::f32,
+                "logits must be a 2-D f32 tensor, got ndim=" << z.ndim << " dtype=" << dtype_name(z.dtype));
   DETLOGP_CHECK(z.memory == Memory::host, "reduce_logits runs on host memory; logits are in CUDA memory");
   DETLOGP_CHECK(z.cols > 0, "logits has V=0 columns");
   DETLOGP_CHECK(z.row_stride >= z.cols, "logits row_stride=" << z.row_stride << " < " << z.cols << " columns");
@@ -46,8 +46,8 @@ void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, 
   cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t row, int) {
     const float* zr = static_cast<const float*>(z.data) + row * z.row_stride;
     const float inv_t = inverse_temperature(temps ? temps[row] : in.temperature);
-    const int64_t target = i64 ? static_cast<const int64_t*>(in.targets.data)[row]
-                               : static_cast<const int32_t*>(in.targets.data)[row];
+    const int64_t target =
+        i64 ? static_cast<const int64_t*>(in.targets.data)[row] : static_cast<const int32_t*>(in.targets.data)[row];
     const bool ignored = target == in.ignore_index;
     std::vector<TileSummary> summaries(static_cast<size_t>(tiles));
     float y[kVocabTile];

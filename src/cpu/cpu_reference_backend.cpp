@@ -43,12 +43,14 @@ class ReferenceMaterializedBackend final : public Backend {
       const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab_local - col0));
       auto& h = hidden[static_cast<size_t>(w)];
       h.resize(static_cast<size_t>(p.dim));
-      for (int64_t k = 0; k < p.dim; ++k) h[static_cast<size_t>(k)] = fp::bf16_to_float(p.hidden[row * p.hidden_stride + k]);
+      for (int64_t k = 0; k < p.dim; ++k)
+        h[static_cast<size_t>(k)] = fp::bf16_to_float(p.hidden[row * p.hidden_stride + k]);
       cpu::load_weight_panel(p.weight, p.weight_stride, col0, cols, p.dim, panels[static_cast<size_t>(w)]);
       auto& zz = z[static_cast<size_t>(w)];
       zz.assign(kVocabTile, 0.0f);
       cpu::gemm_rows_panel(h.data(), 1, p.dim, panels[static_cast<size_t>(w)], zz.data(), kVocabTile);
-      for (int c = 0; c < cols; ++c) logits[row * p.vocab_local + col0 + c] = zz[c] + (p.bias ? p.bias[col0 + c] : 0.0f);
+      for (int c = 0; c < cols; ++c)
+        logits[row * p.vocab_local + col0 + c] = zz[c] + (p.bias ? p.bias[col0 + c] : 0.0f);
     });
     const int64_t real = std::min(p.vocab_local, p.real_vocab - p.vocab_start);
     cpu::parallel_for(p.rows, workers, [&](int64_t row, int) {

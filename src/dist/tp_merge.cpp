@@ -16,12 +16,13 @@ void merge_partials(const std::vector<ShardPartials>& ranks, const TensorView& t
   for (size_t r = 0; r < ranks.size(); ++r) {
     DETLOGP_CHECK(ranks[r].memory == Memory::host, "merge_partials runs on host memory; rank " << r << " is not");
     DETLOGP_CHECK(ranks[r].rows == rows, "rank " << r << " has " << ranks[r].rows << " rows, rank 0 has " << rows);
-    DETLOGP_CHECK(rows == 0 || ranks[r].tiles == 0 ||
-                      (ranks[r].summaries && ranks[r].target_logit && ranks[r].target_owned),
-                  "rank " << r << " partials have a null buffer");
+    DETLOGP_CHECK(
+        rows == 0 || ranks[r].tiles == 0 || (ranks[r].summaries && ranks[r].target_logit && ranks[r].target_owned),
+        "rank " << r << " partials have a null buffer");
   }
-  DETLOGP_CHECK(targets.ndim == 1 && targets.rows == rows && (targets.dtype == DType::i32 || targets.dtype == DType::i64),
-                "targets must be [N=" << rows << "] i32 or i64");
+  DETLOGP_CHECK(
+      targets.ndim == 1 && targets.rows == rows && (targets.dtype == DType::i32 || targets.dtype == DType::i64),
+      "targets must be [N=" << rows << "] i32 or i64");
   DETLOGP_CHECK(logp.ndim == 1 && logp.rows == rows && logp.dtype == DType::f32, "logp must be [N=" << rows << "] f32");
   DETLOGP_CHECK(lse.ndim == 1 && lse.rows == rows && lse.dtype == DType::f32, "lse must be [N=" << rows << "] f32");
   const bool i64 = targets.dtype == DType::i64;
@@ -58,7 +59,8 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
   DETLOGP_CHECK(ranks >= 1, "ranks=" << ranks << " must be >= 1");
   DETLOGP_CHECK(in.hidden.memory == Memory::host, "simulate_tensor_parallel runs on host tensors");
   DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
-  DETLOGP_CHECK(in.vocab_start == 0, "simulate_tensor_parallel shards the whole vocabulary; vocab_start=" << in.vocab_start);
+  DETLOGP_CHECK(in.vocab_start == 0,
+                "simulate_tensor_parallel shards the whole vocabulary; vocab_start=" << in.vocab_start);
   const int64_t vocab = in.weight.rows;
   const int64_t rows = in.hidden.rows;
   const int64_t per_rank = (vocab + ranks - 1) / ranks;
@@ -102,7 +104,8 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
   // Validate the outputs like linear_logp would, then merge.
   DETLOGP_CHECK(out.logp.ndim == 1 && out.logp.rows == rows && out.lse.ndim == 1 && out.lse.rows == rows,
                 "logp and lse must be [N=" << rows << "]");
-  DETLOGP_CHECK(!out.logits.present(), "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
+  DETLOGP_CHECK(!out.logits.present(),
+                "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
   if (rows > 0) merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse);
   return report;
 }

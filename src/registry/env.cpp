@@ -59,9 +59,9 @@ void check_environment() {
     for (const auto& k : kFreeKnobs) known = known || name == k.name;
     if (known) continue;
     for (const auto& f : kFrozenKnobs)
-      DETLOGP_CHECK(name != f.name, "environment variable " << *e << " tries to change a frozen contract constant ("
-                                                            << f.constant
-                                                            << "); frozen constants change only with a contract version bump");
+      DETLOGP_CHECK(name != f.name, "environment variable "
+                                        << *e << " tries to change a frozen contract constant (" << f.constant
+                                        << "); frozen constants change only with a contract version bump");
     std::string free_list;
     for (const auto& k : kFreeKnobs) free_list += std::string(free_list.empty() ? "" : ", ") + k.name;
     DETLOGP_FAIL("unknown detlogp environment variable " << *e << "; the settable knobs are: " << free_list);

@@ -8,7 +8,7 @@
 namespace detlogp::detail {
 
 std::optional<std::string> env_value(const char* name);
-bool env_strict();                      // DETLOGP_STRICT=1
-std::string env_backend();              // DETLOGP_BACKEND, "" when unset
+bool env_strict();          // DETLOGP_STRICT=1
+std::string env_backend();  // DETLOGP_BACKEND, "" when unset
 
 }  // namespace detlogp::detail

@@ -32,8 +32,7 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
     if (sm90_contract_backend().available(&why)) {
       chosen = &sm90_contract_backend();
     } else {
-      DETLOGP_CHECK(memory == Memory::host,
-                    "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
+      DETLOGP_CHECK(memory == Memory::host, "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
       chosen = &cpu_contract_backend();
     }
   } else {
@@ -41,10 +40,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
       if (b->id() == requested) chosen = b;
     DETLOGP_CHECK(chosen != nullptr, "unknown backend '" << requested << "'; known: " << backend_ids());
     DETLOGP_CHECK(!report.strict || chosen->contract_bearing(),
-                  "strict mode refuses backend '" << requested
-                                                  << "': it does not bear the detlogp contract (contract-bearing: "
-                                                  << sm90_contract_backend().id() << ", " << cpu_contract_backend().id()
-                                                  << ")");
+                  "strict mode refuses backend '"
+                      << requested << "': it does not bear the detlogp contract (contract-bearing: "
+                      << sm90_contract_backend().id() << ", " << cpu_contract_backend().id() << ")");
     std::string why;
     if (!chosen->available(&why)) {
       DETLOGP_CHECK(!report.strict,
