@@ -41,8 +41,8 @@ struct Mismatch {
 };
 
 struct Result {
-  int64_t compared = 0;     // elements compared
-  int64_t mismatches = 0;   // elements whose bit patterns differ
+  int64_t compared = 0;    // elements compared
+  int64_t mismatches = 0;  // elements whose bit patterns differ
   std::optional<Mismatch> first;
 
   bool identical() const { return mismatches == 0; }
@@ -55,8 +55,8 @@ struct Result {
     if (mismatches == 0) return s + std::to_string(compared) + " elements bit-identical";
     s += std::to_string(mismatches) + " of " + std::to_string(compared) + " elements differ";
     if (first) {
-      s += "; first at [" + std::to_string(first->index) + "]: expected " +
-           describe_float(first->expected) + ", actual " + describe_float(first->actual);
+      s += "; first at [" + std::to_string(first->index) + "]: expected " + describe_float(first->expected) +
+           ", actual " + describe_float(first->actual);
     }
     return s;
   }

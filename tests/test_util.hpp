@@ -1,0 +1,320 @@
+// Shared helpers for the detlogp CPU tests: a deterministic RNG (splitmix64), bf16 generation,
+// problem construction with owned buffers, output buffers poisoned with a NaN pattern, an
+// environment-variable guard, and a float64 reference of lse/logp computed from the same bf16
+// values, with a per-row error bound for the fp32 contract pipeline.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "detlogp/bitcmp.hpp"
+#include "detlogp/detlogp.hpp"
+
+namespace detlogp_test {
+
+// ---------------------------------------------------------------- deterministic randomness
+
+// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and identical on every platform.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
+  // Uniform integer in [0, n).
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+  // Standard normal by Box-Muller (one value per call; deterministic on a given libm).
+  double normal() {
+    double u1 = uniform();
+    if (u1 < 0x1p-60) u1 = 0x1p-60;
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// ---------------------------------------------------------------- bf16
+
+// fp32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN).
+inline uint16_t bf16_from_float(float x) {
+  uint32_t u = detlogp::bitcmp::float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float bf16_to_float(uint16_t b) { return detlogp::bitcmp::float_from_bits(static_cast<uint32_t>(b) << 16); }
+
+inline std::vector<uint16_t> random_bf16(size_t n, double stddev, SplitMix64& rng) {
+  std::vector<uint16_t> out(n);
+  for (auto& b : out) b = bf16_from_float(static_cast<float>(rng.normal() * stddev));
+  return out;
+}
+
+inline constexpr uint16_t kBf16QuietNan = 0x7FC0;
+
+// ---------------------------------------------------------------- problems and buffers
+
+// Bit pattern the outputs are filled with before a call, to detect writes: a quiet NaN with a
+// payload no computation produces.
+inline constexpr uint32_t kPoisonBits = 0xFFC0FFEEu;
+
+inline std::vector<float> poisoned(size_t n) {
+  return std::vector<float>(n, detlogp::bitcmp::float_from_bits(kPoisonBits));
+}
+
+inline int64_t count_unpoisoned(const std::vector<float>& v) {
+  int64_t c = 0;
+  for (float x : v) c += detlogp::bitcmp::float_bits(x) != kPoisonBits;
+  return c;
+}
+
+struct ProblemSpec {
+  int64_t rows = 4;
+  int64_t dim = 64;
+  int64_t vocab = 123;      // V_local: rows of the weight
+  int64_t real_vocab = -1;  // -1: vocab
+  bool bias = false;
+  double logit_stddev = 2.0;  // standard deviation of z = h.W
+  uint64_t seed = 1;
+};
+
+// A problem with owned buffers. Targets are int64 global ids in [0, real_vocab).
+struct Problem {
+  int64_t rows = 0, dim = 0, vocab = 0, real_vocab = 0;
+  std::vector<uint16_t> hidden;  // [rows][dim]
+  std::vector<uint16_t> weight;  // [vocab][dim]
+  std::vector<float> bias;       // [vocab] or empty
+  std::vector<int64_t> targets;  // [rows]
+  float temperature = 1.0f;
+  std::vector<float> temperature_rows;  // [rows] or empty
+  int64_t ignore_index = detlogp::kDefaultIgnoreIndex;
+
+  detlogp::LinearLogpInputs inputs() const {
+    detlogp::LinearLogpInputs in;
+    in.hidden = detlogp::TensorView::matrix(hidden.data(), detlogp::DType::bf16, rows, dim);
+    in.weight = detlogp::TensorView::matrix(weight.data(), detlogp::DType::bf16, vocab, dim);
+    if (!bias.empty()) in.bias = detlogp::TensorView::vector(bias.data(), detlogp::DType::f32, vocab);
+    in.targets = detlogp::TensorView::vector(targets.data(), detlogp::DType::i64, rows);
+    in.temperature = temperature;
+    if (!temperature_rows.empty())
+      in.temperature_rows = detlogp::TensorView::vector(temperature_rows.data(), detlogp::DType::f32, rows);
+    in.real_vocab = real_vocab;
+    in.ignore_index = ignore_index;
+    return in;
+  }
+
+  float h(int64_t n, int64_t k) const { return bf16_to_float(hidden[n * dim + k]); }
+  float w(int64_t v, int64_t k) const { return bf16_to_float(weight[v * dim + k]); }
+  float temperature_of(int64_t n) const { return temperature_rows.empty() ? temperature : temperature_rows[n]; }
+
+  // The sub-problem made of the given rows (in that order, duplicates allowed).
+  Problem select_rows(const std::vector<int64_t>& picks) const {
+    Problem p = *this;
+    p.rows = static_cast<int64_t>(picks.size());
+    p.hidden.assign(picks.size() * dim, 0);
+    p.targets.assign(picks.size(), 0);
+    if (!temperature_rows.empty()) p.temperature_rows.assign(picks.size(), 1.0f);
+    for (size_t i = 0; i < picks.size(); ++i) {
+      std::copy_n(hidden.begin() + picks[i] * dim, dim, p.hidden.begin() + static_cast<int64_t>(i) * dim);
+      p.targets[i] = targets[picks[i]];
+      if (!temperature_rows.empty()) p.temperature_rows[i] = temperature_rows[picks[i]];
+    }
+    return p;
+  }
+};
+
+inline Problem make_problem(const ProblemSpec& s) {
+  SplitMix64 rng(s.seed * 0x2545F4914F6CDD1Dull + 7);
+  Problem p;
+  p.rows = s.rows;
+  p.dim = s.dim;
+  p.vocab = s.vocab;
+  p.real_vocab = s.real_vocab < 0 ? s.vocab : s.real_vocab;
+  p.hidden = random_bf16(static_cast<size_t>(s.rows * s.dim), 1.0, rng);
+  p.weight = random_bf16(static_cast<size_t>(s.vocab * s.dim), s.logit_stddev / std::sqrt(double(s.dim)), rng);
+  if (s.bias) {
+    p.bias.resize(static_cast<size_t>(s.vocab));
+    for (auto& b : p.bias) b = static_cast<float>(rng.normal() * 0.5);
+  }
+  p.targets.resize(static_cast<size_t>(s.rows));
+  for (auto& t : p.targets) t = rng.below(p.real_vocab);
+  return p;
+}
+
+struct Outputs {
+  std::vector<float> logp, lse, logits;
+  int64_t vocab = 0;
+
+  Outputs(int64_t rows, int64_t vocab_local, bool with_logits)
+      : logp(poisoned(static_cast<size_t>(rows))),
+        lse(poisoned(static_cast<size_t>(rows))),
+        logits(with_logits ? poisoned(static_cast<size_t>(rows * vocab_local)) : std::vector<float>{}),
+        vocab(vocab_local) {}
+
+  detlogp::LinearLogpOutputs views() {
+    detlogp::LinearLogpOutputs o;
+    const int64_t rows = static_cast<int64_t>(logp.size());
+    o.logp = detlogp::mutable_vector(logp.data(), detlogp::DType::f32, rows);
+    o.lse = detlogp::mutable_vector(lse.data(), detlogp::DType::f32, rows);
+    if (!logits.empty()) o.logits = detlogp::mutable_matrix(logits.data(), detlogp::DType::f32, rows, vocab);
+    return o;
+  }
+  bool untouched() const {
+    return count_unpoisoned(logp) == 0 && count_unpoisoned(lse) == 0 && count_unpoisoned(logits) == 0;
+  }
+};
+
+inline Outputs run_linear_logp(const Problem& p, bool with_logits = false, const detlogp::CallOptions& opt = {},
+                               detlogp::CallReport* report = nullptr) {
+  Outputs out(p.rows, p.vocab, with_logits);
+  detlogp::CallReport r = detlogp::linear_logp(p.inputs(), out.views(), opt);
+  if (report) *report = r;
+  return out;
+}
+
+inline Outputs run_tensor_parallel(const Problem& p, int ranks, const detlogp::CallOptions& opt = {}) {
+  Outputs out(p.rows, p.vocab, false);
+  detlogp::simulate_tensor_parallel(p.inputs(), ranks, out.views(), opt);
+  return out;
+}
+
+inline Outputs run_reduce_logits(const Problem& p, const std::vector<float>& logits) {
+  Outputs out(p.rows, p.vocab, false);
+  detlogp::ReduceLogitsInputs in;
+  in.logits = detlogp::TensorView::matrix(logits.data(), detlogp::DType::f32, p.rows, p.vocab);
+  in.targets = detlogp::TensorView::vector(p.targets.data(), detlogp::DType::i64, p.rows);
+  in.temperature = p.temperature;
+  if (!p.temperature_rows.empty())
+    in.temperature_rows = detlogp::TensorView::vector(p.temperature_rows.data(), detlogp::DType::f32, p.rows);
+  in.real_vocab = p.real_vocab;
+  in.ignore_index = p.ignore_index;
+  auto logp = detlogp::mutable_vector(out.logp.data(), detlogp::DType::f32, p.rows);
+  auto lse = detlogp::mutable_vector(out.lse.data(), detlogp::DType::f32, p.rows);
+  detlogp::reduce_logits(in, logp, lse);
+  return out;
+}
+
+// The K-ascending fp32 walk the contract pins for one logit on the CPU:
+// acc = fl(acc + fl(h_k * w_k)) for k = 0..D-1 from acc = +0, then one fl(acc + b).
+inline float contract_logit(const Problem& p, int64_t n, int64_t v) {
+  float acc = 0.0f;
+  for (int64_t k = 0; k < p.dim; ++k) {
+    // Separately rounded multiply and add, as docs/contract.md §3.1 pins for the CPU (tests
+    // inherit -ffp-contract=off from the detlogp target). The product is exact unless subnormal.
+    acc = acc + p.h(n, k) * p.w(v, k);
+  }
+  if (!p.bias.empty()) acc = acc + p.bias[v];
+  return acc;
+}
+
+// ---------------------------------------------------------------- float64 reference
+
+inline constexpr double kU = 0x1p-24;  // unit roundoff of fp32 round-to-nearest
+
+// Float64 reference of one row (exact bf16 products, double sums, double log-softmax) and a
+// first-order error bound for the contract's fp32 pipeline on that row.
+//
+// Error model (u = 2^-24, p_v = softmax(y)_v, n_tiles = ceil(V_real / 64)):
+//  z_v  GEMM, K ascending in fp32: each add has |err| <= u |s_k| (s_k the k-th partial sum);
+//       treating the D rounding errors as independent and zero-mean, the total has standard
+//       deviation <= u sqrt(sum_k s_k^2 / 3). dz_v = kGemmSigmas * u sqrt(sum_k s_k^2 / 3)
+//       (+ u |z_v| for the bias add).
+//  y_v  dy_v = dz_v / T + 2u |y_v| when T != 1 (fl(1/T) and the multiply).
+//  S    each term expc(y_v - m_g) * expc(m_g - M): two subtractions (u |y_v - M| together),
+//       two expc (<= 1 ulp = 2u each); the 6-level tree and the n_tiles-step fma chain add at
+//       most (6 + n_tiles + 1) u relative. rho = u (sum_v p_v |y_v - M| + 4 + 7 + n_tiles).
+//  lse  dlse = sum_v p_v dy_v + rho (1 + 2 rho) + 2u |ln S| (logc <= 1 ulp) + u |lse| (the add).
+//  logp dlogp = dy_t + dlse + u |logp| (the subtraction); the clamp only shrinks the error.
+// Rigorous except for the GEMM term, which is the standard probabilistic bound (Higham & Mary
+// 2019) with kGemmSigmas standard deviations.
+inline constexpr double kGemmSigmas = 6.0;
+
+struct ReferenceRow {
+  double lse = 0, logp = 0;
+  double lse_bound = 0, logp_bound = 0;
+  bool ignored = false;
+};
+
+inline ReferenceRow reference_row(const Problem& p, int64_t n) {
+  const int64_t V = p.real_vocab;
+  const double T = static_cast<double>(p.temperature_of(n));
+  const bool scaled = p.temperature_of(n) != 1.0f;
+  std::vector<double> y(static_cast<size_t>(V)), dy(static_cast<size_t>(V));
+  for (int64_t v = 0; v < V; ++v) {
+    double s = 0, sq = 0;
+    for (int64_t k = 0; k < p.dim; ++k) {
+      s += static_cast<double>(p.h(n, k)) * static_cast<double>(p.w(v, k));
+      sq += s * s;
+    }
+    double dz = kGemmSigmas * kU * std::sqrt(sq / 3.0);
+    if (!p.bias.empty()) {
+      s += static_cast<double>(p.bias[v]);
+      dz += kU * std::fabs(s);
+    }
+    y[v] = s / T;
+    dy[v] = dz / T + (scaled ? 2 * kU * std::fabs(y[v]) : 0.0);
+  }
+  const double M = *std::max_element(y.begin(), y.end());
+  double S = 0;
+  for (int64_t v = 0; v < V; ++v) S += std::exp(y[v] - M);
+  double mean_dy = 0, mean_gap = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    const double pv = std::exp(y[v] - M) / S;
+    mean_dy += pv * dy[v];
+    mean_gap += pv * (M - y[v]);
+  }
+  const double n_tiles = static_cast<double>((V + 63) / 64);
+  const double rho = kU * (mean_gap + 4 + 7 + n_tiles);
+  ReferenceRow r;
+  r.lse = M + std::log(S);
+  r.lse_bound = mean_dy + rho * (1 + 2 * rho) + 2 * kU * std::fabs(std::log(S)) + kU * std::fabs(r.lse);
+  const int64_t t = p.targets[n];
+  r.ignored = t == p.ignore_index;
+  if (!r.ignored) {
+    r.logp = y[t] - r.lse;
+    r.logp_bound = dy[t] + r.lse_bound + kU * std::fabs(r.logp);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------- environment
+
+// Sets (or unsets, with value == nullopt) one environment variable for the guard's lifetime.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::string name, std::optional<std::string> value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) old_ = std::string(old);
+    if (value)
+      ::setenv(name_.c_str(), value->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace detlogp_test
