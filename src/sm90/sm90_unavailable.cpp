@@ -1,0 +1,42 @@
+// Builds without a CUDA compiler: the SM90 backend exists and reports why it cannot run.
+#include <string>
+
+#include "core/backend.hpp"
+#include "detlogp/config.hpp"
+#include "detlogp/error.hpp"
+
+namespace detlogp::detail {
+namespace {
+
+constexpr const char* kReason =
+    "this build of detlogp has no CUDA support (no CUDA compiler was found at configure time, or "
+    "DETLOGP_ENABLE_CUDA=OFF); rebuild with nvcc >= 12.3 available to get the SM90 backend";
+
+class Sm90Unavailable final : public Backend {
+ public:
+  Sm90Unavailable() {
+    prov_ = {kContractName, kContractVersion, "cuda-fused-linear-logp-sm90-contract-v1", "sm90a", 0, kVocabTile,
+             kKSlab, kNSplitPolicy, kTreeId, kTranscendentalId, kTemperatureId};
+  }
+  const Provenance& provenance() const override { return prov_; }
+  bool contract_bearing() const override { return true; }
+  Memory memory() const override { return Memory::cuda; }
+  bool available(std::string* why) const override {
+    if (why != nullptr) *why = kReason;
+    return false;
+  }
+  void run(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kReason); }
+  void run_from_host(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kReason); }
+
+ private:
+  Provenance prov_;
+};
+
+}  // namespace
+
+const Backend& sm90_contract_backend() {
+  static const Sm90Unavailable backend;
+  return backend;
+}
+
+}  // namespace detlogp::detail
