@@ -9,7 +9,8 @@ command -v g++ >/dev/null || need+=(g++)
 command -v cmake >/dev/null || need+=(cmake)
 command -v ninja >/dev/null || need+=(ninja-build)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
-command -v python3 >/dev/null || need+=(python3)
+command -v python3 >/dev/null || need+=(python3 python3-pip)
+command -v clang-format >/dev/null || need+=(clang-format)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "install_deps: installing ${need[*]}"

@@ -182,7 +182,7 @@ TEST(InputLayout, Int32AndInt64TargetsGiveIdenticalBits) {
   Outputs narrow(p.rows, p.vocab, false);
   detlogp::LinearLogpInputs in = p.inputs();
   in.targets = detlogp::TensorView::vector(t32.data(), detlogp::DType::i32, p.rows);
-  detlogp::linear_logp(in, narrow.views());
+  detlogp::linear_logp(in, narrow.views(), cpu_backend_options());
   expect_identical(wide, narrow, "int32 vs int64 targets");
 }
 
@@ -197,7 +197,7 @@ TEST(InputLayout, StridedHiddenRowsGiveIdenticalBits) {
   detlogp::LinearLogpInputs in = p.inputs();
   in.hidden =
       detlogp::TensorView::matrix(wide.data(), detlogp::DType::bf16, p.rows, p.dim, detlogp::Memory::host, stride);
-  detlogp::linear_logp(in, strided.views());
+  detlogp::linear_logp(in, strided.views(), cpu_backend_options());
   expect_identical(packed, strided, "hidden row stride 136 vs packed");
 }
 

@@ -178,7 +178,16 @@ struct Outputs {
   }
 };
 
-inline Outputs run_linear_logp(const Problem& p, bool with_logits = false, const detlogp::CallOptions& opt = {},
+// These tests exercise the CPU backend, also on a GPU machine where "auto" would pick SM90
+// (tests/gpu covers that backend).
+inline detlogp::CallOptions cpu_backend_options() {
+  detlogp::CallOptions opt;
+  opt.backend = "cpu-linear-logp-contract-v1";
+  return opt;
+}
+
+inline Outputs run_linear_logp(const Problem& p, bool with_logits = false,
+                               const detlogp::CallOptions& opt = cpu_backend_options(),
                                detlogp::CallReport* report = nullptr) {
   Outputs out(p.rows, p.vocab, with_logits);
   detlogp::CallReport r = detlogp::linear_logp(p.inputs(), out.views(), opt);
@@ -186,7 +195,8 @@ inline Outputs run_linear_logp(const Problem& p, bool with_logits = false, const
   return out;
 }
 
-inline Outputs run_tensor_parallel(const Problem& p, int ranks, const detlogp::CallOptions& opt = {}) {
+inline Outputs run_tensor_parallel(const Problem& p, int ranks,
+                                   const detlogp::CallOptions& opt = cpu_backend_options()) {
   Outputs out(p.rows, p.vocab, false);
   detlogp::simulate_tensor_parallel(p.inputs(), ranks, out.views(), opt);
   return out;

@@ -23,6 +23,7 @@ constexpr FreeKnob kFreeKnobs[] = {
     {"DETLOGP_BACKEND", "backend id to use (auto by default)"},
     {"DETLOGP_CPU_THREADS", "worker threads of the CPU backend"},
     {"DETLOGP_SM90_BUCKET", "force an SM90 launch bucket (free axis)"},
+    {"DETLOGP_SM90_WORKSPACE_MB", "cap of the SM90 summary workspace in MiB (chunks N)"},
 };
 
 struct FrozenKnob {

@@ -15,8 +15,17 @@ constexpr const char* kReason =
 class Sm90Unavailable final : public Backend {
  public:
   Sm90Unavailable() {
-    prov_ = {kContractName, kContractVersion, "cuda-fused-linear-logp-sm90-contract-v1", "sm90a", 0, kVocabTile,
-             kKSlab, kNSplitPolicy, kTreeId, kTranscendentalId, kTemperatureId};
+    prov_ = {kContractName,
+             kContractVersion,
+             "cuda-fused-linear-logp-sm90-contract-v1",
+             "sm90a",
+             0,
+             kVocabTile,
+             kKSlab,
+             kNSplitPolicy,
+             kTreeId,
+             kTranscendentalId,
+             kTemperatureId};
   }
   const Provenance& provenance() const override { return prov_; }
   bool contract_bearing() const override { return true; }

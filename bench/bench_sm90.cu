@@ -1,0 +1,300 @@
+// SM90 benchmark: detlogp trainer and serving entries against cuBLAS bf16 GEMM alone (fp32 and
+// bf16 output) and cuBLAS GEMM + an fp32 log-softmax kernel (the materializing path), in one run.
+// CUDA-event timing, median of many, L2 flushed before every timed launch, random data.
+// Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
+//
+//   bench_sm90 [--n 1,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "sm90/sm90_backend.hpp"
+
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorName(e_), __FILE__, __LINE__); \
+      std::exit(2);                                                                               \
+    }                                                                                             \
+  } while (0)
+#define CB(x)                                                                                       \
+  do {                                                                                              \
+    cublasStatus_t s_ = (x);                                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+      std::fprintf(stderr, "cuBLAS error %d at %s:%d\n", static_cast<int>(s_), __FILE__, __LINE__); \
+      std::exit(2);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+namespace {
+
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;
+    uint32_t b = __float_as_uint(u * scale);
+    b += 0x7FFFu + ((b >> 16) & 1u);
+    p[i] = static_cast<uint16_t>(b >> 16);
+  }
+}
+
+// Baseline log-softmax over materialized fp32 logits: one CTA per row, max pass, sum-exp pass.
+__global__ void log_softmax_rows(const float* z, int64_t v, const int32_t* targets, float* logp, float* lse) {
+  const float* row = z + blockIdx.x * v;
+  __shared__ float red[32];
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, row[i]);
+  for (int o = 16; o; o /= 2) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = -INFINITY;
+  for (int i = 0; i < blockDim.x / 32; ++i) m = fmaxf(m, red[i]);
+  __syncthreads();
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < v; i += blockDim.x) s += expf(row[i] - m);
+  for (int o = 16; o; o /= 2) s += __shfl_xor_sync(~0u, s, o);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int i = 0; i < blockDim.x / 32; ++i) t += red[i];
+    const float l = m + logf(t);
+    lse[blockIdx.x] = l;
+    logp[blockIdx.x] = row[targets[blockIdx.x]] - l;
+  }
+}
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  void* flush = nullptr;
+  size_t flush_bytes = size_t{256} << 20;  // > 60 MB L2
+  Timer() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    CK(cudaMalloc(&flush, flush_bytes));
+  }
+  // Median milliseconds of fn over reps runs after warmup runs, L2 flushed before each.
+  double median_ms(const std::function<void()>& fn, int reps, int warmup = 2) {
+    for (int i = 0; i < warmup; ++i) fn();
+    CK(cudaDeviceSynchronize());
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      CK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
+      CK(cudaEventRecord(a));
+      fn();
+      CK(cudaEventRecord(b));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+struct Row {
+  int64_t n;
+  std::string method;
+  double ms, tflops, gbps;
+  int64_t extra_bytes;
+  double ratio_bf16, ratio_f32;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> ns = {1, 64, 1024, 4096, 16384};
+  int64_t d = 4096, v = 151936;
+  std::string csv = "bench_sm90.csv";
+  int reps_override = 0;
+  std::string command;
+  // Reproduce command without machine-specific paths: program and file names only.
+  auto base = [](const char* a) {
+    const char* slash = std::strrchr(a, '/');
+    return std::string(slash ? slash + 1 : a);
+  };
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + base(argv[i]);
+  command += " (built by scripts/gpu_check.sh)";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--n")
+      ns = parse_list(next());
+    else if (a == "--d")
+      d = std::atoll(next());
+    else if (a == "--v")
+      v = std::atoll(next());
+    else if (a == "--csv")
+      csv = next();
+    else if (a == "--reps")
+      reps_override = std::atoi(next());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  const auto& backend = detlogp::detail::sm90_contract_backend();
+  std::string why;
+  if (!backend.available(&why)) {
+    std::printf("SKIP bench_sm90: %s\n", why.c_str());
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int rt = 0, drv = 0;
+  CK(cudaRuntimeGetVersion(&rt));
+  CK(cudaDriverGetVersion(&drv));
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::printf("bench_sm90 on %s (%d SMs), CUDA runtime %d, driver %d, %s\n", prop.name, prop.multiProcessorCount, rt,
+              drv, date);
+
+  const int64_t nmax = *std::max_element(ns.begin(), ns.end());
+  Timer timer;
+  // Copy bandwidth (device to device), counting bytes read + written.
+  double copy_gbps = 0;
+  {
+    const size_t bytes = size_t{2} << 30;
+    void *x, *y;
+    CK(cudaMalloc(&x, bytes));
+    CK(cudaMalloc(&y, bytes));
+    CK(cudaMemset(x, 1, bytes));
+    const double ms = timer.median_ms([&] { CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+    copy_gbps = 2.0 * bytes / (ms * 1e-3) / 1e9;
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+  }
+  const double weight_bytes = 2.0 * v * d;
+  const double floor_ms = weight_bytes / (copy_gbps * 1e9) * 1e3;
+  std::printf("device-to-device copy: %.0f GB/s (read+write); HBM floor for the weight (%.3f GB): %.4f ms\n", copy_gbps,
+              weight_bytes / 1e9, floor_ms);
+
+  uint16_t *w, *h;
+  CK(cudaMalloc(&w, static_cast<size_t>(v * d) * 2));
+  CK(cudaMalloc(&h, static_cast<size_t>(nmax * d) * 2));
+  fill_bf16<<<2048, 256>>>(w, v * d, 1, static_cast<float>(9.0 / std::sqrt(double(d))));
+  fill_bf16<<<2048, 256>>>(h, nmax * d, 2, 1.0f);
+  CK(cudaGetLastError());
+  std::vector<int32_t> ht(static_cast<size_t>(nmax));
+  for (int64_t i = 0; i < nmax; ++i) ht[i] = static_cast<int32_t>((i * 7919 + 13) % v);
+  int32_t* targets;
+  CK(cudaMalloc(&targets, ht.size() * 4));
+  CK(cudaMemcpy(targets, ht.data(), ht.size() * 4, cudaMemcpyHostToDevice));
+  float *logp, *lse, *logits;
+  uint16_t* logits_bf16;
+  CK(cudaMalloc(&logp, nmax * 4));
+  CK(cudaMalloc(&lse, nmax * 4));
+  CK(cudaMalloc(&logits, static_cast<size_t>(nmax * v) * 4));
+  CK(cudaMalloc(&logits_bf16, static_cast<size_t>(nmax * v) * 2));
+  cublasHandle_t cublas;
+  CB(cublasCreate(&cublas));
+  // cuBLAS may use a workspace; give it the default stream like every other launch here.
+
+  std::vector<Row> rows;
+  for (int64_t n : ns) {
+    const int reps = reps_override ? reps_override : (n >= 4096 ? 10 : 30);
+    const double flops = 2.0 * n * v * d;
+    const double in_bytes = weight_bytes + 2.0 * n * d;
+    detlogp::detail::LogpProblem p;
+    p.rows = n;
+    p.dim = d;
+    p.vocab_local = v;
+    p.real_vocab = v;
+    p.hidden = h;
+    p.hidden_stride = d;
+    p.weight = w;
+    p.weight_stride = d;
+    p.targets = targets;
+    p.memory = detlogp::Memory::cuda;
+    p.logp = logp;
+    p.lse = lse;
+    auto gemm = [&](void* c, cudaDataType ct) {
+      const float alpha = 1.0f, beta = 0.0f;
+      CB(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(v), static_cast<int>(n), static_cast<int>(d),
+                      &alpha, w, CUDA_R_16BF, static_cast<int>(d), h, CUDA_R_16BF, static_cast<int>(d), &beta, c, ct,
+                      static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    const double t_f32 = timer.median_ms([&] { gemm(logits, CUDA_R_32F); }, reps);
+    const double t_bf16 = timer.median_ms([&] { gemm(logits_bf16, CUDA_R_16BF); }, reps);
+    const double t_mat = timer.median_ms(
+        [&] {
+          gemm(logits, CUDA_R_32F);
+          log_softmax_rows<<<static_cast<unsigned>(n), 512>>>(logits, v, targets, logp, lse);
+        },
+        reps);
+    CK(cudaGetLastError());
+    const double t_train = timer.median_ms([&] { backend.run(p); }, reps);
+    detlogp::detail::LogpProblem ps = p;
+    ps.logits = logits;
+    const double t_serve = timer.median_ms([&] { backend.run(ps); }, reps);
+    const int64_t ws = detlogp::sm90::workspace_bytes(p);
+    const double logit_bytes = 4.0 * n * v;
+    auto add = [&](const std::string& m, double ms, double bytes, int64_t extra) {
+      rows.push_back({n, m, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, extra, ms / t_bf16, ms / t_f32});
+    };
+    add("cublas_gemm_bf16out", t_bf16, in_bytes + 2.0 * n * v, static_cast<int64_t>(2.0 * n * v));
+    add("cublas_gemm_f32out", t_f32, in_bytes + logit_bytes, static_cast<int64_t>(logit_bytes));
+    add("cublas_f32+log_softmax", t_mat, in_bytes + 2 * logit_bytes + 8.0 * n, static_cast<int64_t>(logit_bytes));
+    add("detlogp_trainer", t_train, in_bytes + 8.0 * n, ws);
+    add("detlogp_serving", t_serve, in_bytes + logit_bytes + 8.0 * n, ws);
+    if (n == 64 || n == 1024 || n == 4096 || n == 16384) {
+      for (const char* b : {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256"}) {
+        setenv("DETLOGP_SM90_BUCKET", b, 1);
+        add(std::string("detlogp_trainer[") + b + "]", timer.median_ms([&] { backend.run(p); }, reps),
+            in_bytes + 8.0 * n, ws);
+      }
+      unsetenv("DETLOGP_SM90_BUCKET");
+    }
+    std::printf("N=%lld done\n", (long long)n);
+    std::fflush(stdout);
+  }
+
+  FILE* f = std::fopen(csv.c_str(), "w");
+  if (f) {
+    std::fprintf(f,
+                 "gpu,cuda_runtime,driver,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_cublas_"
+                 "bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms\n");
+    for (const auto& r : rows)
+      std::fprintf(f, "\"%s\",%d,%d,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f\n", prop.name,
+                   rt, drv, date, command.c_str(), (long long)r.n, (long long)d, (long long)v, r.method.c_str(), r.ms,
+                   r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16, r.ratio_f32, copy_gbps, floor_ms);
+    std::fclose(f);
+  }
+  std::printf("\n%-7s %-30s %10s %9s %9s %12s %10s %10s\n", "N", "method", "ms", "TFLOP/s", "GB/s", "extra_MB",
+              "vs_bf16", "vs_f32");
+  for (const auto& r : rows)
+    std::printf("%-7lld %-30s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f\n", (long long)r.n, r.method.c_str(), r.ms,
+                r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.ratio_f32);
+  for (const auto& r : rows)
+    if (r.n == 1 && r.method == "detlogp_trainer")
+      std::printf("N=1 trainer vs HBM floor (%.4f ms at %.0f GB/s copy): %.3fx\n", floor_ms, copy_gbps,
+                  r.ms / floor_ms);
+  std::printf("csv: %s\n", csv.c_str());
+  return 0;
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# SASS check of the SM90 contract kernels; needs no GPU.
+#   - every fused kernel (fused_linear_logp_sm90[_pingpong]_kernel<...>) issues HGMMA (wgmma tensor-core path);
+#   - no contract kernel (all of namespace detlogp::sm90) contains ATOM/RED (no atomics: the
+#     reductions are ordered) or MUFU.EX2/MUFU.LG2 (no hardware approximations of exp/log: the
+#     contract's expc/logc are built from IEEE fp32 operations);
+#   - reports local-memory traffic (LDL/STL) per kernel.
+# Usage: scripts/check_sass.sh [binary-or-object ...]
+#   With no argument it compiles src/sm90/*.cu for sm_90a with nvcc into a temporary directory.
+# cuobjdump: $CUOBJDUMP, else PATH, else $CUDA_HOME/bin, else the pip wheels
+# (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm) found through python3.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+find_tool() {  # name -> path or empty
+  local name="$1" c
+  if command -v "$name" >/dev/null 2>&1; then command -v "$name"; return; fi
+  for c in "${CUDA_HOME:-/usr/local/cuda}/bin/$name" /usr/local/cuda/bin/"$name"; do
+    [[ -x "$c" ]] && { echo "$c"; return; }
+  done
+  local py
+  for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    "$py" - "$name" <<'PY' 2>/dev/null && return
+import glob, os, sys, site
+paths = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+for p in paths:
+    for c in glob.glob(os.path.join(p, "nvidia", "*", "bin", sys.argv[1])):
+        if os.access(c, os.X_OK):
+            print(c); sys.exit(0)
+sys.exit(1)
+PY
+  done
+  return 0
+}
+
+CUOBJDUMP="${CUOBJDUMP:-$(find_tool cuobjdump)}"
+[[ -n "$CUOBJDUMP" ]] || { echo "check_sass: cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"; exit 2; }
+if [[ -z "${NVDISASM_PATH:-}" ]] && ! command -v nvdisasm >/dev/null 2>&1; then
+  nvd="$(find_tool nvdisasm)"
+  [[ -n "$nvd" ]] && export PATH="$(dirname "$nvd"):$PATH"
+fi
+
+inputs=("$@")
+tmp=""
+if [[ ${#inputs[@]} -eq 0 ]]; then
+  NVCC="${NVCC:-$(find_tool nvcc)}"
+  [[ -n "$NVCC" ]] || { echo "check_sass: nvcc not found and no binary given"; exit 2; }
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  for f in "$ROOT"/src/sm90/*.cu; do
+    o="$tmp/$(basename "$f" .cu).o"
+    "$NVCC" -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a --fmad=false -I"$ROOT/include" -I"$ROOT/src" -c "$f" -o "$o"
+    inputs+=("$o")
+  done
+fi
+
+sass="$(mktemp)"
+for f in "${inputs[@]}"; do "$CUOBJDUMP" -sass "$f"; done >"$sass"
+
+# Per-function counts: name hgmma atom mufu_ex2_lg2 local
+awk '
+  /Function : / { name = $3; funcs[name] = 1; next }
+  name != "" && /HGMMA/ { hg[name]++ }
+  name != "" && /[ \t](ATOM|ATOMG|ATOMS|RED|REDG|REDUX)[. ]/ { at[name]++ }
+  name != "" && /MUFU\.(EX2|LG2)/ { mu[name]++ }
+  name != "" && /[ \t](LDL|STL)[. ]/ { lm[name]++ }
+  END { for (f in funcs) printf "%s %d %d %d %d\n", f, hg[f]+0, at[f]+0, mu[f]+0, lm[f]+0 }
+' "$sass" | sort >"$sass.tab"
+rm -f "$sass"
+
+fail=0; fused=0; contract=0
+while read -r fn hg at mu lm; do
+  [[ "$fn" == *detlogp*sm90* ]] || continue
+  contract=$((contract + 1))
+  short="$(echo "$fn" | sed -E 's/^_ZN7detlogp4sm90//' | cut -c1-90)"
+  status="ok"
+  if [[ "$fn" == *fused_linear_logp_sm90*kernel* ]]; then
+    fused=$((fused + 1))
+    if [[ "$hg" -eq 0 ]]; then status="FAIL(no HGMMA)"; fail=1; fi
+  fi
+  if [[ "$at" -ne 0 ]]; then status="${status/ok/} FAIL(ATOM/RED x$at)"; fail=1; fi
+  if [[ "$mu" -ne 0 ]]; then status="${status/ok/} FAIL(MUFU.EX2/LG2 x$mu)"; fail=1; fi
+  printf '%-92s HGMMA=%-4s ATOM/RED=%-3s MUFU.EX2/LG2=%-3s LDL/STL=%-4s %s\n' "$short" "$hg" "$at" "$mu" "$lm" "$status"
+done <"$sass.tab"
+rm -f "$sass.tab"
+if [[ "$fused" -eq 0 ]]; then echo "check_sass: FAIL: no fused SM90 kernel found in the inputs"; exit 1; fi
+if [[ "$fail" -ne 0 ]]; then echo "check_sass: FAIL"; exit 1; fi
+echo "check_sass: PASS ($contract contract kernels, $fused fused kernels with HGMMA; no ATOM/RED, no MUFU.EX2/LG2)"

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# One-shot check of the SM90 backend on a GPU machine (documented in docs/sm90.md):
+# configure + build (Release, -j16), GPU tests (ctest -L gpu) and the quick CPU tests,
+# compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
+# benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
+# Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench[,profile] (default: all but profile)   BENCH_ARGS="--n 1,4096"
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/out}"
+mkdir -p "$OUT"
+STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench}"
+BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
+JOBS="${JOBS:-16}"
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+
+
+mode=""
+if has build; then
+  { nvidia-smi 2>&1 || true; "$NVCC" --version 2>&1 || true; cmake --version 2>&1 | head -1; } >"$OUT/build.log"
+  if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >>"$OUT/build.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+    mode="top-level"
+  else
+    say "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
+  fi
+  say "build: $mode ($BUILD)"
+  # Resources of every SM90 kernel (-Xptxas -v): registers, static shared memory, stack, spills.
+  awk '/Compiling entry function/ { n = $0; sub(/.*function ./, "", n); sub(/. for .*/, "", n); next }
+       /bytes stack frame/ { st = $1; sp = $5 + $9; next }
+       /Used [0-9]+ registers/ && n ~ /detlogp4sm90/ {
+         k = n; sub(/^_ZN7detlogp4sm90[0-9]*/, "", k); sub(/_GLOBAL__N__[0-9a-f_]*cu_[0-9a-f]*[0-9][0-9]/, "", k);
+         sub(/EN?S0_.*FusedParamsEi$/, "", k); sub(/ENS0_.*$/, "", k); sm = "0"; if (match($0, /[0-9]+ bytes smem/)) sm = substr($0, RSTART, RLENGTH - 11);
+         printf "  kernel %-72s regs=%-4s static_smem=%-6s stack=%-3s spill_bytes=%s\n", k, $5, sm, st, sp; n = "" }' \
+    "$OUT/build.log" | sort -u | tee -a "$SUMMARY" >/dev/null
+fi
+
+find_bin() { find "$BUILD" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
+
+# Smoke: a hang or crash in the kernels must not eat the whole run.
+small_bin="$(find_bin test_sm90_small)"
+if [[ -n "$small_bin" ]]; then
+  echo "== smoke: test_sm90_small" >"$OUT/tests.log"
+  timeout 120 "$small_bin" >>"$OUT/tests.log" 2>&1
+  rc=$?
+  say "smoke (test_sm90_small, 120 s limit): rc=$rc"
+  if [[ $rc -ne 0 && $rc -ne 77 ]]; then
+    tail -30 "$OUT/tests.log"
+    [[ "${GPU_CHECK_CONTINUE:-0}" == 1 ]] || { cat "$SUMMARY"; exit 1; }
+  fi
+fi
+
+if has tests; then
+  (cd "$BUILD" && ctest -L gpu -V --timeout 300) >>"$OUT/tests.log" 2>&1
+  rc_gpu=$?
+  say "gpu tests: $([[ $rc_gpu -eq 0 ]] && echo PASS || echo FAIL) (ctest -L gpu rc=$rc_gpu)"
+  grep -E "(^|: )(PASS|FAIL|FAILED|SKIP|INFO) |(^|: )-- |cross-backend|L1:|rel-L2|subset runs|chunked run|padded vs real|-> detlogp error|valid run after|tests passed|tests failed" "$OUT/tests.log" |
+    sed -E 's/^[0-9]+: //; s/^ +//' | cut -c1-240 >>"$SUMMARY"
+  if [[ "$mode" == "top-level" ]]; then
+    (cd "$BUILD" && ctest -LE gpu -E exhaustive --timeout 300 -j 8) >>"$OUT/tests.log" 2>&1
+    rc_cpu=$?
+    say "cpu tests (quick, -E exhaustive): $([[ $rc_cpu -eq 0 ]] && echo PASS || echo FAIL) (rc=$rc_cpu)"
+    grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -1 >>"$SUMMARY"
+  fi
+fi
+
+if has sanitizer; then
+  : >"$OUT/sanitizer.log"
+  small="$(find_bin test_sm90_small)"
+  CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  if [[ -z "$small" || ! -x "$CS" ]]; then
+    say "sanitizer: not run (test_sm90_small or compute-sanitizer missing)"
+  else
+    for tool in memcheck racecheck synccheck; do
+      echo "== compute-sanitizer --tool $tool" >>"$OUT/sanitizer.log"
+      timeout 600 "$CS" --tool "$tool" --error-exitcode 3 "$small" >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      summary_line="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | tail -1)"
+      say "sanitizer $tool: $([[ $rc -eq 0 ]] && echo CLEAN || echo "FAIL rc=$rc") ${summary_line}"
+    done
+  fi
+fi
+
+if has sass; then
+  lib="$(find "$BUILD" -name 'libdetlogp.a' | head -1)"
+  "$ROOT/scripts/check_sass.sh" ${lib:+"$lib"} >"$OUT/sass.log" 2>&1
+  say "sass: $(tail -1 "$OUT/sass.log")"
+fi
+
+if has bench; then
+  bench="$(find_bin bench_sm90)"
+  if [[ -z "$bench" ]]; then
+    say "bench: bench_sm90 not built"
+  else
+    (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
+    say "bench: rc=$? (bench.log, bench_sm90.csv)"
+  fi
+fi
+
+# Optional: hardware counters of one fused launch per auto bucket (ncu, clocks left alone).
+if has profile; then
+  bench="$(find_bin bench_sm90)"
+  NCU="$(command -v ncu || true)"
+  if [[ -n "$bench" && -n "$NCU" ]]; then
+    for n in ${PROFILE_N:-1 4096}; do
+      timeout 300 "$NCU" --clock-control none --kernel-name regex:fused_linear_logp --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+        "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
+    done
+    say "profile: ncu rc=$? (profile.log)"
+  else
+    say "profile: skipped (ncu or bench missing)"
+  fi
+fi
+
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
+if [[ -f "$OUT/bench.log" ]]; then
+  echo
+  sed -n '/^N  *method/,$p' "$OUT/bench.log"
+  grep -E "copy:|HBM floor" "$OUT/bench.log" | head -2
+fi

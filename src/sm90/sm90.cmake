@@ -1,0 +1,47 @@
+# SM90 backend (cuda-fused-linear-logp-sm90-contract-v1). Included by the top-level CMakeLists.txt
+# when a CUDA compiler is found. Compiles for sm_90a
+# only (wgmma, setmaxnreg); building needs no GPU. Links only the CUDA runtime: the driver's TMA
+# encoder is reached through cudaGetDriverEntryPointByVersion at run time.
+set(DETLOGP_SM90_DIR ${CMAKE_CURRENT_LIST_DIR})
+get_filename_component(DETLOGP_SM90_ROOT ${DETLOGP_SM90_DIR}/../.. ABSOLUTE)
+
+find_package(CUDAToolkit REQUIRED)
+if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.3)
+  message(FATAL_ERROR "detlogp SM90 backend needs nvcc >= 12.3 (found ${CMAKE_CUDA_COMPILER_VERSION})")
+endif()
+
+# Older CMake (e.g. 3.25) does not know C++20 for nvcc 13 and would fail at generation: request
+# C++17 from CMake then and pass -std=c++20 last ourselves (nvcc uses the last -std). Targets
+# with CUDA sources call detlogp_cuda_cxx20(<target>).
+function(detlogp_cuda_cxx20 target)
+  if(NOT "cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES)
+    set_target_properties(${target} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  endif()
+endfunction()
+set(DETLOGP_CUDA_STD_FLAGS "")
+detlogp_cuda_cxx20(detlogp)
+
+target_sources(detlogp PRIVATE
+  ${DETLOGP_SM90_DIR}/sm90_backend.cu
+  ${DETLOGP_SM90_DIR}/sm90_launch_table.cu
+  ${DETLOGP_SM90_DIR}/sm90_combine_chain.cu)
+
+# Bit-relevant: --fmad=false keeps every multiply and add separately rounded unless the contract
+# code asks for an fma explicitly (the _rn intrinsics of fpops.hpp are never contracted anyway).
+# Never --use_fast_math. -Xptxas -v prints the registers/shared memory/spills of every kernel.
+set(DETLOGP_SM90_CUDA_FLAGS
+  ${DETLOGP_CUDA_STD_FLAGS}
+  "SHELL:-gencode arch=compute_90a,code=sm_90a"
+  --fmad=false
+  -Xptxas=-v
+  -Xcompiler=-ffp-contract=off
+  "-Xcompiler=-fmacro-prefix-map=${DETLOGP_SM90_ROOT}/=")
+target_compile_options(detlogp PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DETLOGP_SM90_CUDA_FLAGS}>)
+target_link_libraries(detlogp PUBLIC CUDA::cudart)
+target_compile_definitions(detlogp PUBLIC DETLOGP_WITH_SM90=1)
+
+option(DETLOGP_BUILD_BENCH "Build the SM90 benchmark driver (links cuBLAS; the library never does)" ON)
+if(DETLOGP_BUILD_BENCH AND EXISTS ${DETLOGP_SM90_ROOT}/bench/CMakeLists.txt AND NOT TARGET detlogp_bench_sm90)
+  add_subdirectory(${DETLOGP_SM90_ROOT}/bench ${CMAKE_BINARY_DIR}/bench)
+endif()

@@ -1,0 +1,137 @@
+// The per-row kernels around the fused kernel: input validation (device-resident targets and
+// temperatures, no device asserts), the contract chain over a row's tile summaries (full mode),
+// and target ownership flags (partial mode). No atomics anywhere.
+#include <cfloat>
+#include <climits>
+
+#include "sm90/sm90_common.hpp"
+
+namespace detlogp::sm90 {
+namespace {
+
+constexpr int kValidateThreads = 1024;
+constexpr int kCombineThreads = 256;  // one CTA per row
+constexpr int kChainChunk = 2048;     // tiles staged in shared memory per chain step
+
+// One CTA: finds the first invalid row of each kind with a block min (deterministic, no atomics)
+// and always writes the status word.
+__global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const ValidateParams p) {
+  __shared__ int64_t bad_target[kValidateThreads];
+  __shared__ int64_t bad_temp[kValidateThreads];
+  int64_t first_target = LLONG_MAX, first_temp = LLONG_MAX;
+  for (int64_t row = threadIdx.x; row < p.rows; row += kValidateThreads) {
+    const int64_t t = load_target(p.targets, p.targets_i64, row);
+    if (t != p.ignore_index && (t < 0 || t >= p.real_vocab) && first_target == LLONG_MAX) first_target = row;
+    if (p.temperature_rows != nullptr) {
+      const float temp = p.temperature_rows[row];
+      if (!(temp > 0.0f && temp <= FLT_MAX) && first_temp == LLONG_MAX) first_temp = row;  // NaN, <= 0, inf
+    }
+  }
+  bad_target[threadIdx.x] = first_target;
+  bad_temp[threadIdx.x] = first_temp;
+  __syncthreads();
+  for (int width = kValidateThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) {
+      bad_target[threadIdx.x] = min(bad_target[threadIdx.x], bad_target[threadIdx.x + width]);
+      bad_temp[threadIdx.x] = min(bad_temp[threadIdx.x], bad_temp[threadIdx.x + width]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    DeviceStatus s;
+    if (bad_target[0] != LLONG_MAX && bad_target[0] <= bad_temp[0]) {
+      s.code = kStatusBadTarget;
+      s.row = bad_target[0];
+      s.target = load_target(p.targets, p.targets_i64, s.row);
+    } else if (bad_temp[0] != LLONG_MAX) {
+      s.code = kStatusBadTemperature;
+      s.row = bad_temp[0];
+      s.temperature = p.temperature_rows[s.row];
+    }
+    *p.status = s;
+  }
+}
+
+// One CTA per row. M = max over all tile maxima (exact, so the parallel order is free). Then the
+// ascending chain S <- fma(s_g, expc(m_g - M), S) over g = 0, 1, ... (reduce.hpp chain_step):
+// the CTA computes the factors expc(m_g - M) of a chunk of tiles in parallel into shared memory
+// and one thread runs the sequential fma chain over them in ascending g; then finalize_row.
+__global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
+  if (p.status->code != kStatusOk) return;
+  __shared__ float warp_max[kCombineThreads / 32];
+  __shared__ float chunk_sum[kChainChunk];
+  __shared__ float chunk_scale[kChainChunk];
+  const int tid = threadIdx.x;
+  const int64_t r = blockIdx.x;
+  const TileSummary* tiles = p.summaries + r * p.tiles;
+
+  float global_max = fp::neg_inf();
+#pragma unroll 4
+  for (int64_t g = tid; g < p.tiles; g += kCombineThreads) global_max = chain_max(global_max, tiles[g].max);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
+  if (tid % 32 == 0) warp_max[tid / 32] = global_max;
+  __syncthreads();
+  global_max = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kCombineThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
+
+  float sum = 0.0f;
+  for (int64_t base = 0; base < p.tiles; base += kChainChunk) {
+    const int n = static_cast<int>(p.tiles - base < kChainChunk ? p.tiles - base : kChainChunk);
+    for (int i = tid; i < n; i += kCombineThreads) {
+      const TileSummary ts = tiles[base + i];
+      chunk_sum[i] = ts.sum;
+      chunk_scale[i] = expc(fp::sub(ts.max, global_max));  // chain_step's factor, off the serial path
+    }
+    __syncthreads();
+    if (tid == 0) {
+#pragma unroll 8
+      for (int i = 0; i < n; ++i)
+        if (chunk_sum[i] != 0.0f) sum = fp::fma(chunk_sum[i], chunk_scale[i], sum);  // == chain_step
+    }
+    __syncthreads();
+  }
+  if (tid != 0) return;
+  const int64_t row = p.row_begin + r;
+  const int64_t t = load_target(p.targets, p.targets_i64, row);
+  const bool ignored = t == p.ignore_index;
+  const float y_t = ignored ? 0.0f : p.target_logit[r];  // no read for an ignored row
+  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
+  p.logp[row] = res.logp;
+  p.lse[row] = res.lse;
+}
+
+// Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
+// (the owner's y_t is written by the fused kernel, disjoint rows).
+__global__ void partial_owner_kernel(const PartialOwnerParams p) {
+  if (p.status->code != kStatusOk) return;
+  const int64_t row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (row >= p.rows) return;
+  const int64_t t = load_target(p.targets, p.targets_i64, row);
+  const bool owned = t != p.ignore_index && t >= p.vocab_start && t < p.vocab_start + p.vocab_local;
+  p.target_owned[row] = owned ? 1 : 0;
+  if (!owned) p.target_logit[row] = 0.0f;
+}
+
+}  // namespace
+
+void launch_validate(const ValidateParams& p, cudaStream_t stream) {
+  validate_inputs_kernel<<<1, kValidateThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_combine(const CombineParams& p, cudaStream_t stream) {
+  DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
+  combine_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream) {
+  const int64_t blocks = (p.rows + 255) / 256;
+  partial_owner_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detlogp::sm90

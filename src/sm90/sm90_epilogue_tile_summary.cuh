@@ -1,0 +1,154 @@
+// SM90 fused epilogue: from the wgmma accumulators to the contract's per-64-lane tile summaries,
+// the owned scaled target logit y_t and (serving entry) the fp32 logits z.
+//
+// Accumulator fragment of wgmma m64nNk16 (f32), thread t of the warpgroup, warp w = t / 32,
+// lane l, q = l % 4: acc[4j + 2h + e] holds row 16w + l/4 + 8h, column 8j + 2q + e.
+// The contract tree (reduce.hpp tile_tree_sum, adjacent pairs at every level) maps onto it as:
+//   level 1  lanes (2i, 2i+1)            = in-thread pair e = 0, 1
+//   level 2  pairs of level 1            = shfl_xor 1 (q, q^1): columns 8j+0..3 / 8j+4..7
+//   level 3  pairs of level 2            = shfl_xor 2 (q, q^2): columns 8j+0..7
+//   levels 4-6 over the 8 column groups  = in-thread over j, adjacent pairs
+// IEEE addition is commutative, so both shuffle partners hold identical bits after each level.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/reduce.hpp"
+#include "sm90/sm90_common.hpp"
+
+namespace detlogp::sm90 {
+
+__device__ __forceinline__ int tile_real_lanes(const FusedParams& p, int64_t local_tile) {
+  const int64_t first = p.vocab_start + local_tile * kVocabTile;
+  int64_t end = p.vocab_start + p.vocab_local;
+  if (p.real_vocab < end) end = p.real_vocab;
+  const int64_t n = end - first;
+  return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
+}
+
+// Stores the column pair (c, c + 1) of z, c relative to the tile; cols = columns of this tile
+// inside the shard (1..64). vec2: row stride even and base 8-byte aligned (checked on host).
+__device__ __forceinline__ void store_logit_pair(float* tile_ptr, int c, int cols, float z0, float z1, bool vec2) {
+  if (vec2 && c + 1 < cols) {
+    __stcs(reinterpret_cast<float2*>(tile_ptr + c), make_float2(z0, z1));  // streaming: read by the sampler later
+  } else {
+    if (c < cols) __stcs(tile_ptr + c, z0);
+    if (c + 1 < cols) __stcs(tile_ptr + c + 1, z1);
+  }
+}
+
+// Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
+// `row_tile0`, its columns at local column `col0` (a multiple of 64). acc is consumed in place.
+template <int BlockN>
+__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        int64_t row_tile0, int64_t col0, bool logits_vec2) {
+  static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
+  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
+  if (row_tile0 + 16 * warp >= p.row_end) return;
+
+  int64_t row[2];
+  bool row_ok[2];
+  float inv_t[2];
+  int64_t target_col[2];  // local column of the target, -1 when ignored
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+    row_ok[h] = row[h] < p.row_end;
+    inv_t[h] = 1.0f;
+    target_col[h] = -1;
+    if (row_ok[h]) {
+      inv_t[h] = inverse_temperature(p.temperature_rows ? p.temperature_rows[row[h]] : p.temperature);
+      const int64_t tgt = load_target(p.targets, p.targets_i64, row[h]);
+      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
+    }
+  }
+  float y_target[2] = {0.0f, 0.0f};
+  bool owns[2] = {false, false};
+
+#pragma unroll
+  for (int tt = 0; tt < BlockN / kVocabTile; ++tt) {
+    const int64_t tile_col0 = col0 + tt * kVocabTile;
+    const int64_t local_tile = tile_col0 / kVocabTile;
+    if (local_tile >= p.local_tiles) break;  // uniform: past the shard
+    const int real = tile_real_lanes(p, local_tile);
+    // 32-bit per-tile quantities: columns inside the shard, target column inside this tile.
+    const int64_t left = p.vocab_local - tile_col0;
+    const int cols = left >= kVocabTile ? kVocabTile : static_cast<int>(left);
+    int rel_target[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t rel = target_col[h] - tile_col0;
+      rel_target[h] = (target_col[h] >= 0 && rel >= 0 && rel < kVocabTile) ? static_cast<int>(rel) : -1;
+    }
+
+    float bias_v[16];
+    if (p.bias != nullptr) {
+      const float* b = p.bias + tile_col0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int c = 8 * (i / 2) + 2 * q + (i % 2);
+        bias_v[i] = c < cols ? b[c] : 0.0f;
+      }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float y[16];
+      float m = fp::neg_inf();
+      float* logit_tile = p.logits != nullptr && row_ok[h] ? p.logits + row[h] * p.vocab_local + tile_col0 : nullptr;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        float z[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          z[e] = acc[(tt * 8 + jj) * 4 + 2 * h + e];
+          if (p.bias != nullptr) z[e] = add_bias(z[e], bias_v[2 * jj + e]);
+        }
+        const int lane_col = 8 * jj + 2 * q;  // column of e = 0 inside the tile
+        if (logit_tile != nullptr) store_logit_pair(logit_tile, lane_col, cols, z[0], z[1], logits_vec2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float yv = scale_logit(z[e], inv_t[h]);
+          y[2 * jj + e] = yv;
+          if (lane_col + e == rel_target[h]) {
+            y_target[h] = yv;
+            owns[h] = true;
+          }
+          if (lane_col + e < real) m = fp::max_nan(m, yv);
+        }
+      }
+      // Tile max: exact, so any combination order gives the same bits.
+      m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+      m = normalize_zero(m);
+
+      float level[8];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int lane_col = 8 * jj + 2 * q;
+        const float e0 = lane_col < real ? expc(fp::sub(y[2 * jj], m)) : 0.0f;
+        const float e1 = lane_col + 1 < real ? expc(fp::sub(y[2 * jj + 1], m)) : 0.0f;
+        level[jj] = tree_add(e0, e1);  // level 1
+      }
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
+      const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
+      const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
+      float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+      if (m == fp::neg_inf()) s = 0.0f;  // no real lane, or all real lanes -inf
+      if (q == 0 && row_ok[h]) p.summaries[(row[h] - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
+}
+
+}  // namespace detlogp::sm90

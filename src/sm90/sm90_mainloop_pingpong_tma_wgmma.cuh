@@ -1,0 +1,128 @@
+// SM90 persistent ping-pong schedule: one CTA per SM walks tiles blockIdx.x, +gridDim.x, ...;
+// a producer thread streams every tile's K blocks through one mbarrier ring with TMA, and the two
+// consumer warpgroups take alternate tiles, so one runs its wgmma mainloop while the other runs
+// the (SIMT-heavy) tile-summary epilogue of its previous tile. An ordering barrier keeps the
+// mainloops in tile order, which also keeps every ring wait within one phase lap.
+// Bit-relevant facts are those of sm90_mainloop_tma_wgmma.cuh: BLOCK_K = 64, one fp32
+// accumulator per output for the whole K walk, k16 steps ascending, no split-K.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/config.hpp"
+#include "sm90/ptx.cuh"
+#include "sm90/ptx_wgmma_bf16.cuh"
+
+namespace detlogp::sm90 {
+
+// WgM rows x BlockN columns per consumer-warpgroup tile (WgM/64 wgmma m64 fragments).
+template <int WgM, int BlockN, int Stages>
+struct PingpongConfig {
+  static constexpr int kWgM = WgM;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kBlockK = 64;
+  static constexpr int kStages = Stages;
+  static constexpr int kFragments = WgM / 64;
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kAccRegs = BlockN / 2;
+  static constexpr uint32_t kABytes = uint32_t(WgM) * kBlockK * 2;
+  static constexpr uint32_t kBBytes = uint32_t(BlockN) * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kBarriers = 2 * Stages + 2;  // full, empty, mainloop-done x2
+  static constexpr int kSmemBytes = int(Stages * kStageBytes) + kBarriers * 8 + 1024;
+  static constexpr int kEntryRegs = 168;  // 65536 / 384, multiple of 8
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 168 + (168 - 40) / 2
+
+  static_assert(WgM == 64 || WgM == 128, "one or two m64 fragments per consumer warpgroup");
+  static_assert(BlockN % kVocabTile == 0, "a tile's columns must be whole 64-lane vocab tiles (contract tree)");
+  static_assert(BlockN == 64 || BlockN == 128 || BlockN == 256, "wgmma n and TMA box limit (<= 256 rows)");
+  static_assert(kFragments * kAccRegs <= 128, "accumulators must fit the consumer register budget");
+  static_assert(kBlockK * 2 == 128, "BLOCK_K must fill exactly one 128-byte swizzle row");
+  static_assert(kBlockK % kKSlab == 0 && kKSlab % 16 == 0, "BLOCK_K = whole K slabs = whole wgmma k16 steps");
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage tiles keep 1024-byte swizzle alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
+  static_assert(kEntryRegs * kThreads <= 65536, "one CTA per SM");
+  static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kEntryRegs * kThreads, "setmaxnreg budget");
+};
+
+// Grouped rasterization of a linear tile index: group_m M tiles walk each weight tile together.
+__device__ __forceinline__ void raster_tile(int tile, int m_tiles, int n_tiles, int group_m, int& m_tile, int& n_tile) {
+  const int group_size = group_m * n_tiles;
+  const int first_m = (tile / group_size) * group_m;
+  const int rows_in_group = min(m_tiles - first_m, group_m);
+  m_tile = first_m + (tile % group_size) % rows_in_group;
+  n_tile = (tile % group_size) / rows_in_group;
+}
+
+template <class Cfg>
+__device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, const CUtensorMap* map_weight,
+                                                 uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, uint64_t* empty,
+                                                 int k_blocks, int64_t row_begin, int m_tiles, int n_tiles,
+                                                 int group_m) {
+  const int total = m_tiles * n_tiles;
+  uint32_t it = 0;
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    int m_tile, n_tile;
+    raster_tile(tile, m_tiles, n_tiles, group_m, m_tile, n_tile);
+    const int32_t row0 = static_cast<int32_t>(row_begin + int64_t{m_tile} * Cfg::kWgM);
+    const int32_t col0 = n_tile * Cfg::kBlockN;
+    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
+      const uint32_t s = it % Cfg::kStages;
+      const uint32_t round = it / Cfg::kStages;
+      ptx::mbar_wait(&empty[s], (round & 1u) ^ 1u);
+      ptx::mbar_arrive_expect_tx(&full[s], Cfg::kStageBytes);
+      ptx::tma_load_2d(smem_a + s * Cfg::kABytes, map_hidden, &full[s], kb * Cfg::kBlockK, row0);
+      ptx::tma_load_2d(smem_b + s * Cfg::kBBytes, map_weight, &full[s], kb * Cfg::kBlockK, col0);
+    }
+  }
+}
+
+// Mainloop of one tile for a consumer warpgroup; `it0` = ring index of the tile's first K block.
+template <class Cfg>
+__device__ __forceinline__ void pingpong_consume(float (&acc)[Cfg::kFragments][Cfg::kAccRegs], const uint8_t* smem_a,
+                                                 const uint8_t* smem_b, uint64_t* full, uint64_t* empty, int k_blocks,
+                                                 uint32_t it0) {
+  using Mma = ptx::WgmmaBf16<Cfg::kBlockN>;
+  static_assert(Mma::kAccRegs == Cfg::kAccRegs, "accumulator fragment size");
+#pragma unroll
+  for (int f = 0; f < Cfg::kFragments; ++f)
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) acc[f][i] = 0.0f;
+  const int lane = threadIdx.x % 32;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const uint32_t it = it0 + static_cast<uint32_t>(kb);
+    const uint32_t s = it % Cfg::kStages;
+    ptx::mbar_wait(&full[s], (it / Cfg::kStages) & 1u);
+    const uint64_t desc_b = ptx::smem_desc_k_major_sw128(smem_b + s * Cfg::kBBytes);
+#pragma unroll
+    for (int f = 0; f < Cfg::kFragments; ++f)
+#pragma unroll
+      for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
+    ptx::wgmma_fence();
+    // k16 steps ascending; each fragment's accumulator sees them in K order.
+#pragma unroll
+    for (int k = 0; k < Cfg::kBlockK / 16; ++k)
+#pragma unroll
+      for (int f = 0; f < Cfg::kFragments; ++f) {
+        const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem_a + s * Cfg::kABytes + f * (64 * 128));
+        Mma::mma(acc[f], desc_a + 2 * k, desc_b + 2 * k);
+      }
+    ptx::wgmma_commit();
+    // Keep this K block's wgmma in flight; the previous one has completed, so its stage is free.
+    ptx::wgmma_wait<1>();
+#pragma unroll
+    for (int f = 0; f < Cfg::kFragments; ++f)
+#pragma unroll
+      for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
+    if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty[(it - 1) % Cfg::kStages]);  // one arrival per warp
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int f = 0; f < Cfg::kFragments; ++f)
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
+  if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty[(it0 + k_blocks - 1) % Cfg::kStages]);
+}
+
+}  // namespace detlogp::sm90

@@ -1,0 +1,193 @@
+// Error paths of the SM90 backend through the public API: invalid device-resident targets and
+// temperatures are reported as clear errors naming the row and value, nothing is written, and
+// the CUDA context stays usable; TMA alignment/stride violations and bad knob values are refused.
+#include <cstdio>
+#include <string>
+
+#include "gpu_test_util.hpp"
+
+using namespace gput;
+using namespace detlogp;
+
+namespace {
+
+constexpr const char* kId = "cuda-fused-linear-logp-sm90-contract-v1";
+
+struct Case {
+  int64_t n = 16, d = 64, v = 2053;
+  DeviceModel m;
+  DevBuf<uint16_t> hidden;
+  DevBuf<int32_t> targets;
+  Outputs out;
+  std::vector<int32_t> host_targets;
+  Case() {
+    m.make(d, v, 5, false);
+    hidden = DevBuf<uint16_t>(static_cast<size_t>(n * d + 64));
+    fill_bf16_uniform(hidden.get(), n * d + 64, 6, 1.0f);
+    host_targets.resize(n);
+    for (int64_t i = 0; i < n; ++i) host_targets[i] = static_cast<int32_t>((i * 131) % v);
+    targets = DevBuf<int32_t>(static_cast<size_t>(n));
+    targets.from_host(host_targets);
+    out.make(n, v, true);
+  }
+  LinearLogpInputs inputs() const {
+    LinearLogpInputs in;
+    in.hidden = TensorView::matrix(hidden.get(), DType::bf16, n, d, Memory::cuda);
+    in.weight = TensorView::matrix(m.weight.get(), DType::bf16, v, d, Memory::cuda);
+    in.targets = TensorView::vector(targets.get(), DType::i32, n, Memory::cuda);
+    return in;
+  }
+  LinearLogpOutputs outputs() {
+    LinearLogpOutputs o;
+    o.logp = mutable_vector(out.logp.get(), DType::f32, n, Memory::cuda);
+    o.lse = mutable_vector(out.lse.get(), DType::f32, n, Memory::cuda);
+    o.logits = mutable_matrix(out.logits.get(), DType::f32, n, v, Memory::cuda);
+    return o;
+  }
+  void poison() {
+    out.logp.poison();
+    out.lse.poison();
+    out.logits.poison();
+  }
+  bool untouched() const {
+    return count_poison(out.logp.get(), n) == n && count_poison(out.lse.get(), n) == n &&
+           count_poison(out.logits.get(), n * v) == n * v;
+  }
+};
+
+CallOptions opts() {
+  CallOptions o;
+  o.backend = kId;
+  o.strict = true;
+  return o;
+}
+
+// Expects linear_logp to throw detlogp::Error whose message contains every needle.
+void expect_error(const char* what, const std::function<void()>& fn, std::initializer_list<const char*> needles) {
+  try {
+    fn();
+    GPU_EXPECT(false, what << ": no error raised");
+  } catch (const detlogp::Error& e) {
+    const std::string msg = e.what();
+    bool ok = true;
+    for (const char* n : needles) ok = ok && msg.find(n) != std::string::npos;
+    GPU_EXPECT(ok, what << ": message lacks an expected part: " << msg);
+    std::printf("   %s -> %s\n", what, msg.c_str());
+  } catch (const std::exception& e) {
+    GPU_EXPECT(false, what << ": wrong exception type: " << e.what());
+  }
+  GPU_EXPECT(cudaGetLastError() == cudaSuccess, what << ": CUDA error state left behind");
+}
+
+}  // namespace
+
+int main() {
+  if (int rc = skip_unless_sm90("test_sm90_errors")) return rc;
+  Case c;
+  // A valid run first: the reference bits.
+  auto report = linear_logp(c.inputs(), c.outputs(), opts());
+  GPU_EXPECT(report.provenance.backend_id == kId, "served by " << report.provenance.backend_id);
+  GPU_EXPECT(report.provenance.arch == "sm90a" && report.provenance.cc == 90,
+             "provenance arch/cc " << report.provenance.arch << "/" << report.provenance.cc);
+  const auto ref_logp = c.out.logp.to_host(), ref_lse = c.out.lse.to_host();
+
+  auto with_targets = [&](std::vector<int32_t> t) {
+    c.targets.from_host(t);
+    c.poison();
+    linear_logp(c.inputs(), c.outputs(), opts());
+  };
+  {
+    auto t = c.host_targets;
+    t[5] = static_cast<int32_t>(c.v);
+    expect_error("target == V", [&] { with_targets(t); }, {"targets[5]=2053", "real_vocab=2053"});
+    GPU_EXPECT(c.untouched(), "outputs were written despite an invalid target");
+  }
+  {
+    auto t = c.host_targets;
+    t[3] = -5;
+    t[9] = 999999;
+    expect_error("negative target", [&] { with_targets(t); }, {"targets[3]=-5", "ignore_index=-100"});
+    GPU_EXPECT(c.untouched(), "outputs were written despite a negative target");
+  }
+  {  // i64 targets beyond 2^31
+    std::vector<int64_t> t(c.host_targets.begin(), c.host_targets.end());
+    t[12] = int64_t{1} << 40;
+    DevBuf<int64_t> d64(t.size());
+    d64.from_host(t);
+    c.poison();
+    auto in = c.inputs();
+    in.targets = TensorView::vector(d64.get(), DType::i64, c.n, Memory::cuda);
+    expect_error("i64 target 2^40", [&] { linear_logp(in, c.outputs(), opts()); }, {"targets[12]=1099511627776"});
+    GPU_EXPECT(c.untouched(), "outputs were written despite an invalid i64 target");
+  }
+  c.targets.from_host(c.host_targets);
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    std::vector<float> temps(c.n, 1.0f);
+    temps[4] = bad;
+    temps[7] = 0.0f;
+    DevBuf<float> dt(temps.size());
+    dt.from_host(temps);
+    c.poison();
+    auto in = c.inputs();
+    in.temperature_rows = TensorView::vector(dt.get(), DType::f32, c.n, Memory::cuda);
+    expect_error("bad per-row temperature", [&] { linear_logp(in, c.outputs(), opts()); }, {"temperature_rows[4]="});
+    GPU_EXPECT(c.untouched(), "outputs were written despite a bad temperature");
+  }
+  {  // misaligned hidden base (2 bytes off)
+    auto in = c.inputs();
+    in.hidden = TensorView::matrix(c.hidden.get() + 1, DType::bf16, c.n, c.d, Memory::cuda);
+    expect_error("misaligned hidden", [&] { linear_logp(in, c.outputs(), opts()); }, {"hidden", "16-byte"});
+  }
+  {  // row stride not a multiple of 16 bytes
+    auto in = c.inputs();
+    in.hidden = TensorView::matrix(c.hidden.get(), DType::bf16, c.n - 1, c.d, Memory::cuda, c.d + 1);
+    auto o = c.outputs();
+    o.logp.rows = o.lse.rows = c.n - 1;
+    o.logits.rows = c.n - 1;
+    in.targets.rows = c.n - 1;
+    expect_error("hidden stride", [&] { linear_logp(in, o, opts()); }, {"hidden", "row stride", "16 bytes"});
+  }
+  {
+    EnvGuard env("DETLOGP_SM90_BUCKET", "huge");
+    expect_error("bad bucket knob", [&] { linear_logp(c.inputs(), c.outputs(), opts()); },
+                 {"DETLOGP_SM90_BUCKET=huge"});
+  }
+  {  // partial mode: invalid target, partial buffers untouched
+    auto t = c.host_targets;
+    t[0] = static_cast<int32_t>(c.v) + 64;
+    c.targets.from_host(t);
+    const int64_t tiles = (c.v + 63) / 64;
+    DevBuf<float> sums(static_cast<size_t>(c.n * tiles * 2)), tl(static_cast<size_t>(c.n));
+    DevBuf<uint8_t> owned(static_cast<size_t>(c.n));
+    sums.poison();
+    tl.poison();
+    GPU_CUDA(cudaMemset(owned.get(), 0xFF, c.n));
+    ShardPartials sp;
+    sp.rows = c.n;
+    sp.tiles = tiles;
+    sp.summaries = reinterpret_cast<TileSummary*>(sums.get());
+    sp.target_logit = tl.get();
+    sp.target_owned = owned.get();
+    sp.memory = Memory::cuda;
+    expect_error("partial mode invalid target", [&] { linear_logp_partials(c.inputs(), sp, opts()); }, {"targets[0]="});
+    const auto ho = owned.to_host();
+    bool owned_untouched = true;
+    for (auto b : ho) owned_untouched = owned_untouched && b == 0xFF;
+    GPU_EXPECT(count_poison(sums.get(), c.n * tiles * 2) == c.n * tiles * 2 && count_poison(tl.get(), c.n) == c.n &&
+                   owned_untouched,
+               "partial buffers were written despite an invalid target");
+    c.targets.from_host(c.host_targets);
+  }
+  // The context is still usable and gives the same bits as before the errors.
+  c.poison();
+  try {
+    linear_logp(c.inputs(), c.outputs(), opts());
+    auto a = bitcmp::compare(ref_logp, c.out.logp.to_host()), b = bitcmp::compare(ref_lse, c.out.lse.to_host());
+    GPU_EXPECT(a.identical() && b.identical(), "after errors: " << a.describe("logp") << "; " << b.describe("lse"));
+    GPU_EXPECT(cudaDeviceSynchronize() == cudaSuccess, "device not healthy after the error cases");
+    std::printf("   valid run after the error cases: %s\n", a.describe("logp").c_str());
+  } catch (const std::exception& e) {
+    GPU_EXPECT(false, "valid run after errors threw: " << e.what());
+  }
+  return finish("test_sm90_errors");
+}
