@@ -4,9 +4,16 @@
 #include <string>
 
 #include "core/problem.hpp"
+#include "detlogp/config.hpp"
 #include "detlogp/provenance.hpp"
 
 namespace detlogp::detail {
+
+// Provenance of a backend bearing contract v1: the frozen ids plus its own arch and cc.
+inline Provenance contract_provenance(const char* backend_id, const char* arch, int cc) {
+  return {kContractName, kContractVersion, backend_id,        arch,          cc, kVocabTile, kKSlab,
+          kNSplitPolicy, kTreeId,          kTranscendentalId, kTemperatureId};
+}
 
 class Backend {
  public:

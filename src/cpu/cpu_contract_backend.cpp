@@ -76,19 +76,7 @@ void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, Ti
 
 class CpuContractBackend final : public Backend {
  public:
-  CpuContractBackend() {
-    prov_ = {kContractName,
-             kContractVersion,
-             "cpu-linear-logp-contract-v1",
-             "cpu",
-             0,
-             kVocabTile,
-             kKSlab,
-             kNSplitPolicy,
-             kTreeId,
-             kTranscendentalId,
-             kTemperatureId};
-  }
+  CpuContractBackend() { prov_ = contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0); }
   const Provenance& provenance() const override { return prov_; }
   bool contract_bearing() const override { return true; }
   Memory memory() const override { return Memory::host; }

@@ -214,8 +214,7 @@ WorkspaceLayout layout_for(const detail::LogpProblem& p) {
 class Sm90Backend final : public detail::Backend {
  public:
   Sm90Backend() {
-    prov_ = {kContractName, kContractVersion, kBackendId,        "sm90a",       0, kVocabTile, kKSlab,
-             kNSplitPolicy, kTreeId,          kTranscendentalId, kTemperatureId};
+    prov_ = detail::contract_provenance(kBackendId, "sm90a", 0);
     probe();
   }
   const Provenance& provenance() const override { return prov_; }

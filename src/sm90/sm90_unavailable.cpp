@@ -14,19 +14,7 @@ constexpr const char* kReason =
 
 class Sm90Unavailable final : public Backend {
  public:
-  Sm90Unavailable() {
-    prov_ = {kContractName,
-             kContractVersion,
-             "cuda-fused-linear-logp-sm90-contract-v1",
-             "sm90a",
-             0,
-             kVocabTile,
-             kKSlab,
-             kNSplitPolicy,
-             kTreeId,
-             kTranscendentalId,
-             kTemperatureId};
-  }
+  Sm90Unavailable() { prov_ = contract_provenance("cuda-fused-linear-logp-sm90-contract-v1", "sm90a", 0); }
   const Provenance& provenance() const override { return prov_; }
   bool contract_bearing() const override { return true; }
   Memory memory() const override { return Memory::cuda; }
