@@ -44,7 +44,7 @@ struct Shard {
     partials.summaries = summaries.data();
     partials.target_logit = target_logit.data();
     partials.target_owned = owned.data();
-    return detlogp::linear_logp_partials(in, partials);
+    return detlogp::linear_logp_partials(in, partials, cpu_backend_options());
   }
 };
 

@@ -27,17 +27,14 @@ inline constexpr float kOverflow = 0x1.62e42ep+6f;  // e^x > FLT_MAX above: +inf
 
 // e^x in fp32. Contract domain: x <= 0 (arguments y - m_g and m_g - M), NaN passes through.
 // Also defined for 0 < x: overflow gives +inf.
-// Branch-free: the main path runs on a clamped argument and the special cases are selected at
-// the end, so the GPU epilogue (one call per logit) has no divergent reconvergence points.
 DETLOGP_HD float expc(float x) {
   using namespace expc_constants;
-  // NaN fails both comparisons and is clamped to kUnderflow, keeping the float->int below defined.
-  float xc = x >= kUnderflow ? x : kUnderflow;
-  xc = xc <= kOverflow ? xc : kOverflow;
-  const float shifted = fp::fma(xc, kLog2e, kRoundMagic);
+  if (!(x >= kUnderflow)) return fp::is_nan(x) ? x : 0.0f;  // also -inf
+  if (x > kOverflow) return fp::pos_inf();
+  const float shifted = fp::fma(x, kLog2e, kRoundMagic);
   const float kf = fp::sub(shifted, kRoundMagic);
   const int k = static_cast<int>(kf);
-  float r = fp::fma(kf, -kLn2Hi, xc);
+  float r = fp::fma(kf, -kLn2Hi, x);
   r = fp::fma(kf, -kLn2Lo, r);
   float p = kC6;
   p = fp::fma(p, r, kC5);
@@ -46,15 +43,10 @@ DETLOGP_HD float expc(float x) {
   p = fp::fma(p, r, kC2);
   p = fp::fma(p, r, 1.0f);
   p = fp::fma(p, r, 1.0f);
-  // 2^k in two exact-or-once-rounded steps: normal results scale by 2^k then by 1 (exact);
-  // subnormal results (k < -126) by 2^(k+64), exact, then by 2^-64, which rounds once.
-  const bool subnormal = k < -126;
-  const int k_first = subnormal ? k + 64 : k;
-  const float second = subnormal ? 0x1p-64f : 1.0f;
-  const float result = fp::mul(fp::mul(p, fp::from_bits(static_cast<uint32_t>(k_first + 127) << 23)), second);
-  float special = fp::is_nan(x) ? x : 0.0f;  // NaN passes through; tiny and -inf give +0
-  special = x > kOverflow ? fp::pos_inf() : special;
-  return (x >= kUnderflow && x <= kOverflow) ? result : special;
+  if (k >= -126) return fp::mul(p, fp::from_bits(static_cast<uint32_t>(k + 127) << 23));
+  // Subnormal result: the first scaling is exact, the second rounds once.
+  p = fp::mul(p, fp::from_bits(static_cast<uint32_t>(k + 127 + 64) << 23));
+  return fp::mul(p, 0x1p-64f);
 }
 
 namespace logc_constants {
