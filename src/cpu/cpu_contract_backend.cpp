@@ -1,5 +1,5 @@
-// cpu-linear-logp-contract-v1: the whole contract on the host. Work is split into (row group,
-// vocab tile) tasks; each task computes z for its block, the tile summaries and the owned y_t;
+// cpu-linear-logp-contract-v1: the whole contract on the host. Work is split into (vocab tile,
+// row block) tasks; each task computes z for its block, the tile summaries and the owned y_t;
 // a second pass runs the ascending chain per row.
 #include <algorithm>
 #include <vector>
@@ -12,12 +12,13 @@
 namespace detlogp::detail {
 namespace {
 
-constexpr int kRowGroup = 32;
+constexpr int kRowGroup = 32;                               // rows per GEMM call (z scratch of kRowGroup x 64)
+constexpr int kRowsPerTask = 256;                           // rows that share one widened weight panel
+constexpr int64_t kWidenRows = 4096;                        // rows of hidden widened to fp32 at a time
 constexpr int64_t kSummaryBudgetBytes = int64_t{64} << 20;  // bounded workspace: chunk rows
 
 struct WorkerScratch {
-  std::vector<float> hidden_f32;  // [kRowGroup][dim]
-  std::vector<float> z;           // [kRowGroup][kVocabTile]
+  std::vector<float> z;  // [kRowGroup][kVocabTile]
   cpu::WeightPanel panel;
 };
 
@@ -25,53 +26,65 @@ float row_inverse_temperature(const LogpProblem& p, int64_t row) {
   return inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
 }
 
+// Bias, logits, scaling, summary and owned y_t of one row's z over one tile.
+void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, TileSummary& summary,
+                   float& target_logit, uint8_t& target_owned) {
+  const int64_t col0 = tile * kVocabTile;
+  if (p.bias)
+    for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
+  if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
+  const float inv_t = row_inverse_temperature(p, row);
+  float y[kVocabTile];
+  for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
+  summary = tile_summary(y, p.real_lanes(tile));
+  const int64_t t = p.target(row);
+  if (t == p.ignore_index) return;
+  const int64_t local = t - p.vocab_start - col0;
+  if (local >= 0 && local < cols) {
+    target_logit = y[local];
+    target_owned = 1;
+  }
+}
+
 // Computes tile summaries (and logits, y_t) for rows [row0, row0 + rows), writing summaries to
 // summaries[(r - row0) * tiles + j] and the owned scaled target logit to target_logit[r - row0].
+// Hidden rows are widened to fp32 once; a task is (tile, up to kRowsPerTask rows), so each
+// widened weight panel serves many rows.
 void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, TileSummary* summaries,
                             float* target_logit, uint8_t* target_owned) {
   const int64_t tiles = p.local_tiles();
-  const int64_t groups = (rows + kRowGroup - 1) / kRowGroup;
   const int workers = cpu::cpu_threads();
   std::vector<WorkerScratch> scratch(static_cast<size_t>(std::max(1, workers)));
-  cpu::parallel_for(groups * tiles, workers, [&](int64_t task, int worker) {
-    const int64_t group = task / tiles;
-    const int64_t tile = task % tiles;
-    const int64_t g_row0 = row0 + group * kRowGroup;
-    const int g_rows = static_cast<int>(std::min<int64_t>(kRowGroup, row0 + rows - g_row0));
-    const int64_t col0 = tile * kVocabTile;
-    const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab_local - col0));
-    WorkerScratch& s = scratch[static_cast<size_t>(worker)];
-
-    s.hidden_f32.resize(static_cast<size_t>(kRowGroup) * p.dim);
-    for (int r = 0; r < g_rows; ++r) {
-      const uint16_t* h = p.hidden + (g_row0 + r) * p.hidden_stride;
-      float* dst = s.hidden_f32.data() + static_cast<int64_t>(r) * p.dim;
+  std::vector<float> hidden_f32;
+  for (int64_t w0 = row0; w0 < row0 + rows; w0 += kWidenRows) {
+    const int64_t w_rows = std::min(kWidenRows, row0 + rows - w0);
+    hidden_f32.resize(static_cast<size_t>(w_rows * p.dim));
+    cpu::parallel_for(w_rows, workers, [&](int64_t r, int) {
+      const uint16_t* h = p.hidden + (w0 + r) * p.hidden_stride;
+      float* dst = hidden_f32.data() + r * p.dim;
       for (int64_t k = 0; k < p.dim; ++k) dst[k] = fp::bf16_to_float(h[k]);
-    }
-    cpu::load_weight_panel(p.weight, p.weight_stride, col0, cols, p.dim, s.panel);
-    s.z.assign(static_cast<size_t>(kRowGroup) * kVocabTile, 0.0f);
-    cpu::gemm_rows_panel(s.hidden_f32.data(), g_rows, p.dim, s.panel, s.z.data(), kVocabTile);
-
-    const int real = p.real_lanes(tile);
-    float y[kVocabTile];
-    for (int r = 0; r < g_rows; ++r) {
-      const int64_t row = g_row0 + r;
-      float* z = s.z.data() + static_cast<int64_t>(r) * kVocabTile;
-      if (p.bias)
-        for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
-      if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
-      const float inv_t = row_inverse_temperature(p, row);
-      for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
-      summaries[(row - row0) * tiles + tile] = tile_summary(y, real);
-      const int64_t t = p.target(row);
-      if (t == p.ignore_index) continue;
-      const int64_t local = t - p.vocab_start - col0;
-      if (local >= 0 && local < cols) {
-        target_logit[row - row0] = y[local];
-        target_owned[row - row0] = 1;
+    });
+    const int64_t blocks = (w_rows + kRowsPerTask - 1) / kRowsPerTask;
+    cpu::parallel_for(blocks * tiles, workers, [&](int64_t task, int worker) {
+      const int64_t tile = task % tiles;
+      const int64_t b_row0 = (task / tiles) * kRowsPerTask;  // relative to w0
+      const int64_t b_rows = std::min<int64_t>(kRowsPerTask, w_rows - b_row0);
+      const int64_t col0 = tile * kVocabTile;
+      const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab_local - col0));
+      WorkerScratch& s = scratch[static_cast<size_t>(worker)];
+      cpu::load_weight_panel(p.weight, p.weight_stride, col0, cols, p.dim, s.panel);
+      s.z.resize(static_cast<size_t>(kRowGroup) * kVocabTile);
+      for (int64_t g0 = b_row0; g0 < b_row0 + b_rows; g0 += kRowGroup) {
+        const int g_rows = static_cast<int>(std::min<int64_t>(kRowGroup, b_row0 + b_rows - g0));
+        cpu::gemm_rows_panel(hidden_f32.data() + g0 * p.dim, g_rows, p.dim, s.panel, s.z.data(), kVocabTile);
+        for (int r = 0; r < g_rows; ++r) {
+          const int64_t out = w0 + g0 + r - row0;
+          tile_epilogue(p, w0 + g0 + r, tile, cols, s.z.data() + static_cast<int64_t>(r) * kVocabTile,
+                        summaries[out * tiles + tile], target_logit[out], target_owned[out]);
+        }
       }
-    }
-  });
+    });
+  }
 }
 
 class CpuContractBackend final : public Backend {

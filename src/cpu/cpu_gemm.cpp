@@ -18,23 +18,34 @@ namespace {
 
 constexpr int kRowBlock = 4;
 constexpr int kColBlock = 16;
+constexpr int kLanes = 8;
+typedef float Lane8 __attribute__((vector_size(kLanes * sizeof(float))));
+static_assert(kColBlock % kLanes == 0, "a column block is a whole number of vectors");
 
-// The accumulation step is written as a separate multiply and add on purpose: -ffp-contract=off
-// keeps them apart, so every ISA clone below gives the same bits.
+// R rows x kColBlock columns of accumulators held in vector registers (written with explicit
+// vectors: GCC keeps a plain 2-D array on the stack). Each lane is one output; the multiply and
+// the add are separately rounded (no FMA: the clones below never enable it, and the library is
+// built with -ffp-contract=off), so every ISA clone gives the same bits.
 template <int R>
 __attribute__((target_clones("avx2", "default"))) void micro_kernel(const float* __restrict h, int64_t dim,
                                                                     const float* __restrict panel, int col0,
                                                                     float* __restrict out, int64_t out_stride) {
-  float acc[R][kColBlock] = {};
+  constexpr int kVecs = kColBlock / kLanes;
+  Lane8 acc[R][kVecs] = {};
   for (int64_t k = 0; k < dim; ++k) {
-    const float* w = panel + k * kPanelCols + col0;
+    Lane8 w[kVecs];
+    DETLOGP_UNROLL
+    for (int v = 0; v < kVecs; ++v) __builtin_memcpy(&w[v], panel + k * kPanelCols + col0 + v * kLanes, sizeof(Lane8));
+    DETLOGP_UNROLL
     for (int r = 0; r < R; ++r) {
       const float hk = h[r * dim + k];
-      for (int c = 0; c < kColBlock; ++c) acc[r][c] = acc[r][c] + hk * w[c];
+      const Lane8 hv = {hk, hk, hk, hk, hk, hk, hk, hk};
+      DETLOGP_UNROLL
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = acc[r][v] + hv * w[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kColBlock; ++c) out[r * out_stride + c] = acc[r][c];
+    for (int v = 0; v < kVecs; ++v) __builtin_memcpy(out + r * out_stride + v * kLanes, &acc[r][v], sizeof(Lane8));
 }
 
 }  // namespace
