@@ -61,11 +61,21 @@ DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
 // Global max M over tile maxima: exact, so any order gives the same bits.
 DETLOGP_HD float chain_max(float running, float tile_max) { return fp::max_nan(running, tile_max); }
 
-// One step of the ascending chain: S <- fl(s_g * expc(m_g - M) + S). Tiles with s_g == 0
-// (padding only, or all lanes -inf) contribute exactly nothing.
+// The rescale factor of tile g in the chain, expc(m_g - M). Independent across tiles, so a
+// backend may compute the factors in parallel and keep only chain_accumulate on the serial path.
+DETLOGP_HD float chain_factor(float tile_max, float global_max) { return expc(fp::sub(tile_max, global_max)); }
+
+// The serial part of one chain step: S <- fl(s_g * factor + S). Tiles with s_g == 0 (padding
+// only, or all lanes -inf) contribute exactly nothing.
+DETLOGP_HD float chain_accumulate(float running_sum, float tile_sum, float factor) {
+  if (tile_sum == 0.0f) return running_sum;
+  return fp::fma(tile_sum, factor, running_sum);
+}
+
+// One step of the ascending chain: S <- fl(s_g * expc(m_g - M) + S).
 DETLOGP_HD float chain_step(float running_sum, TileSummary tile, float global_max) {
-  if (tile.sum == 0.0f) return running_sum;
-  return fp::fma(tile.sum, expc(fp::sub(tile.max, global_max)), running_sum);
+  if (tile.sum == 0.0f) return running_sum;  // skip the factor too: it would be unused
+  return chain_accumulate(running_sum, tile.sum, chain_factor(tile.max, global_max));
 }
 
 struct RowResult {

@@ -83,13 +83,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const Com
     for (int i = tid; i < n; i += kCombineThreads) {
       const TileSummary ts = tiles[base + i];
       chunk_sum[i] = ts.sum;
-      chunk_scale[i] = expc(fp::sub(ts.max, global_max));  // chain_step's factor, off the serial path
+      chunk_scale[i] = chain_factor(ts.max, global_max);  // off the serial path
     }
     __syncthreads();
     if (tid == 0) {
 #pragma unroll 8
-      for (int i = 0; i < n; ++i)
-        if (chunk_sum[i] != 0.0f) sum = fp::fma(chunk_sum[i], chunk_scale[i], sum);  // == chain_step
+      for (int i = 0; i < n; ++i) sum = chain_accumulate(sum, chunk_sum[i], chunk_scale[i]);
     }
     __syncthreads();
   }
