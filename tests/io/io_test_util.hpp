@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "detlogp/error.hpp"
+#include "io/host_tensor.hpp"
 
 namespace detlogp::io::testing {
 
@@ -33,6 +34,14 @@ std::vector<uint8_t> bytes_of(const std::vector<T>& values) {
   std::vector<uint8_t> out(values.size() * sizeof(T));
   if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
   return out;
+}
+
+inline HostTensor make_tensor(ElementType dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes = std::move(bytes);
+  return t;
 }
 
 }  // namespace detlogp::io::testing

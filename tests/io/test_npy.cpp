@@ -14,14 +14,7 @@ using detlogp::io::ElementType;
 using detlogp::io::HostTensor;
 using detlogp::io::testing::bytes_of;
 using detlogp::io::testing::expect_error;
-
-HostTensor make_tensor(ElementType dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
-  HostTensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes = std::move(bytes);
-  return t;
-}
+using detlogp::io::testing::make_tensor;
 
 // An npy file from its version, header text (written as given, no padding added) and data.
 std::vector<uint8_t> raw_npy(int major, const std::string& header, const std::vector<uint8_t>& data,

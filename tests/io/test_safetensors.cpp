@@ -16,14 +16,7 @@ using detlogp::io::HostTensor;
 using detlogp::io::SafetensorsContents;
 using detlogp::io::testing::bytes_of;
 using detlogp::io::testing::expect_error;
-
-HostTensor make_tensor(ElementType dtype, std::vector<int64_t> shape, std::vector<uint8_t> bytes) {
-  HostTensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes = std::move(bytes);
-  return t;
-}
+using detlogp::io::testing::make_tensor;
 
 // A file from a header text and a data region, with the header length field as given (or the
 // true header length when header_len_override < 0).
