@@ -11,6 +11,37 @@
 
 namespace detlogp::sm90 {
 
+// The dynamic shared memory of both schedules: kStages A tiles, kStages B tiles, then the
+// full/empty barrier ring (a schedule's own barriers follow it), 1024-byte aligned for the
+// 128-byte swizzle.
+template <class Cfg>
+struct RingSmem {
+  uint8_t* a;
+  uint8_t* b;
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ static RingSmem carve(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+    RingSmem r;
+    r.a = base;
+    r.b = base + Cfg::kStages * Cfg::kABytes;
+    r.full = reinterpret_cast<uint64_t*>(r.b + Cfg::kStages * Cfg::kBBytes);
+    r.empty = r.full + Cfg::kStages;
+    return r;
+  }
+  // Thread 0 only, before fence_barrier_init: tensor-map prefetch and the ring's barriers
+  // (one TMA arrival fills a stage; `consumer_arrivals` warps release it).
+  __device__ void init(const CUtensorMap* map_hidden, const CUtensorMap* map_weight, uint32_t consumer_arrivals) const {
+    ptx::prefetch_tensormap(map_hidden);
+    ptx::prefetch_tensormap(map_weight);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], consumer_arrivals);
+    }
+  }
+};
+
 // Warpgroup 0 produces (one TMA thread), warpgroups 1.. consume 64 rows each.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
@@ -21,11 +52,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
   if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* smem_a = smem;
-  uint8_t* smem_b = smem + Cfg::kStages * Cfg::kABytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + Cfg::kStages * Cfg::kBBytes);
-  uint64_t* empty = full + Cfg::kStages;
+  const auto ring = RingSmem<Cfg>::carve(smem_raw);
+  uint8_t* smem_a = ring.a;
+  uint8_t* smem_b = ring.b;
+  uint64_t* full = ring.full;
+  uint64_t* empty = ring.empty;
 
   int m_tile, n_tile;
   raster_tile(static_cast<int>(blockIdx.x), p.m_tiles, p.n_tiles, p.group_m, m_tile, n_tile);
@@ -34,12 +65,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&map_hidden);
-    ptx::prefetch_tensormap(&map_weight);
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 4 * Cfg::kConsumerWarpgroups);
-    }
+    ring.init(&map_hidden, &map_weight, 4 * Cfg::kConsumerWarpgroups);
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -70,21 +96,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* smem_a = smem;
-  uint8_t* smem_b = smem + Cfg::kStages * Cfg::kABytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_b + Cfg::kStages * Cfg::kBBytes);
-  uint64_t* empty = full + Cfg::kStages;
+  const auto ring = RingSmem<Cfg>::carve(smem_raw);
+  uint8_t* smem_a = ring.a;
+  uint8_t* smem_b = ring.b;
+  uint64_t* full = ring.full;
+  uint64_t* empty = ring.empty;
   uint64_t* mainloop_done = empty + Cfg::kStages;  // [2]: one phase per finished mainloop of each consumer
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    ptx::prefetch_tensormap(&map_hidden);
-    ptx::prefetch_tensormap(&map_weight);
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], 4);
-    }
+    ring.init(&map_hidden, &map_weight, 4);
     ptx::mbar_init(&mainloop_done[0], 4);
     ptx::mbar_init(&mainloop_done[1], 4);
     ptx::fence_barrier_init();
