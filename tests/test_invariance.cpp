@@ -15,16 +15,6 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-void expect_identical(const Outputs& a, const Outputs& b, const std::string& what) {
-  const bc::Result lp = bc::compare(a.logp, b.logp), ls = bc::compare(a.lse, b.lse);
-  EXPECT_TRUE(lp.identical()) << lp.describe(what + " logp");
-  EXPECT_TRUE(ls.identical()) << ls.describe(what + " lse");
-  if (!a.logits.empty() && !b.logits.empty()) {
-    const bc::Result lg = bc::compare(a.logits, b.logits);
-    EXPECT_TRUE(lg.identical()) << lg.describe(what + " logits");
-  }
-}
-
 // A pool of rows, each also computed alone (N = 1) once: the per-row ground truth.
 struct RowPool {
   Problem problem;

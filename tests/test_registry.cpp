@@ -51,16 +51,6 @@ void expect_refused(const Problem& p, const detlogp::CallOptions& opt, std::init
   EXPECT_TRUE(out.untouched()) << "outputs written despite the refusal";
 }
 
-void expect_same_bits(const Outputs& a, const Outputs& b, const std::string& what) {
-  const bc::Result lp = bc::compare(a.logp, b.logp), ls = bc::compare(a.lse, b.lse);
-  EXPECT_TRUE(lp.identical()) << lp.describe(what + " logp");
-  EXPECT_TRUE(ls.identical()) << ls.describe(what + " lse");
-  if (!a.logits.empty() && !b.logits.empty()) {
-    const bc::Result lg = bc::compare(a.logits, b.logits);
-    EXPECT_TRUE(lg.identical()) << lg.describe(what + " logits");
-  }
-}
-
 }  // namespace
 
 TEST(Registry, ListsTheCpuContractBackendAndTheNonContractReferenceLane) {
@@ -128,7 +118,7 @@ TEST(CallReport, ExplicitCpuBackend) {
   const Outputs b = run_linear_logp(small_problem(), true, opt, &r);
   EXPECT_TRUE(r.strict);
   EXPECT_EQ(r.provenance.backend_id, kCpuId);
-  expect_same_bits(a, b, "strict vs non-strict cpu");
+  expect_identical(a, b, "strict vs non-strict cpu");
 }
 
 TEST(StrictMode, ReferenceLaneServesWhenNotStrict) {
@@ -187,7 +177,7 @@ TEST(Fallback, UnavailableSm90FallsBackToCpuWithAReasonUnlessStrict) {
   EXPECT_TRUE(contains(r.fallback_reason, kSm90Id)) << r.fallback_reason;
   EXPECT_EQ(r.requested_backend, kSm90Id);
   EXPECT_EQ(r.provenance.backend_id, kCpuId);
-  expect_same_bits(cpu, fell_back, "fallback vs cpu");
+  expect_identical(cpu, fell_back, "fallback vs cpu");
 
   opt.strict = true;
   expect_refused(p, opt, {kSm90Id, "fallback"});
@@ -264,8 +254,8 @@ TEST(Environment, CpuThreadCountIsAFreeAxis) {
     three = run_linear_logp(p, true);
     tp_three = run_tensor_parallel(p, 4);
   }
-  expect_same_bits(one, two, "DETLOGP_CPU_THREADS 1 vs 2");
-  expect_same_bits(one, three, "DETLOGP_CPU_THREADS 1 vs 3");
-  expect_same_bits(tp_one, tp_three, "TP R=4, DETLOGP_CPU_THREADS 1 vs 3");
-  expect_same_bits(one, tp_one, "TP R=4 vs single shard");
+  expect_identical(one, two, "DETLOGP_CPU_THREADS 1 vs 2");
+  expect_identical(one, three, "DETLOGP_CPU_THREADS 1 vs 3");
+  expect_identical(tp_one, tp_three, "TP R=4, DETLOGP_CPU_THREADS 1 vs 3");
+  expect_identical(one, tp_one, "TP R=4 vs single shard");
 }

@@ -16,12 +16,6 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-void expect_same_rows(const Outputs& a, const Outputs& b, const std::string& what) {
-  const bc::Result lp = bc::compare(a.logp, b.logp), ls = bc::compare(a.lse, b.lse);
-  EXPECT_TRUE(lp.identical()) << lp.describe(what + " logp");
-  EXPECT_TRUE(ls.identical()) << ls.describe(what + " lse");
-}
-
 // One hand-made vocab shard [start, start + count) of p's weight, with its partials buffers.
 struct Shard {
   int64_t start = 0, count = 0;
@@ -88,7 +82,7 @@ TEST(TensorParallel, SimulatedRanksGiveTheSingleShardBits) {
     const Outputs single = run_linear_logp(p);
     for (int R : {1, 2, 4, 8}) {
       const Outputs tp = run_tensor_parallel(p, R);
-      expect_same_rows(
+      expect_identical(
           single, tp,
           "V_local=" + std::to_string(c.vocab) + " real=" + std::to_string(p.real_vocab) + " R=" + std::to_string(R));
     }
@@ -109,7 +103,7 @@ TEST(TensorParallel, HandMadeUnevenShardsMergeToTheSingleShardBits) {
     }
     std::string name = "shards";
     for (int64_t b : bounds) name.append(" ").append(std::to_string(b));
-    expect_same_rows(single, merge(p, shards), name);
+    expect_identical(single, merge(p, shards), name);
   }
 }
 

@@ -4,6 +4,8 @@
 // values, with a per-row error bound for the fp32 contract pipeline.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -326,5 +328,17 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+// Bit-for-bit equality of two runs' logp and lse, and of their logits where both have them.
+inline void expect_identical(const Outputs& a, const Outputs& b, const std::string& what) {
+  namespace bc = detlogp::bitcmp;
+  const bc::Result lp = bc::compare(a.logp, b.logp), ls = bc::compare(a.lse, b.lse);
+  EXPECT_TRUE(lp.identical()) << lp.describe(what + " logp");
+  EXPECT_TRUE(ls.identical()) << ls.describe(what + " lse");
+  if (!a.logits.empty() && !b.logits.empty()) {
+    const bc::Result lg = bc::compare(a.logits, b.logits);
+    EXPECT_TRUE(lg.identical()) << lg.describe(what + " logits");
+  }
+}
 
 }  // namespace detlogp_test
