@@ -12,7 +12,6 @@
 #include "test_util.hpp"
 
 using namespace detlogp_test;
-namespace bc = detlogp::bitcmp;
 
 namespace {
 
