@@ -55,14 +55,18 @@ struct ShardPartials {
   float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
   uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
   Memory memory = Memory::host;
+  int device = 0;                    // CUDA device of the buffers (memory == cuda)
+  MutableTensorView logits;          // optional [rows, V_local] f32: the serving entry's logits shard
 };
 int64_t shard_tiles(int64_t vocab_local);
 CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt = {});
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order
-// (= ascending global tile order). No floating-point reduction happens in transit.
+// (= ascending global tile order). No floating-point reduction happens in transit. Host memory
+// runs on the CPU; CUDA memory (partials, targets, logp and lse on one device) runs the SM90
+// combine kernel on opt.cuda_stream.
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
-                    const MutableTensorView& logp, const MutableTensorView& lse);
+                    const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt = {});
 
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
