@@ -120,7 +120,10 @@ if has profile; then
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
     done
-    say "profile: ncu rc=$? (profile.log)"
+    # Every kernel's duration at N=1 (validate, fused, combine; cuBLAS for comparison).
+    timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+      "$bench" --n 1 --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
+    say "profile: ncu rc=$? (profile.log, profile_kernels.log)"
   else
     say "profile: skipped (ncu or bench missing)"
   fi

@@ -205,6 +205,24 @@ TEST(Chain, StepSkipsTilesWithZeroSumExactly) {
   EXPECT_EQ(bits(detlogp::chain_step(0.0f, TileSummary{-kInf, 0.0f}, -kInf)), 0x00000000u);
 }
 
+TEST(Chain, FoldedSkipGivesTheBitsOfChainStep) {
+  // The serial form used on the GPU (factor 0 for an empty tile, then a plain fma) against
+  // chain_step, over the running sums and tile summaries the chain can meet, specials included.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> sums = {0.0f, 1e-30f, 0.5f, 1.0f, 3.0000002f, 64.0f, 1e30f, kInf, nan};
+  const std::vector<float> maxes = {-kInf, -80.0f, -1.0f, 0.0f, 2.5f, 50.0f, kInf, nan};
+  const std::vector<float> tile_sums = {0.0f, 1e-40f, 1.0f, 17.25f, 64.0f, kInf, nan};
+  for (float S : sums)
+    for (float m : maxes)
+      for (float M : maxes)
+        for (float s : tile_sums) {
+          const TileSummary t{m, s};
+          const float folded = detlogp::chain_fma(S, s, detlogp::chain_factor_or_skip(t, M));
+          ASSERT_EQ(bits(folded), bits(detlogp::chain_step(S, t, M)))
+              << "S=" << S << " m=" << m << " M=" << M << " s=" << s;
+        }
+}
+
 TEST(Chain, StepIsOneFusedMultiplyAdd) {
   detlogp_test::SplitMix64 rng(9);
   for (int i = 0; i < 10000; ++i) {

@@ -72,6 +72,16 @@ DETLOGP_HD float chain_accumulate(float running_sum, float tile_sum, float facto
   return fp::fma(tile_sum, factor, running_sum);
 }
 
+// The skip of chain_accumulate folded into the factor, for a serial loop that is one fma per
+// tile: a tile with s_g == 0 gets factor 0, and fma(0, 0, S) == S exactly for every value the
+// chain holds (S is +0, positive, +inf or NaN; never -0). Same bits as chain_accumulate.
+DETLOGP_HD float chain_factor_or_skip(TileSummary tile, float global_max) {
+  return tile.sum == 0.0f ? 0.0f : chain_factor(tile.max, global_max);
+}
+DETLOGP_HD float chain_fma(float running_sum, float tile_sum, float factor_or_skip) {
+  return fp::fma(tile_sum, factor_or_skip, running_sum);
+}
+
 // One step of the ascending chain: S <- fl(s_g * expc(m_g - M) + S).
 DETLOGP_HD float chain_step(float running_sum, TileSummary tile, float global_max) {
   if (tile.sum == 0.0f) return running_sum;  // skip the factor too: it would be unused

@@ -90,12 +90,12 @@ __device__ void chain_row(const MergeSegment* segments, int count, int64_t r, in
       for (int i = tid; i < n; i += kCombineThreads) {
         const TileSummary ts = tiles[base + i];
         chunk_sum[i] = ts.sum;
-        chunk_scale[i] = chain_factor(ts.max, global_max);  // off the serial path
+        chunk_scale[i] = chain_factor_or_skip(ts, global_max);  // off the serial path
       }
       __syncthreads();
-      if (tid == 0) {
-#pragma unroll 8
-        for (int i = 0; i < n; ++i) sum = chain_accumulate(sum, chunk_sum[i], chunk_scale[i]);
+      if (tid == 0) {  // the serial path: one dependent fma per tile, operands loaded ahead
+#pragma unroll 16
+        for (int i = 0; i < n; ++i) sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
       }
       __syncthreads();
     }

@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
     for (bool serving : {false, true}) {
       if (serving && tp != 2) continue;
       const auto bounds = even_bounds(tp);
+      if (bounds[tp - 1] >= bounds[tp]) continue;  // more ranks than 64-id tiles (--small)
       std::vector<RankData> ranks(static_cast<size_t>(tp));
       for (int r = 0; r < tp; ++r)
         upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, serving);
