@@ -264,8 +264,7 @@ int main(int argc, char** argv) {
     add("detlogp_trainer", t_train, in_bytes + 8.0 * n, ws);
     add("detlogp_serving", t_serve, in_bytes + logit_bytes + 8.0 * n, ws);
     if (n <= 64 || n == 1024 || n == 4096 || n == 16384) {
-      for (const char* b :
-           {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256", "decode64x64"}) {
+      for (const char* b : {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256"}) {
         setenv("DETLOGP_SM90_BUCKET", b, 1);
         add(std::string("detlogp_trainer[") + b + "]", timer.median_ms([&] { backend.run(p); }, reps),
             in_bytes + 8.0 * n, ws);

@@ -149,7 +149,6 @@ namespace {
 using DecodeCfg = PingpongConfig<64, 128, 8>;        // few rows: HBM-bound, deep ring, epilogue hidden
 using PrefillCfg = PingpongConfig<64, 256, 5>;       // many rows: one m64n256 wgmma per k16 step
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
-using Decode64Cfg = PingpongConfig<64, 64, 12>;      // few rows, finer V tiles: 2374 tiles for Qwen3
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
 using Coop256Cfg = FusedConfig<128, 256, 4, 1>;
@@ -211,8 +210,6 @@ BucketInfo bucket_info(Bucket b) {
       return coop_info<Coop128Cfg>("coop128x128");
     case Bucket::coop128x256:
       return coop_info<Coop256Cfg>("coop128x256");
-    case Bucket::decode64x64:
-      return pingpong_info<Decode64Cfg>("decode64x64");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -245,8 +242,6 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_coop<Coop128Cfg>(mh, mw, p, vec2, stream);
     case Bucket::coop128x256:
       return launch_coop<Coop256Cfg>(mh, mw, p, vec2, stream);
-    case Bucket::decode64x64:
-      return launch_pingpong<Decode64Cfg>(mh, mw, p, vec2, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

@@ -21,10 +21,9 @@ enum class Bucket : int {
   pingpong128x128 = 2,
   coop64x128 = 3,
   coop128x128 = 4,
-  coop128x256 = 5,
-  decode64x64 = 6
+  coop128x256 = 5
 };
-inline constexpr int kBucketCount = 7;
+inline constexpr int kBucketCount = 6;
 
 struct BucketInfo {
   const char* name;
@@ -39,7 +38,7 @@ struct BucketInfo {
 
 BucketInfo bucket_info(Bucket b);
 // Bucket for a launch of `rows` rows: DETLOGP_SM90_BUCKET (auto|decode|prefill|pingpong128x128|
-// coop64x128|coop128x128|coop128x256|decode64x64) if set,
+// coop64x128|coop128x128|coop128x256) if set,
 // else by size. Throws on an unknown value.
 Bucket select_bucket(int64_t rows);
 const char* bucket_env_name();

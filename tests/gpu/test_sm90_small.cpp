@@ -14,8 +14,7 @@ int main() {
   };
   const S shapes[] = {{37, 64, 2053}, {3, 72, 130}, {130, 128, 300}};
   for (const auto& s : shapes)
-    for (const char* bucket :
-         {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256", "decode64x64"}) {
+    for (const char* bucket : {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256"}) {
       EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
       DeviceModel m;
       m.make(s.d, s.v, 3, true);
