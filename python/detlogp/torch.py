@@ -315,9 +315,10 @@ def _tp_forward(
     header[:8] = torch.tensor([err, n, d, vocab_start, v, real_vocab, tiles, ignore_index], dtype=torch.int64)
     header[8] = _checksum(targets).to(dev)
     header[9] = _checksum(temperature_rows).to(dev)
-    headers = torch.empty((world, _HEADER), dtype=torch.int64, device=dev)
+    # Flat receive buffers: gloo takes only [world * numel] (NCCL takes both).
+    headers = torch.empty(world * _HEADER, dtype=torch.int64, device=dev)
     dist.all_gather_into_tensor(headers, header, group=group)
-    hs = headers.cpu().tolist()
+    hs = headers.view(world, _HEADER).cpu().tolist()
     if any(h[0] for h in hs):
         msgs = [None] * world
         dist.all_gather_object(msgs, msg, group=group)
@@ -344,8 +345,9 @@ def _tp_forward(
     send[: n * tiles * 8].view(torch.float32).copy_(summaries.reshape(-1))
     send[off_tl : off_tl + n * 4].view(torch.float32).copy_(target_logit)
     send[off_own : off_own + n].copy_(owned)
-    recv = torch.empty((world, size), dtype=torch.uint8, device=dev)
+    recv = torch.empty(world * size, dtype=torch.uint8, device=dev)
     dist.all_gather_into_tensor(recv, send, group=group)
+    recv = recv.view(world, size)
     ranks = []
     for r in range(world):
         t_r = hs[r][6]
@@ -400,8 +402,9 @@ class _TPLinearLogp(torch.autograd.Function):
 
         def rank_ordered_sum(x: Tensor) -> Tensor:
             # Gather, then add in rank order: every rank gets the same bits (no all-reduce order).
-            parts = torch.empty((world,) + tuple(x.shape), dtype=x.dtype, device=x.device)
-            dist.all_gather_into_tensor(parts, x.contiguous(), group=group)
+            parts = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
+            dist.all_gather_into_tensor(parts, x.contiguous().view(-1), group=group)
+            parts = parts.view((world,) + tuple(x.shape))
             total = parts[0].clone()
             for r in range(1, world):
                 total += parts[r]
