@@ -27,7 +27,11 @@ using OutArray = nb::ndarray<>;
 // DLPack device codes (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost (pinned host memory).
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
-[[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+// A bad argument found by the binding itself (dtype, rank, strides, device): InputError.
+struct BindingInputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void value_error(const std::string& msg) { throw BindingInputError(msg); }
 
 std::string dtype_str(nb::dlpack::dtype d) {
   const char* code = "?";
@@ -195,20 +199,25 @@ const char* error_class(const std::string& what) {
   return "InputError";
 }
 
+void raise_as(const char* cls_name, const char* message) {
+  PyObject* cls = PyExc_RuntimeError;
+  nb::object holder;
+  try {
+    holder = nb::module_::import_("detlogp._errors").attr(cls_name);
+    cls = holder.ptr();
+  } catch (...) {
+    PyErr_Clear();  // the package is not importable: plain RuntimeError with the same message
+  }
+  PyErr_SetString(cls, message);
+}
+
 void translate(const std::exception_ptr& p, void*) {
   try {
     std::rethrow_exception(p);
+  } catch (const BindingInputError& e) {
+    raise_as("InputError", e.what());
   } catch (const detlogp::Error& e) {
-    const char* cls_name = error_class(e.what());
-    PyObject* cls = PyExc_RuntimeError;
-    nb::object holder;
-    try {
-      holder = nb::module_::import_("detlogp._errors").attr(cls_name);
-      cls = holder.ptr();
-    } catch (...) {
-      PyErr_Clear();  // the package is not importable: plain RuntimeError with the same message
-    }
-    PyErr_SetString(cls, e.what());
+    raise_as(error_class(e.what()), e.what());
   }
 }
 
