@@ -88,8 +88,7 @@ Placement placement_of(int device_type, int device_id, const char* name) {
 template <typename A>
 detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_allowed) {
   if (static_cast<int>(a.ndim()) != ndim)
-    value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D, got " + std::to_string(a.ndim()) +
-                "-D");
+    value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D, got " + std::to_string(a.ndim()) + "-D");
   const detlogp::DType dt = dtype_of(a.dtype(), name, bf16_allowed);
   const Placement pl = placement_of(a.device_type(), a.device_id(), name);
   detlogp::TensorView v;
@@ -230,7 +229,8 @@ NB_MODULE(_detlogp, m) {
   m.def("version", &detlogp::version_string);
   m.def("check_environment", &detlogp::check_environment);
   m.def("shard_tiles", &detlogp::shard_tiles, "vocab_local"_a);
-  m.def("error_class", [](const std::string& msg) { return std::string(error_class(msg)); }, "message"_a);
+  m.def(
+      "error_class", [](const std::string& msg) { return std::string(error_class(msg)); }, "message"_a);
 
   m.def("contract", [] {
     nb::dict d;
@@ -267,8 +267,8 @@ NB_MODULE(_detlogp, m) {
          float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
          int64_t ignore_index, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
          const std::string& backend, bool strict, uintptr_t stream) {
-        const detlogp::LinearLogpInputs in = inputs(hidden, weight, targets, bias, temperature, temperature_rows,
-                                                    real_vocab, vocab_start, ignore_index);
+        const detlogp::LinearLogpInputs in =
+            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
         detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
         if (logits) out.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
@@ -280,8 +280,8 @@ NB_MODULE(_detlogp, m) {
         return report_dict(r);
       },
       "hidden"_a, "weight"_a, "targets"_a, "bias"_a.none(), "temperature"_a, "temperature_rows"_a.none(),
-      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a,
-      "strict"_a, "stream"_a);
+      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a,
+      "stream"_a);
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry).
@@ -291,8 +291,8 @@ NB_MODULE(_detlogp, m) {
          float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
          int64_t ignore_index, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
          const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream) {
-        const detlogp::LinearLogpInputs in = inputs(hidden, weight, targets, bias, temperature, temperature_rows,
-                                                    real_vocab, vocab_start, ignore_index);
+        const detlogp::LinearLogpInputs in =
+            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
         detlogp::ShardPartials p;
         p.rows = in.hidden.rows;
         // Validated here because ShardPartials carries raw pointers, not views.
@@ -388,6 +388,6 @@ NB_MODULE(_detlogp, m) {
         nb::gil_scoped_release release;
         detlogp::reduce_logits(in, lp, ls);
       },
-      "logits"_a, "targets"_a, "temperature"_a, "temperature_rows"_a.none(), "real_vocab"_a, "ignore_index"_a,
-      "logp"_a, "lse"_a);
+      "logits"_a, "targets"_a, "temperature"_a, "temperature_rows"_a.none(), "real_vocab"_a, "ignore_index"_a, "logp"_a,
+      "lse"_a);
 }
