@@ -12,6 +12,7 @@ deterministic run to run. Gradients are not part of the numeric contract (only l
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Optional, Tuple, Union
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance, _resolve_strict, shard_tiles
+from . import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance, shard_tiles
 from ._errors import BackendError, ConfigError, DetlogpError, InputError, StrictModeError, TargetIndexError
 
 __all__ = ["BACKWARD_VOCAB_CHUNK", "TORCH_BACKEND_ID", "last_report", "linear_logp"]
@@ -119,6 +120,7 @@ def _linear_logp_op(
     strict: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     if backend == TORCH_BACKEND_ID:
+        _ext.check_environment()  # the C++ lanes check it in the library; this lane here
         out = _torch_lane(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab
         )
@@ -212,8 +214,11 @@ def _chunked_grads(
         if pad_from < c1 - c0:
             p[:, max(pad_from, 0) :] = 0.0
         gy = p.mul_(coef)
-        cols = torch.arange(c0, c1, device=dev)
-        gy = torch.where(t_local == cols, gy + gl[:, None], gy)
+        # + g_logp at the target column: at most one per row, so a gather/scatter pair writes each
+        # element once (deterministic, O(N) extra memory; rows without a target here add +0).
+        in_chunk = (t_local >= c0) & (t_local < c1)
+        col = (t_local - c0).clamp(0, c1 - c0 - 1)
+        gy.scatter_(1, col, gy.gather(1, col) + torch.where(in_chunk, gl[:, None], 0.0))
         if need_t:
             grad_ty += (gy * y_keep).sum(1)
         gz = gy.mul_(inv_t)
@@ -444,7 +449,9 @@ def linear_logp(
     a temperature tensor. backend: None (DETLOGP_BACKEND, else auto), a C++ backend id, or
     TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every non-contract lane.
     detlogp.torch.last_report() says which backend served the call."""
-    strict_on = _resolve_strict(strict)
+    # Plain Python (no extension call) so torch.compile traces it; the library itself re-reads
+    # DETLOGP_STRICT and refuses bad DETLOGP_* variables on every call.
+    strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
     backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
     if backend == TORCH_BACKEND_ID and strict_on:
         raise StrictModeError(
@@ -478,7 +485,7 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + weight.shape[0]}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        if not contract and not (torch.isfinite(torch.tensor(temp)) and temp > 0):
+        if not contract and not (math.isfinite(temp) and temp > 0):
             raise InputError(f"temperature={temp} must be finite and > 0")
         logp, lse, logits = _linear_logp_op(h2, weight, t1, bias, temp, temp_rows, int(ignore_index), bool(return_logits), rv, backend, strict_on)
     else:

@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--rows", type=int, default=257)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=5000)
+    ap.add_argument("--no-logits-check", action="store_true", help="library without ShardPartials.logits")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -76,7 +77,10 @@ def main():
     rep = dt.last_report()
     check("logp bits equal TP=1", torch.equal(lps.view(torch.int32), lp1.view(torch.int32)))
     check("lse bits equal TP=1", torch.equal(lses.view(torch.int32), lse1.view(torch.int32)))
-    check("logits shard bits equal TP=1 slice", torch.equal(zs.view(torch.int32), z1[:, lo:hi].view(torch.int32)))
+    if args.no_logits_check:
+        print(f"[rank {rank}] SKIP logits shard: this library build does not fill ShardPartials.logits", flush=True)
+    else:
+        check("logits shard bits equal TP=1 slice", torch.equal(zs.view(torch.int32), z1[:, lo:hi].view(torch.int32)))
     check("report names a contract backend", rep["contract"], rep["backend_id"])
     (lps.sum() + 0.25 * lses.sum()).backward()
     for name, a, r in (("grad_hidden", hs.grad, h1.grad), ("grad_weight", ws.grad, w1.grad[lo:hi]),
