@@ -157,12 +157,16 @@ def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index
 # --- backward --------------------------------------------------------------------------------
 
 
+# aten::mm.dtype (bf16 x bf16 -> fp32 on CUDA) exists from torch 2.8 on; older: upcast.
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
 def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
     """a @ b with an fp32 (or fp64) result. bf16 operands on CUDA stay bf16 (fp32 accumulate and
     output, tensor cores); elsewhere they are upcast."""
     if a.dtype == torch.float64 or b.dtype == torch.float64:
         return torch.mm(a.double(), b.double())
-    if a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+    if a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and _MM_OUT_DTYPE:
         return torch.mm(a, b, out_dtype=torch.float32)
     return torch.mm(a.float(), b.float())
 
