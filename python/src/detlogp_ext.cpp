@@ -105,6 +105,10 @@ detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_al
   } else {
     v.rows = static_cast<int64_t>(a.shape(0));
     v.cols = static_cast<int64_t>(a.shape(1));
+    if (v.rows == 0 || v.cols == 0) {  // empty: exporters report arbitrary strides
+      v.row_stride = v.cols;
+      return v;
+    }
     if (v.cols > 1 && a.stride(1) != 1)
       value_error(std::string(name) + " must have unit stride along its last dimension (got stride " +
                   std::to_string(a.stride(1)) + ")");

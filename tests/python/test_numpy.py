@@ -212,3 +212,10 @@ def test_bf16_helpers_round_to_nearest_even():
     assert list(b) == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80]
     assert np.array_equal(detlogp.from_bf16_bits(b), np.array([1.0, 1.0, 1.015625, -2.5, np.inf], np.float32))
     assert np.isnan(detlogp.from_bf16_bits(detlogp.to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_empty_batch():
+    w = make_problem(1, 8, 17)[1]
+    r = detlogp.linear_logp(np.zeros((0, 8), np.uint16), w, np.zeros(0, np.int64), return_logits=True)
+    assert r.logp.shape == (0,) and r.lse.shape == (0,) and r.logits.shape == (0, 17)
+    assert r.report["backend_id"] == CPU
