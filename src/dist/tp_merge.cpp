@@ -10,7 +10,7 @@
 namespace detlogp {
 
 void merge_partials(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
-                    const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& /*opt*/) {
+                    const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt) {
   DETLOGP_CHECK(!ranks.empty(), "merge_partials needs at least one rank's partials");
   const int64_t rows = ranks.front().rows;
   for (size_t r = 0; r < ranks.size(); ++r) {
