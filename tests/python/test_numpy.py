@@ -219,3 +219,14 @@ def test_empty_batch():
     r = detlogp.linear_logp(np.zeros((0, 8), np.uint16), w, np.zeros(0, np.int64), return_logits=True)
     assert r.logp.shape == (0,) and r.lse.shape == (0,) and r.logits.shape == (0, 17)
     assert r.report["backend_id"] == CPU
+
+
+def test_strict_refuses_every_noncontract_lane_of_this_build():
+    """Whatever non-contract C++ lanes this build has (reference-materialized, and
+    cuda-cublas-materialized where built), strict mode refuses each by name, available or not."""
+    h, w, t, _, _ = make_problem(2, 32, 17)
+    lanes = [b["id"] for b in detlogp.backends() if not b["contract"] and b["id"] != detlogp.TORCH_BACKEND_ID]
+    assert "reference-materialized" in lanes
+    for lane in lanes:
+        with pytest.raises(detlogp.StrictModeError, match=f"strict mode refuses backend '{lane}'"):
+            detlogp.linear_logp(h, w, t, backend=lane, strict=True)
