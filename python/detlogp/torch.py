@@ -235,6 +235,7 @@ def _chunked_grads(
             grad_w[c0:c1] = _mm_fp32(gz_op.t(), hidden).to(weight.dtype)
         if need_b:
             grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
+        del z, y, p, gy, gz, gz_op, y_keep  # free this chunk before the next one is allocated
     return grad_h, grad_w, grad_b, grad_ty
 
 
