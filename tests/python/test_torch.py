@@ -216,3 +216,19 @@ def test_tensor_parallel_gloo_two_ranks(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert out.count("TP_OK") == 2, out[-4000:]
+
+
+def test_backward_allocates_no_vocab_sized_buffer():
+    """CPU memory profile of the backward: its largest allocation is one logits chunk
+    [N, BACKWARD_VOCAB_CHUNK] fp32 (or the weight gradient itself), never [N, V]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n, d, v = 256, 64, 20000
+    h, w, b, t, _ = problem(n, d, v, seed=12)
+    hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+    logp, _ = dt.linear_logp(hh, ww, t)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        logp.sum().backward()
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    allowed = max(n * dt.BACKWARD_VOCAB_CHUNK * 4, v * d * 2, n * d * 4)
+    assert largest <= allowed < n * v * 4 / 4, (largest, allowed, n * v * 4)
