@@ -12,7 +12,6 @@ import sys
 import torch
 import torch.distributed as dist
 
-import detlogp
 import detlogp.torch as dt
 
 
