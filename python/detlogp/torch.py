@@ -197,8 +197,9 @@ def _chunked_grads(
     ignored = targets == ignore_index
     gl = torch.zeros(n, dtype=cd, device=dev) if g_logp is None else torch.where(ignored, 0.0, g_logp.to(cd))
     gs = torch.zeros(n, dtype=cd, device=dev) if g_lse is None else g_lse.to(cd)
-    coef = (gs - gl)[:, None]
-    lse_c = lse.to(cd)[:, None]
+    coef_z = (gs - gl)[:, None] * inv_t
+    gl_z = gl[:, None] * inv_t
+    neg_lse = -lse.to(cd)[:, None]
     t_local = torch.where(ignored, -1, targets.long() - vocab_start)[:, None]
     grad_h = torch.zeros((n, d), dtype=cd, device=dev) if need_h else None
     grad_w = torch.empty_like(weight) if need_w else None
@@ -211,21 +212,22 @@ def _chunked_grads(
         z = _mm_fp32(hidden, w_c.t())
         if bias is not None:
             z += bias[c0:c1].to(cd)
-        y = z.mul_(inv_t)
-        y_keep = y.clone() if need_t else None
-        p = y.sub_(lse_c).exp_()
+        z_keep = z.clone() if need_t else None
+        # Few passes over the [N, C] chunk, in place: p = exp(z * inv_t - lse), then
+        # dz = p * (g_lse - g_logp) * inv_t, plus g_logp * inv_t at the target column.
+        p = torch.addcmul(neg_lse, z, inv_t, out=z).exp_()
         pad_from = real_vocab - vocab_start - c0  # padding rows (global id >= real_vocab) get p = 0
         if pad_from < c1 - c0:
             p[:, max(pad_from, 0) :] = 0.0
-        gy = p.mul_(coef)
-        # + g_logp at the target column: at most one per row, so a gather/scatter pair writes each
+        gz = p.mul_(coef_z)
+        # The target term: at most one column per row, so a gather/scatter pair writes each
         # element once (deterministic, O(N) extra memory; rows without a target here add +0).
         in_chunk = (t_local >= c0) & (t_local < c1)
         col = (t_local - c0).clamp(0, c1 - c0 - 1)
-        gy.scatter_(1, col, gy.gather(1, col) + torch.where(in_chunk, gl[:, None], 0.0))
+        gz.scatter_(1, col, gz.gather(1, col) + torch.where(in_chunk, gl_z, 0.0))
         if need_t:
-            grad_ty += (gy * y_keep).sum(1)
-        gz = gy.mul_(inv_t)
+            # dL/dT = sum_v dL/dy_v * (-y_v / T) = -inv_t * sum_v dz_v * z_v
+            grad_ty += (gz * z_keep).sum(1)
         if g_logits is not None and g_logits.numel() > 0:
             gz += g_logits[:, c0:c1].to(cd)
         gz_op = gz.to(torch.bfloat16) if low_precision else gz
@@ -235,7 +237,7 @@ def _chunked_grads(
             grad_w[c0:c1] = _mm_fp32(gz_op.t(), hidden).to(weight.dtype)
         if need_b:
             grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
-        del z, y, p, gy, gz, gz_op, y_keep  # free this chunk before the next one is allocated
+        del z, p, gz, gz_op, z_keep  # free this chunk before the next one is allocated
     return grad_h, grad_w, grad_b, grad_ty
 
 
