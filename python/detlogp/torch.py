@@ -26,9 +26,10 @@ from ._errors import BackendError, ConfigError, DetlogpError, InputError, Strict
 
 __all__ = ["BACKWARD_VOCAB_CHUNK", "TORCH_BACKEND_ID", "last_report", "linear_logp"]
 
-# Vocabulary rows per backward chunk. The backward's extra memory is about
-# N * BACKWARD_VOCAB_CHUNK * 7 bytes (an fp32 chunk of logits/gradients, a bf16 copy and a mask)
-# plus N * D * 4 bytes (the fp32 hidden-gradient accumulator) plus BACKWARD_VOCAB_CHUNK * D * 4.
+# Vocabulary rows per backward chunk. The backward's extra memory, besides the gradients it
+# returns, is about N*C*6 + N*D*8 + C*D*6 bytes for C = BACKWARD_VOCAB_CHUNK: the fp32 logits chunk
+# and its bf16 copy, the fp32 hidden-gradient accumulator and one GEMM result, the fp32 weight-
+# gradient chunk and its cast. Never [N, V].
 BACKWARD_VOCAB_CHUNK = 4096
 
 _tls = threading.local()
