@@ -11,6 +11,8 @@ command -v ninja >/dev/null || need+=(ninja-build)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
 command -v python3 >/dev/null || need+=(python3 python3-pip)
 command -v clang-format >/dev/null || need+=(clang-format)
+# The Python tests run in a venv (Debian's python3 refuses pip installs outside one).
+python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "install_deps: installing ${need[*]}"

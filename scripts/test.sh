@@ -17,3 +17,11 @@ if command -v nvcc >/dev/null; then
 else
   echo "test.sh: no nvcc here; the SM90 sources were not built (SASS check skipped)"
 fi
+# Python package (docs/python.md): built by pip (CPU-only) into a venv under build/, then the
+# numpy tests against the CPU backend and the CLI built above; torch tests skip without torch.
+venv=build/pyvenv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q nanobind scikit-build-core numpy pytest
+"$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \
+  -C cmake.define.DETLOGP_ENABLE_CUDA=OFF -C build-dir=build/pip
+PYTEST_DETLOGP_CLI=build/detlogp "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python

@@ -1,0 +1,139 @@
+"""Forward + backward of the lm_head log-probabilities: detlogp.torch.linear_logp against plain
+PyTorch (F.linear + log_softmax + autograd), time and peak memory.
+
+Default shapes: Qwen3-8B's head (D = 4096, V = 151936), N = 4096 tokens, bf16. On a GPU:
+
+    PYTHONPATH=build/python python3 bench/bench_backward.py [--json out.json]
+
+Time: CUDA events around forward + backward (median of --iters after --warmup). Peak memory:
+torch.cuda.max_memory_allocated() above the inputs, the gradient buffers included (both sides
+produce the same gradients). The SM90 forward's own workspace is cudaMalloc'ed by the library and
+is reported separately by the library's DETLOGP_SM90_WORKSPACE_MB setting, not here.
+On a CPU (--device cpu, small shapes) the script only times, to check that it runs.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import detlogp.torch as dt
+
+
+def torch_reference(h, w, t):
+    logits = F.linear(h, w)  # [N, V] bf16
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, V] fp32
+    mask = t != -100
+    return logp.gather(1, t.clamp(min=0)[:, None])[:, 0] * mask
+
+
+def detlogp_contract(h, w, t):
+    return dt.linear_logp(h, w, t)[0]
+
+
+def detlogp_torch_lane(h, w, t):
+    return dt.linear_logp(h, w, t, backend=dt.TORCH_BACKEND_ID)[0]
+
+
+METHODS = {
+    "torch F.linear+log_softmax+autograd": torch_reference,
+    "detlogp (contract fwd, chunked bwd)": detlogp_contract,
+    "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
+}
+
+
+def run(fn, h, w, t, g, iters, warmup, cuda):
+    hh = h.clone().requires_grad_()
+    ww = w.clone().requires_grad_()
+
+    def step():
+        hh.grad = None
+        ww.grad = None
+        logp = fn(hh, ww, t)
+        (logp * g).sum().backward()
+
+    for _ in range(warmup):
+        step()
+    times = []
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        hh.grad = None
+        ww.grad = None
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        for _ in range(iters):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            step()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times), peak, (hh.grad, ww.grad)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--methods", default="all", help="comma-separated subset of: ref, contract, lane")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    n, d, v = args.rows, args.dim, args.vocab
+    h = torch.randn(n, d, generator=gen).bfloat16().to(args.device)
+    w = (torch.randn(v, d, generator=gen) * 0.02).bfloat16().to(args.device)
+    t = torch.randint(0, v, (n,), generator=gen)
+    t[15::16] = -100
+    t = t.to(args.device)
+    g = torch.rand(n, generator=gen).to(args.device)
+    keys = dict(zip(("ref", "contract", "lane"), METHODS))
+    chosen = list(METHODS) if args.methods == "all" else [keys[k] for k in args.methods.split(",")]
+    print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
+    print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), "
+          f"chunk {dt.BACKWARD_VOCAB_CHUNK}")  # fmt: skip
+    print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s}")
+    results = []
+    grads = {}
+    for name in chosen:
+        try:
+            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda)
+        except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
+            print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
+            results.append({"method": name, "error": "out of memory"})
+            torch.cuda.empty_cache()
+            continue
+        grads[name] = gr
+        peak_s = f"{peak / 2**20:15.0f}" if peak is not None else f"{'n/a':>15s}"
+        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s}")
+        results.append({"method": name, "median_ms": med, "min_ms": best, "peak_extra_bytes": peak})
+        del gr
+    ref_name = chosen[0]
+    for name in chosen[1:]:
+        if name in grads and ref_name in grads:
+            for label, a, r in zip(("hidden", "weight"), grads[name], grads[ref_name]):
+                err = ((a.float() - r.float()).abs().max() / r.float().abs().max()).item()
+                print(f"grad_{label}: {name} vs {ref_name}: max relative difference {err:.2e}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": n, "dim": d, "vocab": v, "device": args.device, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The array API on the CPU backend (numpy only; runs in CI)."""
+
+import subprocess
+
+import numpy as np
+import pytest
+from conftest import make_problem, read_safetensors, reference_f64
+
+import detlogp
+
+CPU = "cpu-linear-logp-contract-v1"
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("v", [17, 123, 2053])
+@pytest.mark.parametrize("with_bias,temp_rows", [(False, False), (True, True)])
+def test_odd_vocab_matches_float64(v, with_bias, temp_rows):
+    h, w, t, b, temp = make_problem(19, 40, v, seed=v, bias=with_bias, temp_rows=temp_rows, ignore_every=5)
+    r = detlogp.linear_logp(h, w, t, bias=b, temperature=temp if temp_rows else 0.7, backend=CPU)
+    ref_logp, ref_lse = reference_f64(h, w, t, b, temp if temp_rows else 0.7)
+    assert r.report["backend_id"] == CPU and r.report["contract"]
+    assert r.logp.dtype == np.float32 and r.logp.shape == (19,)
+    np.testing.assert_allclose(r.lse, ref_lse, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(r.logp, ref_logp, rtol=2e-6, atol=2e-5)
+    assert np.all(bits(r.logp[4::5]) == 0)  # ignored rows: +0.0 exactly
+
+
+@pytest.mark.parametrize("v", [17, 123, 2053])
+def test_bits_equal_cli(cli, tmp_path, v):
+    """The numpy path and the C++ CLI give the same bytes for the same .npy inputs."""
+    h, w, t, b, temp = make_problem(21, 72, v, seed=3, bias=True, temp_rows=True, ignore_every=4)
+    for name, a in (("h", h), ("w", w), ("t", t), ("b", b), ("T", temp)):
+        np.save(tmp_path / f"{name}.npy", a)
+    out = tmp_path / "out.safetensors"
+    cmd = [cli, "run", "--hidden", tmp_path / "h.npy", "--weight", tmp_path / "w.npy", "--targets",
+           tmp_path / "t.npy", "--bias", tmp_path / "b.npy", "--temperatures", tmp_path / "T.npy",
+           "--backend", CPU, "--return-logits", "--out", out]  # fmt: skip
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    cli_out = read_safetensors(out)
+    r = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True, backend=CPU)
+    assert np.array_equal(bits(r.logp), bits(cli_out["logp"]))
+    assert np.array_equal(bits(r.lse), bits(cli_out["lse"]))
+    assert np.array_equal(bits(r.logits), bits(cli_out["logits"]))
+
+
+def test_serving_equals_trainer_and_reduce_logits():
+    h, w, t, b, _ = make_problem(33, 64, 2053, seed=1, bias=True, ignore_every=7)
+    trainer = detlogp.linear_logp(h, w, t, bias=b, temperature=0.9)
+    serving = detlogp.linear_logp(h, w, t, bias=b, temperature=0.9, return_logits=True)
+    assert trainer.logits is None and serving.logits.shape == (33, 2053)
+    assert np.array_equal(bits(trainer.logp), bits(serving.logp))
+    assert np.array_equal(bits(trainer.lse), bits(serving.lse))
+    logp, lse = detlogp.reduce_logits(serving.logits, t, temperature=0.9)
+    assert np.array_equal(bits(logp), bits(trainer.logp)) and np.array_equal(bits(lse), bits(trainer.lse))
+
+
+def test_batch_invariance_and_strided_rows():
+    """A row's bits do not depend on the batch around it, nor on its row stride (DLPack views)."""
+    h, w, t, _, _ = make_problem(40, 96, 123, seed=2)
+    full = detlogp.linear_logp(h, w, t)
+    sub = detlogp.linear_logp(h[5:6], w, t[5:6])
+    assert bits(sub.logp)[0] == bits(full.logp)[5]
+    strided = detlogp.linear_logp(h[::3], w, t[::3].copy())  # row stride 3*D, no copy of hidden
+    assert np.array_equal(bits(strided.logp), bits(full.logp[::3]))
+    padded = np.zeros((40, 128), np.uint16)
+    padded[:, :96] = h
+    wide = detlogp.linear_logp(padded[:, :96], w, t)
+    assert np.array_equal(bits(wide.lse), bits(full.lse))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_partials_merge_equals_full(ranks):
+    v, real = 2053, 2000
+    h, w, t, b, temp = make_problem(17, 64, v, seed=4, bias=True, temp_rows=True, ignore_every=3)
+    t = np.where(t >= real, t % real, t)
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=real)
+    shard = -(-(-(-v // ranks)) // 64) * 64
+    parts = []
+    for r in range(ranks):
+        lo, hi = r * shard, min(v, (r + 1) * shard)
+        parts.append(
+            detlogp.linear_logp_partials(h, w[lo:hi], t, bias=b[lo:hi], temperature=temp, vocab_start=lo, real_vocab=real)
+        )
+    logp, lse = detlogp.merge_partials(parts, t)
+    assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse))
+    assert sum(int(p.target_owned.sum()) for p in parts) == int((t != -100).sum())
+
+
+def test_padding_rows_change_nothing():
+    h, w, t, _, _ = make_problem(9, 32, 123, seed=5)
+    base = detlogp.linear_logp(h, w, t)
+    extra = np.concatenate([w, detlogp.to_bf16_bits(np.full((13, 32), 50.0, np.float32))])
+    padded = detlogp.linear_logp(h, extra, t, real_vocab=123)
+    assert np.array_equal(bits(padded.logp), bits(base.logp)) and np.array_equal(bits(padded.lse), bits(base.lse))
+
+
+def test_int32_targets_same_bits():
+    h, w, t, _, _ = make_problem(8, 32, 17, seed=6)
+    a = detlogp.linear_logp(h, w, t)
+    b = detlogp.linear_logp(h, w, t.astype(np.int32))
+    assert np.array_equal(bits(a.logp), bits(b.logp))
+
+
+def test_backends_and_provenance():
+    ids = {b["id"]: b for b in detlogp.backends()}
+    assert ids[CPU]["contract"] and ids[CPU]["available"]
+    assert not ids["reference-materialized"]["contract"]
+    assert not ids[detlogp.TORCH_BACKEND_ID]["contract"]
+    assert ids["cuda-fused-linear-logp-sm90-contract-v1"]["contract"]
+    c = detlogp.contract()
+    p = detlogp.provenance(backend=CPU)
+    assert p["backend_id"] == CPU and not p["fallback"]
+    for key in ("contract_name", "contract_version", "vocab_tile", "k_slab", "tree_id", "transcendental_id"):
+        assert p["provenance"][key] == c[key]
+    assert c["vocab_tile"] == 64 and c["k_slab"] == 32 and c["contract_version"] == 1
+
+
+def test_noncontract_lane_reports_itself():
+    h, w, t, _, _ = make_problem(6, 32, 123, seed=7)
+    r = detlogp.linear_logp(h, w, t, backend="reference-materialized")
+    assert r.report["backend_id"] == "reference-materialized" and not r.report["contract"]
+    assert r.report["provenance"]["contract_version"] == 0
+    ref_logp, _ = reference_f64(h, w, t)
+    np.testing.assert_allclose(r.logp, ref_logp, rtol=1e-5, atol=1e-5)
+
+
+def test_strict_refuses_noncontract_lane(monkeypatch):
+    h, w, t, _, _ = make_problem(4, 32, 17)
+    with pytest.raises(RuntimeError, match="strict mode refuses backend 'reference-materialized'") as e:
+        detlogp.linear_logp(h, w, t, backend="reference-materialized", strict=True)
+    assert isinstance(e.value, detlogp.StrictModeError)
+    monkeypatch.setenv("DETLOGP_STRICT", "1")
+    with pytest.raises(detlogp.StrictModeError):
+        detlogp.linear_logp(h, w, t, backend="reference-materialized")
+    with pytest.raises(detlogp.StrictModeError):
+        detlogp.provenance(backend="reference-materialized")
+    assert detlogp.linear_logp(h, w, t).report["strict"] is True
+
+
+def test_error_mapping_targets():
+    h, w, t, _, _ = make_problem(5, 32, 123)
+    t[3] = 123
+    with pytest.raises(IndexError, match=r"targets\[3\]=123 is >= real_vocab=123") as e:
+        detlogp.linear_logp(h, w, t)
+    assert isinstance(e.value, detlogp.TargetIndexError)
+    t[3] = -7
+    with pytest.raises(IndexError, match=r"targets\[3\]=-7 is negative"):
+        detlogp.linear_logp(h, w, t)
+    t[3] = -7
+    assert detlogp.linear_logp(h, w, t, ignore_index=-7).logp[3] == 0.0
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda h, w, t: (h, w[:, :16], t), r"weight has D=16 columns but hidden has D=32"),
+        (lambda h, w, t: (h.astype(np.float32), w, t), r"hidden must be bf16, got f32"),
+        (lambda h, w, t: (h[None], w, t), r"hidden must be 2-D"),
+        (lambda h, w, t: (h[:, ::2], w[:, ::2], t), r"hidden must have unit stride"),
+        (lambda h, w, t: (h, w, t[:4]), r"targets has 4 elements, expected 5"),
+        (lambda h, w, t: (h, w, t.astype(np.float64)), r"targets has dtype float64"),
+    ],
+)
+def test_error_mapping_shapes_dtypes(mutate, match):
+    h, w, t, _, _ = make_problem(5, 32, 123)
+    with pytest.raises(ValueError, match=match) as e:
+        detlogp.linear_logp(*mutate(h, w, t))
+    assert isinstance(e.value, detlogp.DetlogpError)
+
+
+def test_error_mapping_values():
+    h, w, t, _, _ = make_problem(5, 32, 123)
+    with pytest.raises(ValueError, match=r"temperature=0 must be finite and > 0"):
+        detlogp.linear_logp(h, w, t, temperature=0.0)
+    with pytest.raises(ValueError, match=r"temperature_rows\[1\]=-1 must be finite"):
+        detlogp.linear_logp(h, w, t, temperature=np.array([1, -1, 1, 1, 1], np.float32))
+    with pytest.raises(ValueError, match=r"vocab_start=10 is not a multiple of VOCAB_TILE=64"):
+        detlogp.linear_logp_partials(h, w, t % 50, vocab_start=10, real_vocab=500)
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
+        detlogp.linear_logp(h, w, t, backend="nope")
+    h, w, t, _, _ = make_problem(5, 32, 128)
+    with pytest.raises(ValueError, match=r"use linear_logp_partials \+ merge_partials for a vocab shard"):
+        detlogp.linear_logp(h, w, t, real_vocab=500)
+
+
+def test_error_mapping_environment(monkeypatch):
+    h, w, t, _, _ = make_problem(2, 32, 17)
+    monkeypatch.setenv("DETLOGP_VOCAB_TILE", "128")
+    with pytest.raises(RuntimeError, match="DETLOGP_VOCAB_TILE") as e:
+        detlogp.linear_logp(h, w, t)
+    assert isinstance(e.value, detlogp.ConfigError)
+
+
+def test_error_class_of_backend_messages():
+    """Messages that only a GPU machine produces are classified like the ones tested above."""
+    cls = detlogp._ext.error_class
+    assert cls("detlogp error at a.cu:1: SM90 backend unavailable: no device") == "BackendError"
+    assert cls("detlogp error at a.cu:1: CUDA call failed: cudaMalloc -> x") == "BackendError"
+    assert cls("detlogp error at a.cu:1: targets[0]=9 is >= real_vocab=3") == "TargetIndexError"
+    assert cls("detlogp error at a.cu:1: hidden base pointer 0x1 is not 16-byte aligned") == "InputError"
+    assert cls("detlogp error at r.cpp:1: strict mode forbids fallback: x") == "StrictModeError"
+
+
+def test_bf16_helpers_round_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf], np.float32)
+    b = detlogp.to_bf16_bits(x)
+    # 1 + 2^-8 is a tie -> even (1.0); 1 + 3*2^-8 is a tie -> even (1 + 2^-6)
+    assert list(b) == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80]
+    assert np.array_equal(detlogp.from_bf16_bits(b), np.array([1.0, 1.0, 1.015625, -2.5, np.inf], np.float32))
+    assert np.isnan(detlogp.from_bf16_bits(detlogp.to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_empty_batch():
+    w = make_problem(1, 8, 17)[1]
+    r = detlogp.linear_logp(np.zeros((0, 8), np.uint16), w, np.zeros(0, np.int64), return_logits=True)
+    assert r.logp.shape == (0,) and r.lse.shape == (0,) and r.logits.shape == (0, 17)
+    assert r.report["backend_id"] == CPU
+
+
+def test_strict_refuses_every_noncontract_lane_of_this_build():
+    """Whatever non-contract C++ lanes this build has (reference-materialized, and
+    cuda-cublas-materialized where built), strict mode refuses each by name, available or not."""
+    h, w, t, _, _ = make_problem(2, 32, 17)
+    lanes = [b["id"] for b in detlogp.backends() if not b["contract"] and b["id"] != detlogp.TORCH_BACKEND_ID]
+    assert "reference-materialized" in lanes
+    for lane in lanes:
+        with pytest.raises(detlogp.StrictModeError, match=f"strict mode refuses backend '{lane}'"):
+            detlogp.linear_logp(h, w, t, backend=lane, strict=True)

@@ -1,0 +1,184 @@
+"""detlogp.torch on an SM90 GPU (marker `gpu`): contract forward, gradients against float64,
+backward determinism and peak memory, torch.compile, CUDA-graph replay. Skipped with the reason
+without torch, CUDA or the SM90 backend. Run by scripts/gpu_python_check.sh."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the GPU tests need it)")
+import detlogp  # noqa: E402
+import detlogp.torch as dt  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SM90 = "cuda-fused-linear-logp-sm90-contract-v1"
+
+
+def _why_not_gpu():
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    sm90 = next(b for b in detlogp.backends() if b["id"] == SM90)
+    if not sm90["available"]:
+        return f"SM90 backend unavailable: {sm90['detail']}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _need_gpu():
+    why = _why_not_gpu()
+    if why:
+        pytest.skip(why)
+
+
+def problem(n, d, v, seed=0, ignore_every=16, scale=0.05):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g).bfloat16()
+    w = (torch.randn(v, d, generator=g) * scale).bfloat16()
+    b = torch.randn(v, generator=g) * 0.1
+    t = torch.randint(0, v, (n,), generator=g)
+    t[ignore_every - 1 :: ignore_every] = -100
+    temp = torch.rand(n, generator=g) + 0.5
+    return [x.cuda() for x in (h, w, b, t, temp)]
+
+
+def i32(x):
+    return x.view(torch.int32)
+
+
+def i16(x):
+    return x.view(torch.int16)
+
+
+def test_contract_forward_on_sm90_and_reduce_logits():
+    h, w, b, t, temp = problem(300, 512, 2053)
+    logp, lse, z = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True)
+    rep = dt.last_report()
+    assert rep["backend_id"] == SM90 and rep["contract"] and rep["provenance"]["cc"] == 90
+    trainer_logp, trainer_lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    assert torch.equal(i32(logp), i32(trainer_logp)) and torch.equal(i32(lse), i32(trainer_lse))
+    # The contract: the backend's own fp32 logits, re-reduced on the host, give the same bits.
+    r_logp, r_lse = detlogp.reduce_logits(z.cpu().numpy(), t.cpu().numpy(), temperature=temp.cpu().numpy())
+    assert torch.equal(i32(torch.from_numpy(r_logp)), i32(logp.cpu()))
+    assert torch.equal(i32(torch.from_numpy(r_lse)), i32(lse.cpu()))
+    # Row bits do not depend on the batch.
+    sub_logp, _ = dt.linear_logp(h[7:9], w, t[7:9], bias=b, temperature=temp[7:9])
+    assert torch.equal(i32(sub_logp), i32(logp[7:9]))
+
+
+def test_grads_match_float64_on_gpu():
+    h, w, b, t, temp = problem(96, 256, 5000, seed=1, scale=0.2)
+    args = [x.clone().requires_grad_() for x in (h, w, b, temp)]
+    logp, lse = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=args[3])
+    (logp.sum() + 0.25 * lse.sum()).backward()
+    ref = [x.detach().double().requires_grad_() for x in (h, w, b, temp)]
+    y = (ref[0] @ ref[1].T + ref[2]) / ref[3][:, None]
+    lse64 = torch.logsumexp(y, 1)
+    ignored = t == -100
+    lp64 = torch.where(ignored, 0.0, y.gather(1, t.clamp(min=0)[:, None])[:, 0] - lse64)
+    (lp64.sum() + 0.25 * lse64.sum()).backward()
+    assert (logp.double() - lp64).abs().max().item() < 1e-4
+    for name, a, r in zip(("hidden", "weight", "bias", "temperature"), args, ref):
+        err = ((a.grad.double() - r.grad).abs().max() / r.grad.abs().max()).item()
+        print(f"{name}: max relative error vs float64 {err:.2e}")
+        assert err < 2e-2, name
+
+
+def test_ignore_index_zero_grad_gpu():
+    h, w, b, t, _ = problem(64, 256, 3000, seed=2, ignore_every=4)
+    hh = h.clone().requires_grad_()
+    logp, _ = dt.linear_logp(hh, w, t)
+    logp.sum().backward()
+    assert torch.count_nonzero(hh.grad[t == -100]) == 0 and torch.all(logp[t == -100] == 0)
+
+
+def test_backward_deterministic_gpu():
+    h, w, b, t, temp = problem(1024, 1024, 32000, seed=3)
+    grads = []
+    for _ in range(3):
+        args = [x.clone().requires_grad_() for x in (h, w, b, temp)]
+        logp, lse = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=args[3])
+        (logp.sum() + 0.1 * lse.sum()).backward()
+        grads.append([a.grad for a in args])
+    for run in grads[1:]:
+        assert torch.equal(i16(run[0]), i16(grads[0][0])) and torch.equal(i16(run[1]), i16(grads[0][1]))
+        assert torch.equal(i32(run[2]), i32(grads[0][2])) and torch.equal(i32(run[3]), i32(grads[0][3]))
+
+
+def test_backward_peak_memory_bounded():
+    """Peak extra memory of forward + backward, over inputs and gradient outputs, stays within the
+    chunk workspace and far below one [N, V] fp32 buffer."""
+    n, d, v = 2048, 1024, 131072
+    h, w, _, t, _ = problem(n, d, v, seed=4)
+    hh = h.clone().requires_grad_()
+    ww = w.clone().requires_grad_()
+    hh.grad = torch.zeros_like(hh)
+    ww.grad = torch.zeros_like(ww)  # gradient buffers exist before the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    logp, lse = dt.linear_logp(hh, ww, t)
+    logp.sum().backward()
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    c = dt.BACKWARD_VOCAB_CHUNK
+    grads_out = v * d * 2 + n * d * 2  # the new gradient tensors (bf16), accumulated into .grad
+    accumulators = n * d * 4 + n * d * 4  # fp32 hidden-gradient accumulator and one GEMM result
+    chunk = n * c * 4 + n * c * 2 + c * d * 4 + c * d * 2  # fp32 logits chunk, its bf16 copy, dW chunk
+    bound = grads_out + accumulators + chunk + (16 << 20)
+    print(f"peak extra {extra / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB, [N,V] fp32 {n * v * 4 / 2**20:.0f} MiB")
+    assert extra <= bound
+    assert extra < n * v * 4 / 2
+
+
+def test_torch_compile_gpu():
+    h, w, b, t, temp = problem(256, 512, 4099, seed=5)
+
+    def loss(h, w, b):
+        logp, lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+        return logp.sum() + 0.1 * lse.sum(), logp
+
+    eager = [x.clone().requires_grad_() for x in (h, w, b)]
+    comp = [x.clone().requires_grad_() for x in (h, w, b)]
+    l1, lp1 = loss(*eager)
+    l1.backward()
+    l2, lp2 = torch.compile(loss, fullgraph=True)(*comp)
+    l2.backward()
+    assert torch.equal(i32(lp1), i32(lp2))
+    for a, c in zip(eager, comp):
+        err = ((c.grad.float() - a.grad.float()).abs().max() / a.grad.float().abs().max()).item()
+        assert err < 1e-2
+
+
+def test_cuda_graph_replay_identical_bits():
+    h, w, b, t, temp = problem(512, 1024, 16384, seed=6)
+    static_h = h.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up on a side stream, as CUDA-graph capture requires
+            dt.linear_logp(static_h, w, t, bias=b, temperature=temp)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_logp, g_lse = dt.linear_logp(static_h, w, t, bias=b, temperature=temp)
+    eager_logp, eager_lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(i32(g_logp), i32(eager_logp)) and torch.equal(i32(g_lse), i32(eager_lse))
+    # New inputs copied into the static buffer: the replay gives the eager bits of the new rows.
+    h2 = problem(512, 1024, 16384, seed=7)[0]
+    static_h.copy_(h2)
+    graph.replay()
+    torch.cuda.synchronize()
+    e2_logp, _ = dt.linear_logp(h2, w, t, bias=b, temperature=temp)
+    assert torch.equal(i32(g_logp), i32(e2_logp))
+
+
+def test_gpu_errors():
+    h, w, b, t, _ = problem(32, 128, 1000)
+    bad = t.clone()
+    bad[3] = 5000
+    with pytest.raises(IndexError, match=r"targets\[3\]=5000 is >= real_vocab=1000"):
+        dt.linear_logp(h, w, bad)
+    with pytest.raises(ValueError, match="is on cpu but hidden is on cuda"):
+        dt.linear_logp(h, w, t.cpu())

@@ -1,0 +1,110 @@
+"""One rank of the tensor-parallel check: detlogp.torch.linear_logp with tp_group against TP=1.
+
+Run by torchrun (`torchrun --nproc-per-node 2 tests/python/tp_worker.py --device cuda`) on GPUs,
+or spawned by tests/python/test_torch.py with gloo on the CPU. Exit code 0 only when every check
+passed; each check prints one line with the numbers it compared.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import detlogp.torch as dt
+
+
+def shard_bounds(vocab: int, world: int, rank: int):
+    per = -(-vocab // world)
+    shard = max(64, -(-per // 64) * 64)  # multiple of VOCAB_TILE: no tile straddles two ranks
+    start = min(vocab, rank * shard)
+    return start, min(vocab, start + shard)
+
+
+def problem(n, d, v, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g).bfloat16()
+    w = (torch.randn(v, d, generator=g) * 0.05).bfloat16()
+    b = torch.randn(v, generator=g) * 0.1
+    t = torch.randint(0, v - 40, (n,), generator=g)  # below real_vocab = v - 40
+    t[1] = -100
+    temp = torch.rand(n, generator=g) + 0.5
+    return [x.to(device) for x in (h, w, b, t, temp)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", type=int, default=257)
+    ap.add_argument("--dim", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=5000)
+    ap.add_argument("--no-logits-check", action="store_true", help="library without ShardPartials.logits")
+    args = ap.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    failures = []
+
+    def check(name, ok, detail=""):
+        print(f"[rank {rank}] {'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
+        if not ok:
+            failures.append(name)
+
+    real_vocab = args.vocab - 40  # a padded head: the last rows of the weight are padding
+    h, w, b, t, temp = problem(args.rows, args.dim, args.vocab, dev, 1234)
+    lo, hi = shard_bounds(args.vocab, world, rank)
+
+    # TP = 1 on every rank (the whole weight), then the same rows through the group.
+    h1 = h.clone().requires_grad_()
+    w1 = w.clone().requires_grad_()
+    b1 = b.clone().requires_grad_()
+    lp1, lse1, z1 = dt.linear_logp(h1, w1, t, bias=b1, temperature=temp, return_logits=True, real_vocab=real_vocab)
+    (lp1.sum() + 0.25 * lse1.sum()).backward()
+
+    hs = h.clone().requires_grad_()
+    ws = w[lo:hi].clone().requires_grad_()
+    bs = b[lo:hi].clone().requires_grad_()
+    lps, lses, zs = dt.linear_logp(
+        hs, ws, t, bias=bs, temperature=temp, return_logits=True, vocab_start=lo, real_vocab=real_vocab,
+        tp_group=dist.group.WORLD,
+    )  # fmt: skip
+    rep = dt.last_report()
+    check("logp bits equal TP=1", torch.equal(lps.view(torch.int32), lp1.view(torch.int32)))
+    check("lse bits equal TP=1", torch.equal(lses.view(torch.int32), lse1.view(torch.int32)))
+    if args.no_logits_check:
+        print(f"[rank {rank}] SKIP logits shard: this library build does not fill ShardPartials.logits", flush=True)
+    else:
+        check("logits shard bits equal TP=1 slice", torch.equal(zs.view(torch.int32), z1[:, lo:hi].view(torch.int32)))
+    check("report names a contract backend", rep["contract"], rep["backend_id"])
+    (lps.sum() + 0.25 * lses.sum()).backward()
+    for name, a, r in (("grad_hidden", hs.grad, h1.grad), ("grad_weight", ws.grad, w1.grad[lo:hi]),
+                       ("grad_bias", bs.grad, b1.grad[lo:hi])):  # fmt: skip
+        err = ((a.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-30)).item()
+        check(f"{name} matches TP=1", err < 2e-2, f"max rel err {err:.2e}")
+    # Every rank ends with the same hidden gradient bits (rank-ordered sum, no all-reduce).
+    gathered = [torch.empty_like(hs.grad) for _ in range(world)]
+    dist.all_gather(gathered, hs.grad)
+    check("grad_hidden identical on every rank", all(torch.equal(g.view(torch.int16), gathered[0].view(torch.int16)) for g in gathered))
+
+    # An error on one rank reaches every rank as the same exception, before any data moves.
+    bad = t.clone()
+    if rank == world - 1:
+        bad[5] = real_vocab + 7
+    try:
+        dt.linear_logp(h, w[lo:hi], bad, vocab_start=lo, real_vocab=real_vocab, tp_group=dist.group.WORLD)
+        check("error on one rank raises on all", False, "no exception")
+    except IndexError as e:
+        check("error on one rank raises on all", f"rank {world - 1}" in str(e), str(e)[:120])
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"[rank {rank}] {'TP_OK' if not failures else 'TP_FAILED ' + ','.join(failures)}", flush=True)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
