@@ -4,14 +4,16 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench[,profile] (default: all but profile)   BENCH_ARGS="--n 1,4096"
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python[,profile] (default: all but profile)
+#   BENCH_ARGS="--n 1,4096". The python step runs scripts/gpu_python_check.sh on this build tree
+#   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
 # NVLink multicast stays off on shared multi-GPU hosts (it can take the host's GPUs down).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
-STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench}"
+STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench,python}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 JOBS="${JOBS:-16}"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -27,7 +29,9 @@ NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 mode=""
 if has build; then
   { nvidia-smi 2>&1 || true; "$NVCC" --version 2>&1 || true; cmake --version 2>&1 | head -1; } >"$OUT/build.log"
-  if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >>"$OUT/build.log" 2>&1 &&
+  PYOPT=()
+  python3 -c "import nanobind" >/dev/null 2>&1 && PYOPT=(-DDETLOGP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
+  if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" "${PYOPT[@]}" >>"$OUT/build.log" 2>&1 &&
      cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
     mode="top-level"
   else
@@ -108,6 +112,13 @@ if has bench; then
     (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
     say "bench: rc=$? (bench.log, bench_sm90.csv)"
   fi
+fi
+
+if has python; then
+  OUT="$OUT/python" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_python_check.sh" >"$OUT/python_check.log" 2>&1
+  rc=$?
+  say "python: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (python_check.log, python/)"
+  grep -E "passed|failed|TP_|PASS|FAIL|backward|peak|ms" "$OUT/python_check.log" | cut -c1-200 | head -40 >>"$SUMMARY"
 fi
 
 # Optional: hardware counters of one fused launch per auto bucket (ncu, clocks left alone).

@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+BUILD=${BUILD_DIR:-build}  # scripts/gpu_check.sh passes its own build tree
 OUT=${OUT:-out/gpu_python}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast
@@ -33,18 +34,18 @@ step() {  # step NAME COMMAND...: runs, logs to $OUT/NAME.log, remembers a failu
 if [ "${1:-}" = "--pip" ]; then
   step pip_install "$PY" -m pip install --no-build-isolation --no-deps -v .
   pypath=""
-elif ls build/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
-  pypath=build/python
+elif ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+  pypath=$BUILD/python
 else
   generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
-  step configure cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDETLOGP_BUILD_PYTHON=ON \
+  step configure cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DDETLOGP_BUILD_PYTHON=ON \
     "-DPython_EXECUTABLE=$(command -v "$PY")"
-  step build cmake --build build -j "$(nproc)" --target _detlogp detlogp_cli
-  pypath=build/python
+  step build cmake --build "$BUILD" -j "$(nproc)" --target _detlogp detlogp_cli
+  pypath=$BUILD/python
 fi
 export PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH}
-[ -x build/detlogp ] && export PYTEST_DETLOGP_CLI=build/detlogp
+[ -x "$BUILD/detlogp" ] && export PYTEST_DETLOGP_CLI=$BUILD/detlogp
 "$PY" -c 'import detlogp, torch; print("detlogp", detlogp.__version__, detlogp.__file__); print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.device_count(), "GPUs"); [print(" ", b["id"], "contract" if b["contract"] else "non-contract", "available" if b["available"] else "unavailable: " + b["detail"]) for b in detlogp.backends()]' |
   tee "$OUT/environment.log"
 
