@@ -30,7 +30,7 @@ float normal(uint64_t seed, uint64_t stream, uint64_t index) {
   int64_t sum = 0;
   for (int s = 0; s < 64; s += 16)
     sum += static_cast<int64_t>((a >> s) & 0xFFFF) + static_cast<int64_t>((b >> s) & 0xFFFF);
-  // Eight uniforms on {0..65535}: mean 8 * 32767.5 = 262140, sd sqrt(8 (65536^2 - 1) / 12) = 53509.8.
+  // Eight uniforms on {0..65535}: mean 8 * 32767.5 = 262140, sd sqrt(8 (65536^2 - 1) / 12) = 53510.85.
   // |sum - 262140| <= 262140 < 2^24: the int -> float conversion is exact; one rounding follows.
   return static_cast<float>(sum - 262140) * (1.0f / 53510.0f);
 }
@@ -74,15 +74,24 @@ std::vector<uint16_t> weight_rows(uint64_t seed, int64_t row_begin, int64_t rows
 
 void hidden_row(uint64_t seed, uint64_t key, int64_t dim, float gain, const uint16_t* dominant_row, uint16_t* out) {
   std::vector<float> x(static_cast<size_t>(dim));
+  const float mix = dominant_mix(dim);
   for (int64_t k = 0; k < dim; ++k) {
     float v = normal(seed, kStreamHidden, key * static_cast<uint64_t>(dim) + static_cast<uint64_t>(k));
-    if (dominant_row != nullptr) v = v + 4.0f * (from_bf16(dominant_row[k]) / kWeightStd);
+    if (dominant_row != nullptr) v = v + mix * (from_bf16(dominant_row[k]) / kWeightStd);
     x[static_cast<size_t>(k)] = v;
   }
   float ss = 0.0f;
   for (float v : x) ss = ss + v * v;
   const float rms = std::sqrt(ss / static_cast<float>(dim));
   for (int64_t k = 0; k < dim; ++k) out[k] = to_bf16(gain * (x[static_cast<size_t>(k)] / rms));
+}
+
+float dominant_logit(int64_t dim) { return dim >= 4096 ? 18.0f : 12.0f; }
+
+float dominant_mix(int64_t dim) {
+  const float scale = kWeightStd * static_cast<float>(dim), z = dominant_logit(dim);
+  if (scale <= 1.25f * z) return 4.0f;
+  return z / std::sqrt(scale * scale - z * z);
 }
 
 std::string weight_fingerprint(const std::vector<TensorView>& shards) {

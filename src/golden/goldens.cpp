@@ -28,7 +28,7 @@ const std::vector<GoldenCase>& golden_cases() {
 
 std::vector<std::pair<int64_t, int64_t>> shard_ranges(int64_t weight_rows, int tp) {
   const int64_t per = ((weight_rows + tp - 1) / tp + kVocabTile - 1) / kVocabTile * kVocabTile;
-  std::vector<std::pair<int64_t, int64_t>> out;
+  std::vector<std::pair<int64_t, int64_t>> out;  // a rank past the end gets an empty shard
   for (int r = 0; r < tp; ++r) {
     const int64_t begin = std::min<int64_t>(weight_rows, r * per);
     out.emplace_back(begin, std::min<int64_t>(per, weight_rows - begin));
@@ -136,6 +136,10 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   for (size_t r = 0; r < ranges.size(); ++r) {
     ShardPartials p;
     p.rows = c.rows;
+    if (ranges[r].second == 0) {  // an empty shard owns no tile: nothing to compute or gather
+      partials.push_back(p);
+      continue;
+    }
     p.tiles = shard_tiles(ranges[r].second);
     summaries[r].resize(static_cast<size_t>(c.rows * p.tiles));
     target_logit[r].resize(static_cast<size_t>(c.rows));

@@ -105,6 +105,10 @@ void trainer_tensor_parallel(const LinearLogpInputs& in, const std::vector<Shard
     s.vocab_start = shards[r].vocab_start;
     ShardPartials p;
     p.rows = rows;
+    if (s.weight.rows == 0) {  // an empty shard owns no tile: nothing to compute or gather
+      partials.push_back(p);
+      continue;
+    }
     p.tiles = shard_tiles(s.weight.rows);
     summaries[r].resize(static_cast<size_t>(rows * p.tiles));
     target_logit[r].resize(static_cast<size_t>(rows));
