@@ -55,8 +55,8 @@ struct ShardPartials {
   float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
   uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
   Memory memory = Memory::host;
-  int device = 0;                    // CUDA device of the buffers (memory == cuda)
-  MutableTensorView logits;          // optional [rows, V_local] f32: the serving entry's logits shard
+  int device = 0;            // CUDA device of the buffers (memory == cuda)
+  MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard
 };
 int64_t shard_tiles(int64_t vocab_local);
 CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt = {});

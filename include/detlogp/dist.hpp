@@ -50,7 +50,8 @@ std::vector<std::unique_ptr<Communicator>> make_local_communicators(int ranks, M
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
                                        const CallOptions& opt = {});
 
-// The largest tensor-parallel degree the header exchange supports.
-inline constexpr int kMaxTensorParallelRanks = 256;
+// The largest tensor-parallel degree (the device merge takes the ranks' segments as kernel
+// parameters).
+inline constexpr int kMaxTensorParallelRanks = 64;
 
 }  // namespace detlogp

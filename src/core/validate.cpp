@@ -35,6 +35,19 @@ void check_vector(const TensorView& t, const char* name, int64_t n, std::initial
   DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
 }
 
+// The serving entry's logits: [N, V_local] f32, contiguous, with the other tensors.
+float* checked_logits(const MutableTensorView& logits, const LogpProblem& p, Memory mem, int dev) {
+  check_matrix(logits, "logits", DType::f32);
+  DETLOGP_CHECK(logits.rows == p.rows && logits.cols == p.vocab_local,
+                "logits must be [N=" << p.rows << ", V_local=" << p.vocab_local << "], got [" << logits.rows << ", "
+                                     << logits.cols << "]");
+  DETLOGP_CHECK(logits.row_stride == p.vocab_local,
+                "logits must be contiguous (row_stride=" << logits.row_stride << ", expected " << p.vocab_local << ")");
+  check_memory(logits, "logits", mem, dev);
+  DETLOGP_CHECK(p.rows == 0 || logits.data != nullptr, "logits data pointer is null");
+  return static_cast<float*>(logits.mutable_data());
+}
+
 }  // namespace
 
 void check_temperature_value(float t, const char* what, int64_t row) {
@@ -122,6 +135,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     p.summaries = partials->summaries;
     p.target_logit = partials->target_logit;
     p.target_owned = partials->target_owned;
+    if (partials->logits.present()) p.logits = checked_logits(partials->logits, p, mem, dev);
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,
                   "linear_logp needs the whole real vocabulary (vocab_start=0, V_local >= real_vocab); got shard ["
@@ -133,18 +147,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     check_memory(out->lse, "lse", mem, dev);
     p.logp = static_cast<float*>(out->logp.mutable_data());
     p.lse = static_cast<float*>(out->lse.mutable_data());
-    if (out->logits.present()) {
-      check_matrix(out->logits, "logits", DType::f32);
-      DETLOGP_CHECK(out->logits.rows == p.rows && out->logits.cols == p.vocab_local,
-                    "logits must be [N=" << p.rows << ", V_local=" << p.vocab_local << "], got [" << out->logits.rows
-                                         << ", " << out->logits.cols << "]");
-      DETLOGP_CHECK(
-          out->logits.row_stride == p.vocab_local,
-          "logits must be contiguous (row_stride=" << out->logits.row_stride << ", expected " << p.vocab_local << ")");
-      check_memory(out->logits, "logits", mem, dev);
-      DETLOGP_CHECK(p.rows == 0 || out->logits.data != nullptr, "logits data pointer is null");
-      p.logits = static_cast<float*>(out->logits.mutable_data());
-    }
+    if (out->logits.present()) p.logits = checked_logits(out->logits, p, mem, dev);
   }
 
   if (mem == Memory::host && p.rows > 0) {

@@ -24,6 +24,7 @@ constexpr FreeKnob kFreeKnobs[] = {
     {"DETLOGP_CPU_THREADS", "worker threads of the CPU backend"},
     {"DETLOGP_SM90_BUCKET", "force an SM90 launch bucket (free axis)"},
     {"DETLOGP_SM90_WORKSPACE_MB", "cap of the SM90 summary workspace in MiB (chunks N)"},
+    {"DETLOGP_TP_WORKSPACE_MB", "cap of the tensor-parallel gather buffer in MiB (chunks N)"},
 };
 
 struct FrozenKnob {
@@ -75,9 +76,20 @@ void check_environment() {
     DETLOGP_CHECK(!v->empty() && *end == '\0' && n >= 1 && n <= 4096,
                   "DETLOGP_CPU_THREADS=" << *v << " must be an integer in [1, 4096]");
   }
+  (void)detail::env_tp_workspace_mib();
 }
 
 namespace detail {
+
+int64_t env_tp_workspace_mib() {
+  const auto v = env_value("DETLOGP_TP_WORKSPACE_MB");
+  if (!v || v->empty()) return 256;
+  char* end = nullptr;
+  const long long n = std::strtoll(v->c_str(), &end, 10);
+  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
+                "DETLOGP_TP_WORKSPACE_MB=" << *v << " must be an integer in [1, 1048576] (MiB)");
+  return n;
+}
 
 std::optional<std::string> env_value(const char* name) {
   const char* v = std::getenv(name);

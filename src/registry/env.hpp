@@ -2,13 +2,15 @@
 // that names a frozen constant, or that detlogp does not know, is rejected with a clear error.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 namespace detlogp::detail {
 
 std::optional<std::string> env_value(const char* name);
-bool env_strict();          // DETLOGP_STRICT=1
-std::string env_backend();  // DETLOGP_BACKEND, "" when unset
+bool env_strict();               // DETLOGP_STRICT=1
+std::string env_backend();       // DETLOGP_BACKEND, "" when unset
+int64_t env_tp_workspace_mib();  // DETLOGP_TP_WORKSPACE_MB, 256 when unset
 
 }  // namespace detlogp::detail

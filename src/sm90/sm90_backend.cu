@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/device_ops.hpp"
 #include "detlogp/config.hpp"
 #include "sm90/sm90_backend.hpp"
 #include "sm90/sm90_common.hpp"
@@ -284,6 +285,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   check_alignment(p.targets, p.targets_i64 ? 8 : 4, "targets");
   if (p.bias) check_alignment(p.bias, 4, "bias");
   if (p.temperature_rows) check_alignment(p.temperature_rows, 4, "temperature_rows");
+  if (p.logits) check_alignment(p.logits, 4, "logits");
   if (p.partial_mode()) {
     check_alignment(p.summaries, 8, "summaries");
     check_alignment(p.target_logit, 4, "target_logit");
@@ -293,7 +295,6 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
                       << p.vocab_start << ", V_local=" << p.vocab_local << ", real_vocab=" << p.real_vocab << ")");
     check_alignment(p.logp, 4, "logp");
     check_alignment(p.lse, 4, "lse");
-    if (p.logits) check_alignment(p.logits, 4, "logits");
   }
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
@@ -316,7 +317,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.targets_i64 = p.targets_i64 ? 1 : 0;
   f.temperature = p.temperature;
   f.temperature_rows = p.temperature_rows;
-  f.logits = p.partial_mode() ? nullptr : p.logits;
+  f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
   f.local_tiles = p.local_tiles();
   f.status = status;
   const bool vec2 = f.logits != nullptr && reinterpret_cast<uintptr_t>(f.logits) % 8 == 0 && p.vocab_local % 2 == 0;
@@ -413,6 +414,10 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     p.summaries = summaries.as<TileSummary>();
     p.target_logit = target_logit.as<float>();
     p.target_owned = owned.as<uint8_t>();
+    if (hp.logits) {
+      logits = DeviceBuffer(static_cast<size_t>(n * v) * 4, "logits");
+      p.logits = logits.as<float>();
+    }
   } else {
     logp = DeviceBuffer(static_cast<size_t>(n) * 4, "logp");
     lse = DeviceBuffer(static_cast<size_t>(n) * 4, "lse");
@@ -429,6 +434,8 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
                                   cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n), cudaMemcpyDeviceToHost));
+    if (hp.logits)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
   } else {
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logp, p.logp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.lse, p.lse, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
@@ -451,6 +458,60 @@ int64_t workspace_bytes(const detail::LogpProblem& p) { return static_cast<int64
 }  // namespace detlogp::sm90
 
 namespace detlogp::detail {
+
+void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const void* targets, bool targets_i64,
+                  int64_t ignore_index, float* logp, float* lse, int device, void* stream) {
+  DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
+                "the device merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
+  if (rows == 0) return;
+  sm90::DeviceGuard guard(device);
+  sm90::MergeParams p{};
+  p.rows = rows;
+  p.count = static_cast<int32_t>(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    p.segments[r] = sm90::MergeSegment{ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned};
+  p.targets = targets;
+  p.targets_i64 = targets_i64 ? 1 : 0;
+  p.ignore_index = ignore_index;
+  p.logp = logp;
+  p.lse = lse;
+  sm90::launch_merge(p, static_cast<cudaStream_t>(stream));
+}
+
+DeviceAllocation::DeviceAllocation(size_t bytes, int device, const char* what) : device_(device) {
+  if (bytes == 0) return;
+  sm90::DeviceGuard guard(device);
+  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    ptr_ = nullptr;
+    DETLOGP_FAIL("could not allocate " << bytes << " bytes on CUDA device " << device << " for " << what << ": "
+                                       << cudaGetErrorName(e));
+  }
+}
+
+DeviceAllocation::~DeviceAllocation() {
+  if (ptr_ == nullptr) return;
+  sm90::DeviceGuard guard(device_);
+  (void)cudaFree(ptr_);
+}
+
+DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(device_, o.device_);
+  return *this;
+}
+
+void device_copy_async(void* dst, const void* src, size_t bytes, int device, void* stream) {
+  if (bytes == 0) return;
+  sm90::DeviceGuard guard(device);
+  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
+}
+
+void device_stream_sync(int device, void* stream) {
+  sm90::DeviceGuard guard(device);
+  DETLOGP_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
 
 const Backend& sm90_contract_backend() {
   static const sm90::Sm90Backend backend;

@@ -56,18 +56,22 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
 // ascending chain S <- fma(s_g, expc(m_g - M), S) over g = 0, 1, ... (reduce.hpp chain_step):
 // the CTA computes the factors expc(m_g - M) of a chunk of tiles in parallel into shared memory
 // and one thread runs the sequential fma chain over them in ascending g; then finalize_row.
-__global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
-  if (p.status->code != kStatusOk) return;
+// The row's tiles are the concatenation of `count` segments in ascending global tile order (one
+// segment in full mode, one per tensor-parallel rank in the merge); y_t comes from the segment
+// that owns the target (owned == null: the segment owns every non-ignored row).
+__device__ void chain_row(const MergeSegment* segments, int count, int64_t r, int64_t row, const void* targets,
+                          int targets_i64, int64_t ignore_index, float* logp, float* lse) {
   __shared__ float warp_max[kCombineThreads / 32];
   __shared__ float chunk_sum[kChainChunk];
   __shared__ float chunk_scale[kChainChunk];
   const int tid = threadIdx.x;
-  const int64_t r = blockIdx.x;
-  const TileSummary* tiles = p.summaries + r * p.tiles;
 
   float global_max = fp::neg_inf();
+  for (int s = 0; s < count; ++s) {
+    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
 #pragma unroll 4
-  for (int64_t g = tid; g < p.tiles; g += kCombineThreads) global_max = chain_max(global_max, tiles[g].max);
+    for (int64_t g = tid; g < segments[s].tiles; g += kCombineThreads) global_max = chain_max(global_max, tiles[g].max);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2)
     global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
@@ -78,28 +82,46 @@ __global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const Com
   for (int w = 1; w < kCombineThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
 
   float sum = 0.0f;
-  for (int64_t base = 0; base < p.tiles; base += kChainChunk) {
-    const int n = static_cast<int>(p.tiles - base < kChainChunk ? p.tiles - base : kChainChunk);
-    for (int i = tid; i < n; i += kCombineThreads) {
-      const TileSummary ts = tiles[base + i];
-      chunk_sum[i] = ts.sum;
-      chunk_scale[i] = chain_factor(ts.max, global_max);  // off the serial path
-    }
-    __syncthreads();
-    if (tid == 0) {
+  for (int s = 0; s < count; ++s) {
+    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
+    for (int64_t base = 0; base < segments[s].tiles; base += kChainChunk) {
+      const int64_t left = segments[s].tiles - base;
+      const int n = static_cast<int>(left < kChainChunk ? left : kChainChunk);
+      for (int i = tid; i < n; i += kCombineThreads) {
+        const TileSummary ts = tiles[base + i];
+        chunk_sum[i] = ts.sum;
+        chunk_scale[i] = chain_factor(ts.max, global_max);  // off the serial path
+      }
+      __syncthreads();
+      if (tid == 0) {
 #pragma unroll 8
-      for (int i = 0; i < n; ++i) sum = chain_accumulate(sum, chunk_sum[i], chunk_scale[i]);
+        for (int i = 0; i < n; ++i) sum = chain_accumulate(sum, chunk_sum[i], chunk_scale[i]);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
   if (tid != 0) return;
-  const int64_t row = p.row_begin + r;
-  const int64_t t = load_target(p.targets, p.targets_i64, row);
-  const bool ignored = t == p.ignore_index;
-  const float y_t = ignored ? 0.0f : p.target_logit[r];  // no read for an ignored row
+  const int64_t t = load_target(targets, targets_i64, row);
+  const bool ignored = t == ignore_index;
+  float y_t = 0.0f;  // no read for an ignored row
+  if (!ignored) {
+    for (int s = 0; s < count; ++s)
+      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
+  }
   const RowResult res = finalize_row(global_max, sum, y_t, ignored);
-  p.logp[row] = res.logp;
-  p.lse[row] = res.lse;
+  logp[row] = res.logp;
+  lse[row] = res.lse;
+}
+
+__global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
+  if (p.status->code != kStatusOk) return;
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
+  chain_row(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
+}
+
+static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB kernel parameter space");
+__global__ void __launch_bounds__(kCombineThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
+  chain_row(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
 }
 
 // Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
@@ -124,6 +146,15 @@ void launch_validate(const ValidateParams& p, cudaStream_t stream) {
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
   combine_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_merge(const MergeParams& p, cudaStream_t stream) {
+  DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "merge grid of " << p.rows << " rows out of range");
+  DETLOGP_CHECK(p.count >= 1 && p.count <= kMaxMergeSegments,
+                "the device merge takes 1.." << kMaxMergeSegments << " ranks, got " << p.count);
+  if (p.rows == 0) return;
+  merge_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

@@ -87,6 +87,29 @@ struct CombineParams {
   const DeviceStatus* status;
 };
 
+// A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t and, for a
+// tensor-parallel rank, its ownership flags (null: owns every non-ignored row).
+struct MergeSegment {
+  const TileSummary* summaries;
+  int64_t tiles;
+  const float* target_logit;
+  const uint8_t* owned;
+};
+
+// The owned merge over rank-ordered partials, segments in ascending tile order. They travel in
+// the kernel parameters (no allocation, no copy: the merge can be captured in a CUDA graph).
+inline constexpr int kMaxMergeSegments = 64;
+struct MergeParams {
+  int64_t rows;
+  MergeSegment segments[kMaxMergeSegments];
+  int32_t count;
+  const void* targets;  // [rows]
+  int32_t targets_i64;
+  int64_t ignore_index;
+  float* logp;  // [rows]
+  float* lse;   // [rows]
+};
+
 struct PartialOwnerParams {
   int64_t rows;
   const void* targets;
@@ -107,5 +130,6 @@ __host__ __device__ inline int64_t load_target(const void* targets, int is_i64, 
 void launch_validate(const ValidateParams& p, cudaStream_t stream);
 void launch_combine(const CombineParams& p, cudaStream_t stream);
 void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream);
+void launch_merge(const MergeParams& p, cudaStream_t stream);
 
 }  // namespace detlogp::sm90

@@ -1,7 +1,10 @@
 // Builds without a CUDA compiler: the SM90 backend exists and reports why it cannot run.
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/backend.hpp"
+#include "core/device_ops.hpp"
 #include "detlogp/config.hpp"
 #include "detlogp/error.hpp"
 
@@ -30,6 +33,22 @@ class Sm90Unavailable final : public Backend {
 };
 
 }  // namespace
+
+void device_merge(const std::vector<DeviceMergeRank>&, int64_t, const void*, bool, int64_t, float*, float*, int,
+                  void*) {
+  DETLOGP_FAIL("CUDA-memory merge unavailable: " << kReason);
+}
+DeviceAllocation::DeviceAllocation(size_t, int, const char* what) {
+  DETLOGP_FAIL("cannot allocate device memory for " << what << ": " << kReason);
+}
+DeviceAllocation::~DeviceAllocation() = default;
+DeviceAllocation& DeviceAllocation::operator=(DeviceAllocation&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(device_, o.device_);
+  return *this;
+}
+void device_copy_async(void*, const void*, size_t, int, void*) { DETLOGP_FAIL("CUDA copy unavailable: " << kReason); }
+void device_stream_sync(int, void*) { DETLOGP_FAIL("CUDA stream unavailable: " << kReason); }
 
 const Backend& sm90_contract_backend() {
   static const Sm90Unavailable backend;

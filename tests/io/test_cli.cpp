@@ -335,8 +335,11 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
     for (size_t i = 0; i < maxes.size(); ++i) summaries[s].push_back({maxes[i], sums[i]});
     target_logit[s] = values_of<float>(*out.find("target_logit"));
     owned[s] = values_of<uint8_t>(*out.find("target_owned"));
-    partials[s] = {problem.rows,           tiles,           summaries[s].data(),
-                   target_logit[s].data(), owned[s].data(), detlogp::Memory::host};
+    partials[s].rows = problem.rows;
+    partials[s].tiles = tiles;
+    partials[s].summaries = summaries[s].data();
+    partials[s].target_logit = target_logit[s].data();
+    partials[s].target_owned = owned[s].data();
   }
   std::vector<float> logp(static_cast<size_t>(problem.rows)), lse(logp.size());
   detlogp::merge_partials(

@@ -1,0 +1,49 @@
+// The few device operations the tensor-parallel layer needs, implemented by the SM90 layer
+// (src/sm90/sm90_backend.cu) so that src/dist stays free of CUDA headers. Builds without CUDA
+// link src/sm90/sm90_unavailable.cpp, whose versions throw and say why.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "detlogp/reduce.hpp"
+
+namespace detlogp::detail {
+
+// One rank's partials of a row chunk in device memory: [rows][tiles] summaries, y_t, owned flags.
+struct DeviceMergeRank {
+  const TileSummary* summaries = nullptr;
+  int64_t tiles = 0;
+  const float* target_logit = nullptr;
+  const uint8_t* owned = nullptr;
+};
+
+// The owned merge on the device (the SM90 combine chain over rank-ordered segments), enqueued on
+// `stream`. Writes logp[0..rows) and lse[0..rows).
+void device_merge(const std::vector<DeviceMergeRank>& ranks_in_order, int64_t rows, const void* targets,
+                  bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream);
+
+// Owning device allocation (cudaMalloc on `device`); throws naming `what` on failure.
+class DeviceAllocation {
+ public:
+  DeviceAllocation() = default;
+  DeviceAllocation(size_t bytes, int device, const char* what);
+  ~DeviceAllocation();
+  DeviceAllocation(DeviceAllocation&& o) noexcept : ptr_(o.ptr_), device_(o.device_) { o.ptr_ = nullptr; }
+  DeviceAllocation& operator=(DeviceAllocation&& o) noexcept;
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+  int device_ = 0;
+};
+
+// cudaMemcpyAsync(cudaMemcpyDefault) on `stream`, on `device`.
+void device_copy_async(void* dst, const void* src, size_t bytes, int device, void* stream);
+// cudaStreamSynchronize.
+void device_stream_sync(int device, void* stream);
+
+}  // namespace detlogp::detail

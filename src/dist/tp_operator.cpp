@@ -1,0 +1,346 @@
+// linear_logp_tensor_parallel: header exchange (every rank takes the same decision), rank-local
+// partials, one rank-ordered all-gather of their bytes per row chunk, the owned merge everywhere.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <type_traits>
+#include <vector>
+
+#include "core/device_ops.hpp"
+#include "core/validate.hpp"
+#include "detlogp/dist.hpp"
+#include "registry/env.hpp"
+#include "registry/registry.hpp"
+
+namespace detlogp {
+namespace {
+
+constexpr uint64_t kHeaderMagic = 0x31305054504C4444ull;  // "DDLPTP01"
+constexpr size_t kMessageBytes = 448;
+
+// What every rank tells every other rank before any data moves. Fixed size, trivially copyable.
+struct RankHeader {
+  uint64_t magic = kHeaderMagic;
+  int32_t rank = -1;
+  int32_t size = 0;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  int64_t vocab_start = 0;
+  int64_t vocab_local = 0;
+  int64_t real_vocab = 0;
+  int64_t ignore_index = 0;
+  uint64_t inputs_hash = 0;   // targets (as int64 values), temperature, per-row temperatures
+  uint64_t backend_hash = 0;  // id of the backend that will serve the rank's partials
+  uint32_t serving = 0;       // logits requested
+  int32_t error = 0;          // 1: this rank's local validation failed, see message
+  char message[kMessageBytes] = {};
+};
+static_assert(std::is_trivially_copyable_v<RankHeader>);
+static_assert(sizeof(RankHeader) % 8 == 0);
+
+// FNV-1a over 64-bit words: identical inputs on every rank must give identical hashes (it is a
+// consistency check between ranks, not a security property).
+struct Fnv64 {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void add(uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  }
+  void add(const std::string& s) {
+    for (unsigned char c : s) add(static_cast<uint64_t>(c));
+  }
+};
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// One rank's slot of the gather buffer for a chunk of `chunk` rows.
+struct SlotLayout {
+  size_t summaries = 0;  // offset of [chunk][tiles_r] summaries
+  size_t target_logit = 0;
+  size_t owned = 0;
+  size_t bytes = 0;
+};
+SlotLayout slot_layout(int64_t chunk, int64_t max_tiles) {
+  SlotLayout s;
+  s.bytes = round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(TileSummary), 256);
+  s.target_logit = s.bytes;
+  s.bytes += round_up(static_cast<size_t>(chunk) * sizeof(float), 256);
+  s.owned = s.bytes;
+  s.bytes += round_up(static_cast<size_t>(chunk), 256);
+  return s;
+}
+
+// Either every rank returns, or every rank throws the same message (the decision reads only the
+// gathered headers, which are the same bytes everywhere).
+void decide(const std::vector<RankHeader>& hs) {
+  const int ranks = static_cast<int>(hs.size());
+  std::ostringstream errors;
+  for (int r = 0; r < ranks; ++r) {
+    DETLOGP_CHECK(hs[r].magic == kHeaderMagic, "tensor-parallel header of rank "
+                                                   << r << " is garbled: the ranks do not run the same detlogp version"
+                                                   << " or the communicator is not a rank-ordered all-gather");
+    if (hs[r].error != 0) errors << "\n  rank " << r << ": " << hs[r].message;
+  }
+  DETLOGP_CHECK(errors.tellp() == 0,
+                "tensor-parallel linear_logp refused on every rank (nothing was written):" << errors.str());
+  for (int r = 0; r < ranks; ++r) {
+    DETLOGP_CHECK(hs[r].rank == r && hs[r].size == ranks, "communicator slot "
+                                                              << r << " holds rank " << hs[r].rank << " of "
+                                                              << hs[r].size << ": the all-gather is not in rank order");
+  }
+  const RankHeader& h0 = hs[0];
+  auto same = [&](auto field, const char* name) {
+    for (int r = 1; r < ranks; ++r)
+      DETLOGP_CHECK(hs[r].*field == h0.*field, "ranks disagree on " << name << ": rank 0 has " << h0.*field << ", rank "
+                                                                    << r << " has " << hs[r].*field);
+  };
+  same(&RankHeader::rows, "N (hidden rows)");
+  same(&RankHeader::dim, "D (hidden size)");
+  same(&RankHeader::real_vocab, "real_vocab");
+  same(&RankHeader::ignore_index, "ignore_index");
+  same(&RankHeader::serving, "the entry (serving: logits requested)");
+  for (int r = 1; r < ranks; ++r) {
+    DETLOGP_CHECK(hs[r].inputs_hash == h0.inputs_hash,
+                  "ranks disagree on targets or temperatures (rank 0 and rank "
+                      << r << " hash them differently): every rank must pass the same targets and temperatures");
+    DETLOGP_CHECK(hs[r].backend_hash == h0.backend_hash,
+                  "ranks would be served by different backends (rank 0 and rank "
+                      << r << "): the partials of one call must come from one backend");
+  }
+  // Contiguous shards in rank order covering [0, real_vocab): every valid target then has exactly
+  // one owner. A gap or an overlap is named with the ids it leaves unowned or owns twice.
+  int64_t covered = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t start = hs[r].vocab_start, end = start + hs[r].vocab_local;
+    DETLOGP_CHECK(start == covered, "rank " << r << " shard starts at vocab_start=" << start << " but rank " << (r - 1)
+                                            << " ends at " << covered << ": vocab ids [" << std::min(start, covered)
+                                            << ", " << std::max(start, covered) << ") are "
+                                            << (start > covered ? "owned by no rank" : "owned by two ranks")
+                                            << "; shards must be contiguous in rank order");
+    covered = end;
+  }
+  DETLOGP_CHECK(covered >= h0.real_vocab, "the shards cover vocab ids [0, "
+                                              << covered << ") but real_vocab=" << h0.real_vocab << ": ids [" << covered
+                                              << ", " << h0.real_vocab << ") are owned by no rank");
+}
+
+template <class T>
+T* byte_offset(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(base) + offset);
+}
+
+// Row view [row0, row0 + rows) of a 1-D or 2-D tensor (no copy).
+TensorView row_slice(const TensorView& t, int64_t row0, int64_t rows) {
+  if (!t.present()) return t;
+  TensorView s = t;
+  s.data = static_cast<const uint8_t*>(t.data) + row0 * t.row_stride * dtype_size(t.dtype);
+  s.rows = rows;
+  return s;
+}
+MutableTensorView row_slice(const MutableTensorView& t, int64_t row0, int64_t rows) {
+  return {row_slice(static_cast<const TensorView&>(t), row0, rows)};
+}
+
+// All-gathers one header per rank (staged through `staging`, ranks * sizeof(RankHeader) bytes
+// of device memory, when the communicator gathers CUDA memory).
+std::vector<RankHeader> exchange(Communicator& comm, const RankHeader& mine, void* staging, void* stream) {
+  std::vector<RankHeader> headers(static_cast<size_t>(comm.size()));
+  if (comm.memory() == Memory::host) {
+    comm.all_gather(&mine, headers.data(), sizeof(RankHeader), stream);
+    return headers;
+  }
+  auto* dev = static_cast<RankHeader*>(staging);
+  detail::device_copy_async(dev + comm.rank(), &mine, sizeof mine, comm.device(), stream);
+  comm.all_gather(dev + comm.rank(), dev, sizeof(RankHeader), stream);
+  detail::device_copy_async(headers.data(), dev, sizeof(RankHeader) * headers.size(), comm.device(), stream);
+  detail::device_stream_sync(comm.device(), stream);
+  return headers;
+}
+
+}  // namespace
+
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
+                                       const CallOptions& opt) {
+  const int ranks = comm.size(), me = comm.rank();
+  DETLOGP_CHECK(ranks >= 1 && ranks <= kMaxTensorParallelRanks,
+                "communicator size " << ranks << " is outside [1, " << kMaxTensorParallelRanks << "]");
+  DETLOGP_CHECK(me >= 0 && me < ranks, "communicator rank " << me << " is outside [0, " << ranks << ")");
+  const Memory memory = comm.memory();
+  const int device = comm.device();
+  void* stream = opt.cuda_stream;
+
+  // 1. Local validation, caught: a failing rank still joins the header exchange.
+  RankHeader mine;
+  mine.rank = me;
+  mine.size = ranks;
+  mine.rows = in.hidden.rows;
+  mine.dim = in.hidden.cols;
+  mine.vocab_start = in.vocab_start;
+  mine.vocab_local = in.weight.rows;
+  mine.ignore_index = in.ignore_index;
+  mine.serving = out.logits.present() ? 1 : 0;
+  CallReport report;
+  const detail::Backend* backend = nullptr;
+  try {
+    DETLOGP_CHECK(in.hidden.memory == memory, "hidden is in "
+                                                  << (in.hidden.memory == Memory::host ? "host" : "CUDA")
+                                                  << " memory but the " << comm.name() << " communicator gathers "
+                                                  << (memory == Memory::host ? "host" : "CUDA") << " memory");
+    DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
+                  "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
+    backend = &detail::select_backend(opt, memory, true, report);
+    // Validation only: the partial buffers come per chunk below; make_problem never reads them.
+    static TileSummary validation_summary;
+    static float validation_float;
+    static uint8_t validation_flag;
+    ShardPartials shape;
+    shape.rows = in.hidden.rows;
+    shape.tiles = in.weight.rows > 0 ? shard_tiles(in.weight.rows) : 0;
+    shape.summaries = &validation_summary;
+    shape.target_logit = &validation_float;
+    shape.target_owned = &validation_flag;
+    shape.memory = memory;
+    shape.device = device;
+    shape.logits = out.logits;
+    const detail::LogpProblem p = detail::make_problem(in, nullptr, &shape);
+    mine.real_vocab = p.real_vocab;
+    const auto check_out = [&](const MutableTensorView& t, const char* name) {
+      DETLOGP_CHECK(t.ndim == 1 && t.dtype == DType::f32 && t.rows == p.rows,
+                    name << " must be [N=" << p.rows << "] f32, got ndim=" << t.ndim << " " << dtype_name(t.dtype)
+                         << " with " << t.rows << " elements");
+      DETLOGP_CHECK(p.rows == 0 || t.data != nullptr, name << " data pointer is null");
+      DETLOGP_CHECK(t.memory == memory && (memory == Memory::host || t.device == device),
+                    name << " is not in the communicator's memory");
+    };
+    check_out(out.logp, "logp");
+    check_out(out.lse, "lse");
+
+    // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so
+    // every rank validates the same values and hashes them for the consistency check.
+    Fnv64 hash;
+    std::vector<int64_t> targets(static_cast<size_t>(p.rows));
+    std::vector<float> temps(p.temperature_rows ? static_cast<size_t>(p.rows) : 0);
+    if (memory == Memory::host) {
+      for (int64_t n = 0; n < p.rows; ++n) targets[n] = p.target(n);
+      if (p.temperature_rows) std::copy(p.temperature_rows, p.temperature_rows + p.rows, temps.begin());
+    } else if (p.rows > 0) {
+      std::vector<int32_t> t32(p.targets_i64 ? 0 : static_cast<size_t>(p.rows));
+      void* dst = p.targets_i64 ? static_cast<void*>(targets.data()) : static_cast<void*>(t32.data());
+      detail::device_copy_async(dst, p.targets, static_cast<size_t>(p.rows) * (p.targets_i64 ? 8 : 4), device, stream);
+      if (p.temperature_rows)
+        detail::device_copy_async(temps.data(), p.temperature_rows, temps.size() * sizeof(float), device, stream);
+      detail::device_stream_sync(device, stream);
+      if (!p.targets_i64) std::copy(t32.begin(), t32.end(), targets.begin());
+    }
+    detail::check_targets_host(targets.data(), true, p.rows, p.real_vocab, p.ignore_index);
+    if (!temps.empty()) detail::check_temperatures_host(temps.data(), p.rows);
+    for (int64_t t : targets) hash.add(static_cast<uint64_t>(t));
+    uint32_t tbits = 0;
+    std::memcpy(&tbits, &p.temperature, 4);
+    hash.add(tbits);
+    hash.add(temps.empty() ? 0u : 1u);
+    for (float t : temps) {
+      std::memcpy(&tbits, &t, 4);
+      hash.add(tbits);
+    }
+    mine.inputs_hash = hash.h;
+    Fnv64 bh;
+    bh.add(backend->id());
+    mine.backend_hash = bh.h;
+  } catch (const Error& e) {
+    mine.error = 1;
+    std::strncpy(mine.message, e.what(), kMessageBytes - 1);
+  }
+
+  // 2. Header exchange: the one collective every rank reaches whatever happened above.
+  // (A rank that cannot allocate these few bytes cannot take part in any exchange at all.)
+  detail::DeviceAllocation staging;
+  if (memory == Memory::cuda)
+    staging = detail::DeviceAllocation(sizeof(RankHeader) * static_cast<size_t>(ranks), device, "TP headers");
+  const std::vector<RankHeader> headers = exchange(comm, mine, staging.get(), stream);
+  decide(headers);
+
+  // 3. Partials by row chunk, all-gathered in rank order, merged on every rank.
+  const int64_t rows = mine.rows;
+  if (rows == 0) return report;
+  int64_t max_tiles = 1;
+  for (const RankHeader& h : headers) max_tiles = std::max(max_tiles, shard_tiles(h.vocab_local));
+  const int64_t per_row_bytes = ranks * (max_tiles * static_cast<int64_t>(sizeof(TileSummary)) + 5);
+  const int64_t budget = detail::env_tp_workspace_mib() << 20;
+  const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
+  const SlotLayout slot = slot_layout(chunk, max_tiles);
+  const size_t gather_bytes = slot.bytes * static_cast<size_t>(ranks);
+
+  // The gather buffer can fail to allocate on one rank only: agree on that too before gathering.
+  std::vector<uint8_t> host_gather;
+  detail::DeviceAllocation device_gather;
+  void* gather = nullptr;
+  RankHeader alloc_status = mine;
+  try {
+    if (memory == Memory::host) {
+      host_gather.resize(gather_bytes);
+      gather = host_gather.data();
+    } else {
+      device_gather = detail::DeviceAllocation(gather_bytes, device, "the tensor-parallel gather buffer");
+      gather = device_gather.get();
+    }
+  } catch (const std::exception& e) {
+    alloc_status.error = 1;
+    std::strncpy(alloc_status.message, e.what(), kMessageBytes - 1);
+  }
+  decide(exchange(comm, alloc_status, staging.get(), stream));
+  const int64_t my_tiles = shard_tiles(mine.vocab_local);
+  for (int64_t row0 = 0; row0 < rows; row0 += chunk) {
+    const int64_t n = std::min(chunk, rows - row0);
+    LinearLogpInputs part_in = in;
+    part_in.hidden = row_slice(in.hidden, row0, n);
+    part_in.targets = row_slice(in.targets, row0, n);
+    part_in.temperature_rows = row_slice(in.temperature_rows, row0, n);
+    void* my_slot = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(me));
+    ShardPartials part;
+    part.rows = n;
+    part.tiles = my_tiles;
+    part.summaries = byte_offset<TileSummary>(my_slot, slot.summaries);
+    part.target_logit = byte_offset<float>(my_slot, slot.target_logit);
+    part.target_owned = byte_offset<uint8_t>(my_slot, slot.owned);
+    part.memory = memory;
+    part.device = device;
+    if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
+    detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
+    problem.stream = stream;
+    detail::dispatch(*backend, problem);
+
+    comm.all_gather(my_slot, gather, slot.bytes, stream);
+
+    const MutableTensorView logp = row_slice(out.logp, row0, n), lse = row_slice(out.lse, row0, n);
+    if (memory == Memory::host) {
+      std::vector<ShardPartials> views(static_cast<size_t>(ranks));
+      for (int r = 0; r < ranks; ++r) {
+        void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
+        views[r].rows = n;
+        views[r].tiles = shard_tiles(headers[r].vocab_local);
+        views[r].summaries = byte_offset<TileSummary>(s, slot.summaries);
+        views[r].target_logit = byte_offset<float>(s, slot.target_logit);
+        views[r].target_owned = byte_offset<uint8_t>(s, slot.owned);
+      }
+      merge_partials(views, part_in.targets, in.ignore_index, logp, lse);
+    } else {
+      std::vector<detail::DeviceMergeRank> views(static_cast<size_t>(ranks));
+      for (int r = 0; r < ranks; ++r) {
+        void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
+        views[r] = {byte_offset<TileSummary>(s, slot.summaries), shard_tiles(headers[r].vocab_local),
+                    byte_offset<float>(s, slot.target_logit), byte_offset<uint8_t>(s, slot.owned)};
+      }
+      detail::device_merge(views, n, part_in.targets.data, part_in.targets.dtype == DType::i64, in.ignore_index,
+                           static_cast<float*>(logp.mutable_data()), static_cast<float*>(lse.mutable_data()), device,
+                           stream);
+    }
+  }
+  // The gather buffer is freed on return: finish the merge first (cudaFree would also wait).
+  if (memory == Memory::cuda) detail::device_stream_sync(device, stream);
+  return report;
+}
+
+}  // namespace detlogp

@@ -1,0 +1,280 @@
+// Tensor parallel on the SM90 backend.
+//   one-GPU simulation: TP in {1, 2, 4, 8} ranks as threads on one device (in-process CUDA
+//     communicators), Qwen3-8B lm_head shape padded 152064 / real 151936, trainer and serving;
+//   real NCCL (when built with NCCL and >= 2 GPUs are visible): TP in {2, 4, 8} up to the GPU
+//     count, one GPU per rank; every rank's logp/lse equal the TP = 1 bits; an invalid target
+//     makes every rank throw the same error (no hang); the usual logsumexp-of-logsumexps merge
+//     differs from its TP = 1 on some rows while detlogp does not (negative control).
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "detlogp/dist.hpp"
+#include "gpu_test_util.hpp"
+#ifdef DETLOGP_WITH_NCCL
+#include "detlogp/nccl.hpp"
+#endif
+
+using namespace gput;
+namespace bc = detlogp::bitcmp;
+
+namespace {
+
+constexpr int64_t kDim = 4096, kVocab = 152064, kReal = 151936;
+
+struct Reference {
+  std::vector<float> logp, lse, logits;  // logits [rows][kVocab] (serving run)
+};
+
+// One rank's inputs on its device: a copy of the shard, hidden and targets.
+struct RankData {
+  int device = 0;
+  int64_t start = 0, count = 0;
+  DevBuf<uint16_t> hidden, weight;
+  DevBuf<float> bias;
+  DevBuf<int32_t> targets;
+  Outputs out;
+  std::string error;
+  cudaStream_t stream = nullptr;
+  RankData() = default;
+  RankData(const RankData&) = delete;
+  RankData& operator=(const RankData&) = delete;
+  ~RankData() {
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+};
+
+void upload_rank(RankData& r, int device, int64_t start, int64_t count, const std::vector<uint16_t>& h,
+                 const std::vector<uint16_t>& w, const std::vector<float>& b, const std::vector<int32_t>& t,
+                 int64_t rows, bool serving) {
+  GPU_CUDA(cudaSetDevice(device));
+  r.device = device;
+  r.start = start;
+  r.count = count;
+  r.hidden = DevBuf<uint16_t>(h.size());
+  r.hidden.from_host(h);
+  r.weight = DevBuf<uint16_t>(static_cast<size_t>(count * kDim));
+  GPU_CUDA(cudaMemcpy(r.weight.get(), w.data() + start * kDim, static_cast<size_t>(count * kDim) * 2,
+                      cudaMemcpyHostToDevice));
+  r.bias = DevBuf<float>(static_cast<size_t>(count));
+  GPU_CUDA(cudaMemcpy(r.bias.get(), b.data() + start, static_cast<size_t>(count) * 4, cudaMemcpyHostToDevice));
+  r.targets = DevBuf<int32_t>(t.size());
+  r.targets.from_host(t);
+  r.out.make(rows, count, serving);
+  if (r.stream == nullptr) GPU_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+}
+
+detlogp::LinearLogpInputs rank_inputs(const RankData& r, int64_t rows) {
+  detlogp::LinearLogpInputs in;
+  in.hidden = detlogp::TensorView::matrix(r.hidden.get(), detlogp::DType::bf16, rows, kDim, detlogp::Memory::cuda);
+  in.hidden.device = r.device;
+  in.weight = detlogp::TensorView::matrix(r.weight.get(), detlogp::DType::bf16, r.count, kDim, detlogp::Memory::cuda);
+  in.weight.device = r.device;
+  in.bias = detlogp::TensorView::vector(r.bias.get(), detlogp::DType::f32, r.count, detlogp::Memory::cuda);
+  in.bias.device = r.device;
+  in.targets = detlogp::TensorView::vector(r.targets.get(), detlogp::DType::i32, rows, detlogp::Memory::cuda);
+  in.targets.device = r.device;
+  in.vocab_start = r.start;
+  in.real_vocab = kReal;
+  return in;
+}
+
+detlogp::LinearLogpOutputs rank_outputs(RankData& r, int64_t rows) {
+  detlogp::LinearLogpOutputs o;
+  o.logp = detlogp::mutable_vector(r.out.logp.get(), detlogp::DType::f32, rows, detlogp::Memory::cuda);
+  o.lse = detlogp::mutable_vector(r.out.lse.get(), detlogp::DType::f32, rows, detlogp::Memory::cuda);
+  o.logp.device = o.lse.device = r.device;
+  if (r.out.logits.size()) {
+    o.logits = detlogp::mutable_matrix(r.out.logits.get(), detlogp::DType::f32, rows, r.count, detlogp::Memory::cuda);
+    o.logits.device = r.device;
+  }
+  return o;
+}
+
+// Runs the operator on every rank in its own thread; errors are recorded per rank.
+void run_ranks(std::vector<RankData>& ranks, std::vector<std::unique_ptr<detlogp::Communicator>>& comms, int64_t rows) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] {
+      GPU_CUDA(cudaSetDevice(ranks[r].device));
+      detlogp::CallOptions opt;
+      opt.strict = true;
+      opt.cuda_stream = ranks[r].stream;
+      try {
+        detlogp::linear_logp_tensor_parallel(rank_inputs(ranks[r], rows), rank_outputs(ranks[r], rows), *comms[r], opt);
+        GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
+      } catch (const detlogp::Error& e) {
+        ranks[r].error = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Every rank succeeded and holds the reference bits (and its logits shard on the serving entry).
+int64_t check_ranks(std::vector<RankData>& ranks, const Reference& ref, int64_t rows, const std::string& what) {
+  int64_t mismatched_rows = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    GPU_EXPECT(ranks[r].error.empty(), what << " rank " << r << " threw: " << ranks[r].error);
+    if (!ranks[r].error.empty()) continue;
+    GPU_CUDA(cudaSetDevice(ranks[r].device));
+    const auto logp = ranks[r].out.logp.to_host(), lse = ranks[r].out.lse.to_host();
+    for (int64_t n = 0; n < rows; ++n)
+      mismatched_rows += (!same_bits(logp[n], ref.logp[n]) || !same_bits(lse[n], ref.lse[n])) ? 1 : 0;
+    const auto a = bc::compare(ref.logp, logp), b = bc::compare(ref.lse, lse);
+    GPU_EXPECT(a.identical() && b.identical(),
+               what << " rank " << r << ": " << a.describe("logp") << "; " << b.describe("lse"));
+    if (ranks[r].out.logits.size() && !ref.logits.empty()) {
+      const auto got = ranks[r].out.logits.to_host();
+      std::vector<float> expect;
+      for (int64_t n = 0; n < rows; ++n)
+        expect.insert(expect.end(), ref.logits.begin() + n * kVocab + ranks[r].start,
+                      ref.logits.begin() + n * kVocab + ranks[r].start + ranks[r].count);
+      const auto c = bc::compare(expect, got);
+      GPU_EXPECT(c.identical(), what << " rank " << r << " logits shard: " << c.describe("logits"));
+    }
+  }
+  return mismatched_rows;
+}
+
+std::vector<int64_t> even_bounds(int ranks) {
+  std::vector<int64_t> b;
+  for (int r = 0; r <= ranks; ++r) b.push_back(kVocab / ranks * r);  // 152064 / 8 = 19008 = 297 * 64
+  return b;
+}
+
+// The usual vocab-parallel merge from fp32 logits: per-rank logsumexp, then logsumexp of those.
+float usual_lse(const std::vector<float>& logits, int64_t n, const std::vector<int64_t>& bounds) {
+  std::vector<float> part;
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    const int64_t end = std::min(bounds[r + 1], kReal);
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t v = bounds[r]; v < end; ++v) m = std::max(m, logits[n * kVocab + v]);
+    for (int64_t v = bounds[r]; v < end; ++v) s += std::exp(logits[n * kVocab + v] - m);
+    if (end > bounds[r]) part.push_back(m + std::log(s));
+  }
+  float m = -INFINITY, s = 0.0f;
+  for (float l : part) m = std::max(m, l);
+  for (float l : part) s += std::exp(l - m);
+  return m + std::log(s);
+}
+
+}  // namespace
+
+int main() {
+  if (int rc = skip_unless_sm90("test_sm90_tp")) return rc;
+  const int64_t rows = 96;
+  // Host copies of one model (each rank uploads its own shard to its own device).
+  DeviceModel model;
+  model.make(kDim, kVocab, 0x7E57, true);
+  const auto w = model.weight.to_host();
+  const auto b = model.bias.to_host();
+  DevBuf<uint16_t> hdev(static_cast<size_t>(rows * kDim));
+  fill_bf16_uniform(hdev.get(), rows * kDim, 0x4D1D, 1.0f);
+  const auto h = hdev.to_host();
+  std::vector<int32_t> t(static_cast<size_t>(rows));
+  for (int64_t n = 0; n < rows; ++n) t[n] = static_cast<int32_t>((n * 1000003) % kReal);
+  t[0] = 0;
+  t[1] = kReal - 1;
+  t[2] = -100;
+  t[3] = 76031;  // last id of rank 0 at TP = 2
+  t[4] = 76032;  // first id of rank 1
+
+  // TP = 1 reference: the whole (padded) vocabulary on GPU 0, serving entry.
+  Reference ref;
+  {
+    std::vector<RankData> one(1);
+    upload_rank(one[0], 0, 0, kVocab, h, w, b, t, rows, true);
+    detlogp::CallOptions opt;
+    opt.strict = true;
+    detlogp::linear_logp(rank_inputs(one[0], rows), rank_outputs(one[0], rows), opt);
+    GPU_CUDA(cudaDeviceSynchronize());
+    ref.logp = one[0].out.logp.to_host();
+    ref.lse = one[0].out.lse.to_host();
+    ref.logits = one[0].out.logits.to_host();
+  }
+
+  // One-GPU simulation of ranks.
+  for (int tp : {1, 2, 4, 8}) {
+    for (bool serving : {false, true}) {
+      if (serving && tp != 2) continue;
+      const auto bounds = even_bounds(tp);
+      std::vector<RankData> ranks(static_cast<size_t>(tp));
+      for (int r = 0; r < tp; ++r)
+        upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, serving);
+      auto comms = detlogp::make_local_communicators(tp, detlogp::Memory::cuda, 0);
+      run_ranks(ranks, comms, rows);
+      const int64_t bad =
+          check_ranks(ranks, ref, rows, "simulated TP=" + std::to_string(tp) + (serving ? " serving" : ""));
+      std::printf("simulated TP=%d%s on one GPU: %lld of %lld rows differ from TP=1\n", tp, serving ? " serving" : "",
+                  static_cast<long long>(bad), static_cast<long long>(rows));
+    }
+  }
+  {  // Row chunks of the gather (tiny workspace) are bit-neutral.
+    EnvGuard small("DETLOGP_TP_WORKSPACE_MB", "1");
+    const auto bounds = even_bounds(2);
+    std::vector<RankData> ranks(2);
+    for (int r = 0; r < 2; ++r) upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, false);
+    auto comms = detlogp::make_local_communicators(2, detlogp::Memory::cuda, 0);
+    run_ranks(ranks, comms, rows);
+    check_ranks(ranks, ref, rows, "simulated TP=2, 1 MiB gather chunks");
+  }
+
+#ifdef DETLOGP_WITH_NCCL
+  int gpus = 0;
+  GPU_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) {
+    std::printf("NCCL part skipped: %d GPU visible, the real-NCCL test needs 2 or more\n", gpus);
+  }
+  for (int tp = 2; tp <= gpus && tp <= 8; tp *= 2) {
+    std::vector<ncclComm_t> comms_raw(static_cast<size_t>(tp));
+    std::vector<int> devs(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r) devs[r] = r;
+    const ncclResult_t init = ncclCommInitAll(comms_raw.data(), tp, devs.data());
+    GPU_EXPECT(init == ncclSuccess, "ncclCommInitAll(" << tp << ") failed: " << ncclGetErrorString(init));
+    if (init != ncclSuccess) break;
+    std::vector<std::unique_ptr<detlogp::Communicator>> comms;
+    for (int r = 0; r < tp; ++r) comms.push_back(detlogp::make_nccl_communicator(comms_raw[r]));
+    const auto bounds = even_bounds(tp);
+    for (bool serving : {false, true}) {
+      std::vector<RankData> ranks(static_cast<size_t>(tp));
+      for (int r = 0; r < tp; ++r)
+        upload_rank(ranks[r], r, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, serving);
+      run_ranks(ranks, comms, rows);
+      const int64_t bad = check_ranks(ranks, ref, rows, "NCCL TP=" + std::to_string(tp) + (serving ? " serving" : ""));
+      std::printf("NCCL TP=%d%s on %d GPUs: %lld of %lld rows differ from TP=1 (logp and lse, every rank)\n", tp,
+                  serving ? " serving" : "", tp, static_cast<long long>(bad), static_cast<long long>(rows));
+      if (serving && tp == 2) {
+        // Negative control on the same logits: the usual merge moves with the split, detlogp does not.
+        int64_t usual_bad = 0;
+        for (int64_t n = 0; n < rows; ++n)
+          usual_bad += usual_lse(ref.logits, n, {0, kVocab}) != usual_lse(ref.logits, n, bounds) ? 1 : 0;
+        std::printf("negative control: the usual merge at TP=2 differs from its TP=1 on %lld of %lld rows\n",
+                    static_cast<long long>(usual_bad), static_cast<long long>(rows));
+        GPU_EXPECT(usual_bad > 0, "the usual merge matched its TP=1 on every row; the control shows nothing");
+      }
+    }
+    {  // An invalid target: every rank throws the same message and nobody hangs.
+      std::vector<int32_t> bad_t = t;
+      bad_t[7] = 200000;
+      std::vector<RankData> ranks(static_cast<size_t>(tp));
+      for (int r = 0; r < tp; ++r)
+        upload_rank(ranks[r], r, bounds[r], bounds[r + 1] - bounds[r], h, w, b, bad_t, rows, false);
+      run_ranks(ranks, comms, rows);
+      for (int r = 0; r < tp; ++r) {
+        GPU_EXPECT(ranks[r].error.find("targets[7]=200000 is >= real_vocab=151936") != std::string::npos,
+                   "NCCL TP=" << tp << " rank " << r << " error: '" << ranks[r].error << "'");
+        GPU_EXPECT(ranks[r].error == ranks[0].error, "rank " << r << " disagrees with rank 0");
+        GPU_CUDA(cudaSetDevice(r));
+        GPU_EXPECT(count_poison(ranks[r].out.logp.get(), rows) == rows, "rank " << r << " wrote logp");
+      }
+      std::printf("NCCL TP=%d invalid target: every rank refused: %s\n", tp,
+                  ranks[0].error.substr(0, ranks[0].error.find('\n', ranks[0].error.find('\n') + 1)).c_str());
+    }
+    for (auto c : comms_raw) ncclCommDestroy(c);
+  }
+#else
+  std::printf("NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)\n");
+#endif
+  return finish("test_sm90_tp");
+}
