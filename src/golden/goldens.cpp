@@ -4,7 +4,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
+#include "detlogp/dist.hpp"
 #include "golden/generator.hpp"
 #include "io/sha256.hpp"
 
@@ -106,6 +108,44 @@ void same_backend(CallReport& first, const CallReport& r, bool& have) {
 
 }  // namespace
 
+void tensor_parallel_logp(const LinearLogpInputs& base, const std::vector<Shard>& shards, float* logp, float* lse,
+                          const CallOptions& opt, std::vector<CallReport>* reports) {
+  const int ranks = static_cast<int>(shards.size());
+  const int64_t rows = base.hidden.rows;
+  auto comms = make_local_communicators(ranks, Memory::host);
+  std::vector<std::vector<float>> out_logp(shards.size(), std::vector<float>(static_cast<size_t>(rows)));
+  std::vector<std::vector<float>> out_lse = out_logp;
+  std::vector<CallReport> rank_reports(shards.size());
+  std::vector<std::string> errors(shards.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        LinearLogpInputs in = base;
+        in.weight = shards[r].weight;
+        in.bias = shards[r].bias;
+        in.vocab_start = shards[r].vocab_start;
+        rank_reports[r] = linear_logp_tensor_parallel(in,
+                                                      {mutable_vector(out_logp[r].data(), DType::f32, rows),
+                                                       mutable_vector(out_lse[r].data(), DType::f32, rows),
+                                                       {}},
+                                                      *comms[r], opt);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) DETLOGP_CHECK(errors[r].empty(), "tensor-parallel rank " << r << ": " << errors[r]);
+  for (int r = 1; r < ranks; ++r)
+    DETLOGP_CHECK(std::memcmp(out_logp[r].data(), out_logp[0].data(), static_cast<size_t>(rows) * 4) == 0 &&
+                      std::memcmp(out_lse[r].data(), out_lse[0].data(), static_cast<size_t>(rows) * 4) == 0,
+                  "tensor-parallel rank " << r << " ended with other logp/lse bits than rank 0");
+  std::copy(out_logp[0].begin(), out_logp[0].end(), logp);
+  std::copy(out_lse[0].begin(), out_lse[0].end(), lse);
+  if (reports) reports->insert(reports->end(), rank_reports.begin(), rank_reports.end());
+}
+
 CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   const GoldenCase& c = in.c;
   CaseResult res;
@@ -163,6 +203,21 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   h.update(res.logp.data(), res.logp.size() * 4);
   h.update(res.lse.data(), res.lse.size() * 4);
   res.fingerprints.push_back({"logp|lse", io::Sha256::hex(h.finish())});
+  // The same rows through the tensor-parallel operator (one thread per rank).
+  std::vector<Shard> shards;
+  for (auto [start, count] : ranges) {
+    if (count == 0) continue;
+    const LinearLogpInputs v = in.view(start, count);
+    shards.push_back({start, v.weight, v.bias});
+  }
+  std::vector<float> tp_logp(res.logp.size()), tp_lse(res.lse.size());
+  std::vector<CallReport> reports;
+  tensor_parallel_logp(in.view(), shards, tp_logp.data(), tp_lse.data(), opt, &reports);
+  for (const CallReport& r : reports) same_backend(res.report, r, have);
+  io::Sha256 t;
+  t.update(tp_logp.data(), tp_logp.size() * 4);
+  t.update(tp_lse.data(), tp_lse.size() * 4);
+  res.fingerprints.push_back({"tp-operator:logp|lse", io::Sha256::hex(t.finish())});
   return res;
 }
 

@@ -55,8 +55,22 @@ CaseInputs make_inputs(const GoldenCase& c);
 // Shard boundaries of a TP degree: ceil(V / tp) rounded up to 64 rows per rank.
 std::vector<std::pair<int64_t, int64_t>> shard_ranges(int64_t weight_rows, int tp);
 
+// Trainer entry through the tensor-parallel operator (linear_logp_tensor_parallel) with one
+// in-process rank per thread over host-memory local communicators. `base` carries hidden,
+// targets, temperatures, real_vocab and ignore_index; shards (non-empty, ascending) the weight.
+// Every rank's logp/lse must come out bit-identical (checked); rank 0's are returned. The reports
+// of all ranks are appended to `reports`.
+struct Shard {
+  int64_t vocab_start = 0;
+  TensorView weight, bias;
+};
+void tensor_parallel_logp(const LinearLogpInputs& base, const std::vector<Shard>& shards, float* logp, float* lse,
+                          const CallOptions& opt, std::vector<CallReport>* reports);
+
 struct Fingerprint {
-  std::string scope;  // "inputs", "logp|lse", "logp|lse|logits", "rank<r>:tile_max|tile_sum|target_logit|target_owned"
+  // "inputs", "logp|lse", "logp|lse|logits", "rank<r>:tile_max|tile_sum|target_logit|target_owned",
+  // "tp-operator:logp|lse" (TP cases: the tensor-parallel operator; same digest as logp|lse)
+  std::string scope;
   std::string sha256;
 };
 struct CaseResult {

@@ -84,43 +84,16 @@ struct SideReadback {
   }
 };
 
-// Trainer entry, vocabulary parallel: each rank's partials over its shard, gathered in rank order
-// (ascending global tiles) and merged by the owned merge. `in` carries hidden, targets,
-// temperatures, real_vocab, ignore_index; shards[r] = (vocab_start, weight view, bias view).
-struct Shard {
-  int64_t vocab_start;
-  TensorView weight, bias;
-};
+// Trainer entry, vocabulary parallel, through the tensor-parallel operator (one thread per rank);
+// empty shards (a head smaller than the TP degree's tiles) are left out.
 void trainer_tensor_parallel(const LinearLogpInputs& in, const std::vector<Shard>& shards, float* logp, float* lse,
                              const CallOptions& opt, SideReadback& rb) {
-  const int64_t rows = in.hidden.rows;
-  std::vector<std::vector<TileSummary>> summaries(shards.size());
-  std::vector<std::vector<float>> target_logit(shards.size());
-  std::vector<std::vector<uint8_t>> owned(shards.size());
-  std::vector<ShardPartials> partials;
-  for (size_t r = 0; r < shards.size(); ++r) {
-    LinearLogpInputs s = in;
-    s.weight = shards[r].weight;
-    s.bias = shards[r].bias;
-    s.vocab_start = shards[r].vocab_start;
-    ShardPartials p;
-    p.rows = rows;
-    if (s.weight.rows == 0) {  // an empty shard owns no tile: nothing to compute or gather
-      partials.push_back(p);
-      continue;
-    }
-    p.tiles = shard_tiles(s.weight.rows);
-    summaries[r].resize(static_cast<size_t>(rows * p.tiles));
-    target_logit[r].resize(static_cast<size_t>(rows));
-    owned[r].resize(static_cast<size_t>(rows));
-    p.summaries = summaries[r].data();
-    p.target_logit = target_logit[r].data();
-    p.target_owned = owned[r].data();
-    rb.add(linear_logp_partials(s, p, opt));
-    partials.push_back(p);
-  }
-  merge_partials(partials, in.targets, in.ignore_index, mutable_vector(logp, DType::f32, rows),
-                 mutable_vector(lse, DType::f32, rows), opt);
+  std::vector<Shard> used;
+  for (const Shard& s : shards)
+    if (s.weight.rows > 0) used.push_back(s);
+  std::vector<CallReport> reports;
+  tensor_parallel_logp(in, used, logp, lse, opt, &reports);
+  for (const CallReport& r : reports) rb.add(r);
 }
 
 std::vector<const GoldenCase*> select_cases(const std::vector<std::string>& names) {
