@@ -45,12 +45,12 @@ cp "$ROOT/tests/golden/fingerprints.tsv" "$OUT/fingerprints.tsv"
 step "goldens cpu (repository file)" "$OUT/golden.log" \
   "$BIN" verify --golden --strict --backend cpu-linear-logp-contract-v1
 if grep -qP '^\d+\tsm90a\t' "$ROOT/tests/golden/fingerprints.tsv"; then
-  step "goldens sm90 (repository file)" "$OUT/golden.log" "$BIN" verify --golden --strict
+  step "goldens auto backend (repository file)" "$OUT/golden.log" "$BIN" verify --golden --strict
 else
-  step "goldens sm90 record" "$OUT/golden.log" "$BIN" verify --golden --strict --record --golden-file "$OUT/fingerprints.tsv"
+  step "goldens auto backend record" "$OUT/golden.log" "$BIN" verify --golden --strict --record --golden-file "$OUT/fingerprints.tsv"
   grep '^recorded:' "$OUT/golden.log" | sed 's/^recorded: /  new row: /' | tee -a "$SUMMARY" >/dev/null
   # A second process replays what the first recorded (run-to-run and process-to-process bits).
-  step "goldens sm90 replay of the new rows" "$OUT/golden.log" \
+  step "goldens auto backend replay of the new rows" "$OUT/golden.log" \
     "$BIN" verify --golden --strict --golden-file "$OUT/fingerprints.tsv"
 fi
 
