@@ -120,12 +120,14 @@ void l3_run_side(L3Side side, const std::vector<std::string>& names, int tp, con
   for (const GoldenCase* c : select_cases(names)) {
     const CaseInputs in = make_inputs(*c);
     std::vector<float> logp(static_cast<size_t>(c->rows)), lse(static_cast<size_t>(c->rows));
+    int ranks = 0;
     if (side == L3Side::trainer) {
       // One packed batch over `tp` vocabulary shards, trainer entry (no logits anywhere).
       std::vector<Shard> shards;
       for (auto [start, count] : shard_ranges(c->weight_rows, tp)) {
         const LinearLogpInputs v = in.view(start, count);
         shards.push_back({start, v.weight, v.bias});
+        ranks += count > 0 ? 1 : 0;
       }
       trainer_tensor_parallel(in.view(), shards, logp.data(), lse.data(), opt, rb);
     } else {
@@ -149,7 +151,7 @@ void l3_run_side(L3Side side, const std::vector<std::string>& names, int tp, con
     file.metadata[c->name + "/inputs_sha256"] = in.inputs_sha256();
     file.metadata[c->name + "/weight_fingerprint"] = in.weight_fingerprint;
     log << "  " << c->name << ": N=" << c->rows << " D=" << c->dim << " V=" << c->weight_rows
-        << (side == L3Side::trainer ? " packed, TP=" + std::to_string(tp) + ", trainer entry"
+        << (side == L3Side::trainer ? " packed, TP=" + std::to_string(ranks) + " (non-empty shards), trainer entry"
                                     : std::string(" one row at a time, serving entry"))
         << "\n";
   }
