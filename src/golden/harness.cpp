@@ -34,7 +34,7 @@ std::string hex_bits(float x) {
 }
 
 std::string num(double x) {
-  if (std::isnan(x)) return "NaN";
+  if (!std::isfinite(x)) return "null";  // JSON has no NaN or inf
   std::ostringstream os;
   os.precision(17);
   os << x;
@@ -389,7 +389,8 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   SideReadback rollout_rb, trainer_rb;
   int64_t steps = 0, max_active = 0, batch_calls = 0, lse_readback_mismatch = 0;
   std::set<size_t> batch_sizes;
-  std::vector<int64_t> active;
+  std::vector<int64_t> active, previous;
+  int64_t membership_changes = 0;  // steps whose set of sequences differs from the step before
   for (int64_t step = 0;; ++step) {
     // Join: arrived sequences take free slots in sequence order; leave: finished ones drop out.
     active.erase(std::remove_if(active.begin(), active.end(),
@@ -409,6 +410,12 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
     }
     if (active.empty() && !waiting) break;
     if (active.empty()) continue;
+    {
+      std::vector<int64_t> now = active;
+      std::sort(now.begin(), now.end());
+      membership_changes += now != previous ? 1 : 0;
+      previous = std::move(now);
+    }
     // A different batch order every step (Fisher-Yates keyed by the step).
     std::vector<int64_t> order = active;
     for (size_t i = order.size(); i > 1; --i)
@@ -535,8 +542,8 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
     << ", \"provenance\": " << json_str(rollout_rb.provenance) << ", \"calls\": " << rollout_rb.calls
     << ", \"fallbacks\": " << rollout_rb.fallbacks << ", \"weight_fingerprint\": " << json_str(rollout_fp)
     << ", \"steps\": " << steps << ", \"max_batch_observed\": " << max_active
-    << ", \"distinct_batch_sizes\": " << batch_sizes.size() << ", \"lse_readback_mismatch\": " << lse_readback_mismatch
-    << "},\n"
+    << ", \"distinct_batch_sizes\": " << batch_sizes.size() << ", \"membership_changes\": " << membership_changes
+    << ", \"lse_readback_mismatch\": " << lse_readback_mismatch << "},\n"
     << "  \"trainer\": {\"entry\": \"trainer\", \"tp\": " << cfg.tp << ", \"packed_rows\": " << total
     << ", \"backend\": " << json_str(trainer_rb.backend) << ", \"provenance\": " << json_str(trainer_rb.provenance)
     << ", \"calls\": " << trainer_rb.calls << ", \"fallbacks\": " << trainer_rb.fallbacks
@@ -569,9 +576,10 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
      << ", max batch " << cfg.max_batch << ", D=" << cfg.dim << ", V=" << cfg.weight_rows << " (real " << real_vocab
      << "), trainer TP=" << cfg.tp << ", seed " << cfg.seed << ".\n\n"
      << "| side | entry | backend | fallback | weight fingerprint | calls |\n|---|---|---|---|---|---|\n"
-     << "| rollout | serving, continuous batching (" << steps << " steps, batch 1.." << max_active << ") | `"
-     << rollout_rb.backend << "` | " << (rollout_rb.fallbacks ? "**yes**" : "none observed") << " | `"
-     << rollout_fp.substr(0, 16) << "` | " << rollout_rb.calls << " |\n"
+     << "| rollout | serving, continuous batching (" << steps << " steps, membership changed on " << membership_changes
+     << ", batch 1.." << max_active << ") | `" << rollout_rb.backend << "` | "
+     << (rollout_rb.fallbacks ? "**yes**" : "none observed") << " | `" << rollout_fp.substr(0, 16) << "` | "
+     << rollout_rb.calls << " |\n"
      << "| trainer | trainer, packed " << total << " rows, TP=" << cfg.tp << " | `" << trainer_rb.backend << "` | "
      << (trainer_rb.fallbacks ? "**yes**" : "none observed") << " | `" << trainer_fp.substr(0, 16) << "` | "
      << trainer_rb.calls << " |\n\n"
@@ -602,8 +610,9 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
        << ").\n";
   }
   res.markdown = md.str();
-  log << "rollout: " << steps << " steps, " << batch_calls << " serving calls, batch sizes 1.." << max_active << ", "
-      << total << " tokens; backend " << rollout_rb.backend << "\n";
+  log << "rollout: " << steps << " steps (membership changed on " << membership_changes << "), " << batch_calls
+      << " serving calls, batch sizes 1.." << max_active << ", " << total << " tokens; backend " << rollout_rb.backend
+      << "\n";
   log << "trainer: packed " << total << " rows, TP=" << cfg.tp << ", backend " << trainer_rb.backend << "\n";
   log << "weight fingerprint: rollout " << rollout_fp << ", trainer " << trainer_fp
       << (same_weights ? " (match)" : " (MISMATCH: not compared)") << "\n";
