@@ -80,12 +80,16 @@ if has sanitizer; then
   if [[ -z "$small" || ! -x "$CS" ]]; then
     say "sanitizer: not run (test_sm90_small or compute-sanitizer missing)"
   else
+    tp="$(find_bin test_sm90_tp)"
     for tool in memcheck racecheck synccheck; do
-      echo "== compute-sanitizer --tool $tool" >>"$OUT/sanitizer.log"
-      timeout 600 "$CS" --tool "$tool" --error-exitcode 3 "$small" >>"$OUT/sanitizer.log" 2>&1
-      rc=$?
-      summary_line="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | tail -1)"
-      say "sanitizer $tool: $([[ $rc -eq 0 ]] && echo CLEAN || echo "FAIL rc=$rc") ${summary_line}"
+      for target in "$small" ${tp:+"$tp --small --no-nccl"}; do
+        echo "== compute-sanitizer --tool $tool $target" >>"$OUT/sanitizer.log"
+        # shellcheck disable=SC2086
+        timeout 600 "$CS" --tool "$tool" --error-exitcode 3 $target >>"$OUT/sanitizer.log" 2>&1
+        rc=$?
+        summary_line="$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | tail -1)"
+        say "sanitizer $tool $(basename "${target%% *}"): $([[ $rc -eq 0 ]] && echo CLEAN || echo "FAIL rc=$rc") ${summary_line}"
+      done
     done
   fi
 fi

@@ -38,5 +38,7 @@ class Backend {
 const Backend& cpu_contract_backend();
 const Backend& reference_materialized_backend();
 const Backend& sm90_contract_backend();
+// Non-contract CUDA lane (cuBLAS GEMM + log-softmax); reports itself unavailable without CUDA.
+const Backend& cublas_materialized_backend();
 
 }  // namespace detlogp::detail

@@ -7,8 +7,9 @@
 namespace detlogp::detail {
 namespace {
 
-std::array<const Backend*, 3> all_backends() {
-  return {&sm90_contract_backend(), &cpu_contract_backend(), &reference_materialized_backend()};
+std::array<const Backend*, 4> all_backends() {
+  return {&sm90_contract_backend(), &cpu_contract_backend(), &cublas_materialized_backend(),
+          &reference_materialized_backend()};
 }
 
 std::string backend_ids() {

@@ -39,6 +39,13 @@ set(DETLOGP_SM90_CUDA_FLAGS
   "-Xcompiler=-fmacro-prefix-map=${DETLOGP_SM90_ROOT}/=")
 target_compile_options(detlogp PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${DETLOGP_SM90_CUDA_FLAGS}>)
 target_link_libraries(detlogp PUBLIC CUDA::cudart)
+# The non-contract cuBLAS lane (cuda-cublas-materialized). The contract kernels never call cuBLAS.
+if(TARGET CUDA::cublas)
+  target_sources(detlogp PRIVATE ${DETLOGP_SM90_ROOT}/src/cuda/cublas_materialized_backend.cu)
+  target_link_libraries(detlogp PUBLIC CUDA::cublas)
+else()
+  target_sources(detlogp PRIVATE ${DETLOGP_SM90_ROOT}/src/cuda/cublas_unavailable.cpp)
+endif()
 target_compile_definitions(detlogp PUBLIC DETLOGP_WITH_SM90=1)
 
 option(DETLOGP_BUILD_BENCH "Build the SM90 benchmark driver (links cuBLAS; the library never does)" ON)

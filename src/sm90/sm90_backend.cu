@@ -198,20 +198,6 @@ WorkspaceLayout layout_for(const detail::LogpProblem& p) {
   return w;
 }
 
-[[noreturn]] void throw_status(const DeviceStatus& s, const detail::LogpProblem& p) {
-  if (s.code == kStatusBadTarget) {
-    if (s.target < 0)
-      DETLOGP_FAIL("targets[" << s.row << "]=" << s.target << " is negative and not ignore_index=" << p.ignore_index
-                              << " (checked on the device; nothing was written)");
-    DETLOGP_FAIL("targets[" << s.row << "]=" << s.target << " is >= real_vocab=" << p.real_vocab
-                            << " (checked on the device; nothing was written)");
-  }
-  if (s.code == kStatusBadTemperature)
-    DETLOGP_FAIL("temperature_rows[" << s.row << "]=" << s.temperature
-                                     << " must be finite and > 0 (checked on the device; nothing was written)");
-  DETLOGP_FAIL("SM90 validation returned an unknown status code " << s.code);
-}
-
 class Sm90Backend final : public detail::Backend {
  public:
   Sm90Backend() {
@@ -445,6 +431,20 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
 }
 
 }  // namespace
+
+void throw_status(const DeviceStatus& s, const detail::LogpProblem& p) {
+  if (s.code == kStatusBadTarget) {
+    if (s.target < 0)
+      DETLOGP_FAIL("targets[" << s.row << "]=" << s.target << " is negative and not ignore_index=" << p.ignore_index
+                              << " (checked on the device; nothing was written)");
+    DETLOGP_FAIL("targets[" << s.row << "]=" << s.target << " is >= real_vocab=" << p.real_vocab
+                            << " (checked on the device; nothing was written)");
+  }
+  if (s.code == kStatusBadTemperature)
+    DETLOGP_FAIL("temperature_rows[" << s.row << "]=" << s.temperature
+                                     << " must be finite and > 0 (checked on the device; nothing was written)");
+  DETLOGP_FAIL("SM90 validation returned an unknown status code " << s.code);
+}
 
 int64_t chunk_rows(int64_t rows, int64_t local_tiles) {
   const int64_t per_row = local_tiles * static_cast<int64_t>(sizeof(TileSummary)) + static_cast<int64_t>(sizeof(float));

@@ -11,6 +11,10 @@ inline constexpr const char* kBackendId = "cuda-fused-linear-logp-sm90-contract-
 inline constexpr const char* kWorkspaceEnv = "DETLOGP_SM90_WORKSPACE_MB";  // free axis: N chunking
 inline constexpr int64_t kDefaultWorkspaceMiB = 256;
 
+struct DeviceStatus;
+// Throws the error the validation kernel's status word describes (code != kStatusOk).
+[[noreturn]] void throw_status(const DeviceStatus& s, const detail::LogpProblem& p);
+
 // Rows per launch chunk of the full mode (bit-neutral: rows are independent).
 int64_t chunk_rows(int64_t rows, int64_t local_tiles);
 // Device bytes a call allocates besides its outputs (status word, summaries, target logits).

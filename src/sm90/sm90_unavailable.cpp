@@ -5,6 +5,7 @@
 
 #include "core/backend.hpp"
 #include "core/device_ops.hpp"
+#include "cuda/cublas_unavailable.hpp"
 #include "detlogp/config.hpp"
 #include "detlogp/error.hpp"
 
@@ -33,6 +34,11 @@ class Sm90Unavailable final : public Backend {
 };
 
 }  // namespace
+
+const Backend& cublas_materialized_backend() {
+  static const CublasUnavailable backend(kReason);
+  return backend;
+}
 
 void device_merge(const std::vector<DeviceMergeRank>&, int64_t, const void*, bool, int64_t, float*, float*, int,
                   void*) {
