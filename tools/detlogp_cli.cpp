@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -21,6 +22,9 @@
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
+#include "detlogp/dist.hpp"
+#include "golden/goldens.hpp"
+#include "golden/harness.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
 #include "io/sha256.hpp"
@@ -702,11 +706,19 @@ const std::vector<OptionSpec> kVerifyOptions = {
     {"seed", true, "generator seed of the built-in problem (default 0)"},
     {"dim", true, "D of the built-in problem (default 256)"},
     {"vocab", true, "real vocabulary of the built-in problem (default 2053, not a multiple of 64)"},
+    {"golden", false, "replay the golden cases against the fingerprints file instead of the ladder"},
+    {"golden-file", true, "fingerprints file (default: the source tree's tests/golden/fingerprints.tsv)"},
+    {"record", false, "with --golden: append the fingerprints not yet recorded for this (arch, cc)"},
+    {"case", true, "with --golden: only these cases (comma-separated names)"},
     {"help", false, "this text"},
 };
 
 void verify_help(std::ostream& os) {
-  os << "usage: detlogp verify [--backend ID] [--strict] [--seed S] [--dim D] [--vocab V]\n\n"
+  os << "usage: detlogp verify [--backend ID] [--strict] [--seed S] [--dim D] [--vocab V]\n"
+        "       detlogp verify --golden [--backend ID] [--strict] [--record] [--case A,B] [--golden-file F]\n\n"
+        "--golden replays the golden cases (docs/validation.md) and compares the SHA-256 of their output\n"
+        "bytes with the fingerprints recorded for this backend's (contract version, arch, cc): PASS, FAIL,\n"
+        "or NOT RECORDED (exit 1); --record appends the missing ones to the file and prints them.\n\n"
         "Runs the validation ladder on one backend with a built-in problem (a pool of 1000 rows, bias,\n"
         "temperature 0.7, some ignored rows) and prints one line per check. Every comparison is on\n"
         "bit patterns (so -0.0 vs +0.0 and NaN payloads differ):\n"
@@ -828,7 +840,104 @@ std::string first_of(std::initializer_list<std::string> mismatches) {
   return "";
 }
 
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// detlogp verify --golden: every golden case's fingerprints against the file, keyed by
+// (contract version, arch, cc) of the backend that served; "inputs" rows are keyed (any, -).
+int command_verify_golden(const Options& o) {
+  namespace g = detlogp::golden;
+  detlogp::check_environment();
+  if (o.has("seed") || o.has("dim") || o.has("vocab"))
+    throw UsageError("--seed/--dim/--vocab shape the ladder's problem; the golden cases are fixed");
+  const std::string path = o.text("golden-file", DETLOGP_GOLDEN_FILE);
+  const auto table = g::read_fingerprints(path);
+  const detlogp::CallOptions opt = call_options(o);
+  const std::vector<std::string> only = split_commas(o.text("case"));
+  for (const std::string& name : only) {
+    bool known = false;
+    for (const g::GoldenCase& c : g::golden_cases()) known |= c.name == name;
+    if (!known) throw UsageError("--case: unknown golden case '" + name + "'");
+  }
+  std::cout << "detlogp verify --golden: " << path << " (" << table.size() << " entries)\n";
+  int pass = 0, fail = 0, missing = 0;
+  std::vector<std::string> new_lines;
+  std::string served;
+  for (const g::GoldenCase& c : g::golden_cases()) {
+    if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
+    g::CaseResult r;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      r = g::run_case(g::make_inputs(c), opt);
+    } catch (const detlogp::Error& e) {
+      std::cout << "  " << c.name << "  FAIL  error: " << e.what() << "\n";
+      ++fail;
+      continue;
+    }
+    const double ms = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e3;
+    if (served.empty()) {
+      served = describe_report(r.report);
+      std::cout << "served by: " << served << "\nprovenance: " << detlogp::to_string(r.report.provenance) << "\n";
+    }
+    const detlogp::Provenance& p = r.report.provenance;
+    for (const g::Fingerprint& f : r.fingerprints) {
+      const bool any = f.scope == "inputs";
+      const g::FingerprintKey key{p.contract_version, any ? "any" : p.arch, any ? "-" : std::to_string(p.cc), c.name,
+                                  f.scope};
+      const auto it = table.find(key);
+      std::string status;
+      if (it == table.end()) {
+        status = "NOT RECORDED  " + f.sha256;
+        ++missing;
+        new_lines.push_back(g::fingerprint_line(key, f.sha256));
+      } else if (it->second == f.sha256) {
+        status = "PASS  " + f.sha256;
+        ++pass;
+      } else {
+        status = "FAIL  got " + f.sha256 + ", recorded " + it->second;
+        ++fail;
+      }
+      std::string name = c.name + " " + f.scope + " [" + key.arch + "/" + key.cc + "]";
+      name.append(name.size() < 64 ? 64 - name.size() : 1, ' ');
+      std::cout << "  " << name << status << "\n";
+    }
+    std::ostringstream timing;
+    timing.setf(std::ios::fixed);
+    timing.precision(0);
+    timing << "    (" << c.name << ": N=" << c.rows << " D=" << c.dim << " V=" << c.weight_rows << " TP=" << c.tp
+           << ", " << ms << " ms)";
+    std::cout << timing.str() << "\n";
+  }
+  if (o.flag("record") && !new_lines.empty()) {
+    const bool fresh = !std::filesystem::exists(path);
+    std::ofstream f(path, std::ios::app);
+    DETLOGP_CHECK(f, "cannot append to '" << path << "'");
+    if (fresh) f << "# contract_version\tarch\tcc\tcase\tscope\tsha256 (docs/validation.md)\n";
+    for (const std::string& line : new_lines) {
+      f << line << "\n";
+      std::cout << "recorded: " << line << "\n";
+    }
+    DETLOGP_CHECK(f.good(), "failed writing '" << path << "'");
+  }
+  const bool recorded = o.flag("record");
+  std::cout << "verdict: "
+            << (fail > 0                   ? "FAIL"
+                : missing > 0 && !recorded ? "NOT RECORDED"
+                                           : "PASS")
+            << " (" << pass << " pass, " << fail << " fail, " << missing
+            << (recorded ? " newly recorded" : " not recorded") << ")\n";
+  return fail > 0 || (missing > 0 && !recorded) ? kExitCheckFailed : kExitOk;
+}
+
 int command_verify(const Options& o) {
+  if (o.flag("golden")) return command_verify_golden(o);
+  if (o.flag("record") || o.has("case") || o.has("golden-file"))
+    throw UsageError("--record, --case and --golden-file go with --golden");
   detlogp::check_environment();
   VerifyPool pool;
   const uint64_t seed = static_cast<uint64_t>(o.integer("seed", 0, 0, INT64_MAX));
@@ -989,13 +1098,141 @@ int command_verify(const Options& o) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// detlogp harness: validation ladder L3 (two engines, two processes) and L4/L5 (rollout vs trainer).
+
+const std::vector<OptionSpec> kHarnessRvtOptions = {
+    {"seqs", true, "sequences (default 16)"},
+    {"max-len", true, "longest sequence, tokens (default 12); lengths are 1..max-len"},
+    {"max-batch", true, "continuous batching: most sequences per step (default 8)"},
+    {"d", true, "hidden size D (default 1024)"},
+    {"v", true, "lm_head rows, padding included (default 2053)"},
+    {"real-vocab", true, "real vocabulary, ids >= it are padding (default --v)"},
+    {"tp", true, "trainer tensor-parallel degree (default 2)"},
+    {"seed", true, "generator seed (default 0)"},
+    {"backend", true, "backend of both sides (default: env DETLOGP_BACKEND, else auto)"},
+    {"strict", false, "contract-bearing backends only, no fallback"},
+    {"perturb-trainer-weight", false, "flip one bit of the trainer's weight: the fingerprints must differ"},
+    {"out", true, "directory for report.json and report.md (created if missing)"},
+    {"help", false, "this text"},
+};
+
+const std::vector<OptionSpec> kHarnessL3Options = {
+    {"side", true, "trainer (packed, vocab-parallel, trainer entry) or rollout (one row, serving entry)"},
+    {"out", true, "result file FILE.safetensors (format detlogp-l3-v1)"},
+    {"tp", true, "trainer side: vocabulary shards (default 2)"},
+    {"case", true, "only these golden cases (comma-separated; default all)"},
+    {"backend", true, "backend id (default: env DETLOGP_BACKEND, else auto)"},
+    {"strict", false, "contract-bearing backends only, no fallback"},
+    {"help", false, "this text"},
+};
+
+const std::vector<OptionSpec> kHarnessL3CheckOptions = {
+    {"a", true, "one side's result file"},
+    {"b", true, "the other side's result file"},
+    {"help", false, "this text"},
+};
+
+const std::vector<OptionSpec> kHarnessL3ExportOptions = {
+    {"dir", true, "directory for <case>.safetensors (the `detlogp run --input` format)"},
+    {"case", true, "only these golden cases (comma-separated; default all)"},
+    {"help", false, "this text"},
+};
+
+void harness_help(std::ostream& os) {
+  os << "usage: detlogp harness rollout-vs-trainer [--seqs S] [--max-len L] [--max-batch B] [--d D] [--v V]\n"
+        "                          [--real-vocab R] [--tp P] [--seed S] [--strict] [--backend ID] --out DIR\n"
+        "       detlogp harness l3 --side trainer|rollout --out FILE.safetensors [--tp P] [--case A,B]\n"
+        "       detlogp harness l3-check --a FILE --b FILE\n"
+        "       detlogp harness l3-export --dir DIR [--case A,B]\n\n"
+        "rollout-vs-trainer (L4/L5): a synthetic rollout with continuous batching and a sampler on the\n"
+        "serving entry's fp32 logits, then a packed TP trainer recomputation at the same weight\n"
+        "fingerprint; writes DIR/report.json and DIR/report.md. Exit 0 when every logp metric is exactly\n"
+        "zero with no fallback and the bf16-logits negative control drifts; 1 otherwise (also when the\n"
+        "weight fingerprints differ, which is reported and never compared).\n"
+        "l3 / l3-check (L3): each side runs the golden inputs in its own process and writes a file; the\n"
+        "check compares logp and lse bytes case by case. l3-export writes the inputs for an external side.\n\n"
+        "rollout-vs-trainer options:\n";
+  print_option_help(os, kHarnessRvtOptions);
+  os << "\nl3 options:\n";
+  print_option_help(os, kHarnessL3Options);
+  os << "\nexit codes: 0 ok, 1 a check failed, 2 usage error, 3 error\n";
+}
+
+int command_harness(const std::string& sub, const std::vector<std::string>& args) {
+  namespace g = detlogp::golden;
+  if (sub == "rollout-vs-trainer") {
+    const Options o(args, kHarnessRvtOptions);
+    if (o.flag("help")) return harness_help(std::cout), kExitOk;
+    detlogp::check_environment();
+    if (!o.has("out")) throw UsageError("--out DIR is required");
+    g::HarnessConfig cfg;
+    cfg.seqs = o.integer("seqs", 16, 1, 4096);
+    cfg.max_len = o.integer("max-len", 12, 1, 1 << 16);
+    cfg.max_batch = o.integer("max-batch", 8, 1, 4096);
+    cfg.dim = o.integer("d", 1024, 1, 1 << 16);
+    cfg.weight_rows = o.integer("v", 2053, 1, 1 << 22);
+    cfg.real_vocab = o.integer("real-vocab", cfg.weight_rows, 1, cfg.weight_rows);
+    cfg.tp = static_cast<int>(o.integer("tp", 2, 1, detlogp::kMaxTensorParallelRanks));
+    cfg.seed = static_cast<uint64_t>(o.integer("seed", 0, 0, INT64_MAX));
+    cfg.perturb_trainer_weight = o.flag("perturb-trainer-weight");
+    cfg.rollout_opt = cfg.trainer_opt = call_options(o);
+    const std::filesystem::path dir = o.text("out");
+    std::filesystem::create_directories(dir);
+    const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, std::cout);
+    for (const auto& [name, text] : {std::pair{"report.json", &r.json}, {"report.md", &r.markdown}}) {
+      std::ofstream f(dir / name, std::ios::binary);
+      f << *text;
+      DETLOGP_CHECK(f.good(), "failed writing '" << (dir / name).string() << "'");
+      std::cout << "wrote: " << (dir / name).string() << "\n";
+    }
+    std::cout << "verdict: "
+              << (!r.compared                  ? "FAIL (weight fingerprints differ: not compared)"
+                  : r.exact && r.control_drift ? "PASS (logp exact zero; negative control drifts)"
+                  : !r.exact                   ? "FAIL (logp not exactly zero, or a fallback was observed)"
+                                               : "FAIL (the negative control showed no drift)")
+              << "\n";
+    return r.compared && r.exact && r.control_drift ? kExitOk : kExitCheckFailed;
+  }
+  if (sub == "l3") {
+    const Options o(args, kHarnessL3Options);
+    if (o.flag("help")) return harness_help(std::cout), kExitOk;
+    detlogp::check_environment();
+    const std::string side = o.text("side");
+    if (side != "trainer" && side != "rollout") throw UsageError("--side must be trainer or rollout");
+    if (!o.has("out") || std::filesystem::path(o.text("out")).extension() != ".safetensors")
+      throw UsageError("--out FILE.safetensors is required");
+    g::l3_run_side(side == "trainer" ? g::L3Side::trainer : g::L3Side::rollout, split_commas(o.text("case")),
+                   static_cast<int>(o.integer("tp", 2, 1, detlogp::kMaxTensorParallelRanks)), call_options(o),
+                   o.text("out"), std::cout);
+    return kExitOk;
+  }
+  if (sub == "l3-check") {
+    const Options o(args, kHarnessL3CheckOptions);
+    if (o.flag("help")) return harness_help(std::cout), kExitOk;
+    if (!o.has("a") || !o.has("b")) throw UsageError("--a FILE and --b FILE are required");
+    return g::l3_check(o.text("a"), o.text("b"), std::cout) ? kExitOk : kExitCheckFailed;
+  }
+  if (sub == "l3-export") {
+    const Options o(args, kHarnessL3ExportOptions);
+    if (o.flag("help")) return harness_help(std::cout), kExitOk;
+    if (!o.has("dir")) throw UsageError("--dir DIR is required");
+    g::l3_export_inputs(split_commas(o.text("case")), o.text("dir"), std::cout);
+    return kExitOk;
+  }
+  if (sub == "--help" || sub == "-h" || sub == "help") return harness_help(std::cout), kExitOk;
+  throw UsageError("unknown harness '" + sub + "' (rollout-vs-trainer, l3, l3-check, l3-export)");
+}
+
+// ---------------------------------------------------------------------------------------------
 
 void main_help(std::ostream& os) {
   os << "usage: detlogp <command> [options]\n\n"
         "commands:\n"
         "  info      version, contract and frozen constants, backends, provenance\n"
         "  run       compute logp/lse (and logits) for a built-in problem or a file; prints a SHA-256\n"
-        "  verify    run the validation ladder (L1, L2, serving/trainer, TP, padding) on one backend\n"
+        "  verify    run the validation ladder (L1, L2, serving/trainer, TP, padding) on one backend;\n"
+        "            --golden replays the golden fingerprints\n"
+        "  harness   L3 two-engine check and the L4/L5 rollout-vs-trainer harness (docs/validation.md)\n"
         "  help      this text; `detlogp <command> --help` for a command's options\n\n"
         "exit codes: 0 ok, 1 a check failed, 2 usage error, 3 error (bad input, refused backend or env)\n";
 }
@@ -1029,6 +1266,15 @@ int main(int argc, char** argv) {
         {"run", {&kRunOptions, run_help, command_run}},
         {"verify", {&kVerifyOptions, verify_help, command_verify}},
     };
+    if (command == "harness") {
+      try {
+        if (args.empty()) throw UsageError("harness needs a subcommand (rollout-vs-trainer, l3, l3-check, l3-export)");
+        return command_harness(args[0], {args.begin() + 1, args.end()});
+      } catch (const UsageError& e) {
+        std::cerr << "detlogp harness: usage error: " << e.what() << "\n(see `detlogp harness --help`)\n";
+        return kExitUsage;
+      }
+    }
     const auto it = commands.find(command);
     if (it == commands.end()) throw UsageError("unknown command '" + command + "'");
     try {

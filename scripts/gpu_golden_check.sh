@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Validation ladder L3-L5 on an SM90 machine (docs/validation.md): golden fingerprints recorded
+# and replayed for (contract version, sm90a, 90), the L3 two-process check, and the L4/L5
+# rollout-vs-trainer harness at Qwen3-8B shapes. Everything goes to "$OUT" (else ./out/golden):
+#   fingerprints.tsv   the repository's file plus the SM90 rows recorded here (commit it:
+#                      cp "$OUT/fingerprints.tsv" tests/golden/fingerprints.tsv)
+#   golden.log, l3.log, harness-*/report.{json,md}, summary.txt
+# Reuses $BUILD_DIR (default build-gpu, as scripts/gpu_check.sh) when it holds a detlogp binary,
+# else configures and builds it. Exit 0 only when every step passed.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-$ROOT/out}/golden"
+mkdir -p "$OUT"
+BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+step() {  # step NAME LOG command...: runs, logs, records PASS/FAIL
+  local name="$1" log="$2"
+  shift 2
+  echo "== $*" >>"$log"
+  "$@" >>"$log" 2>&1
+  local rc=$?
+  say "$name: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL (rc=$rc, see $(basename "$log"))")"
+  [[ $rc -eq 0 ]] || status=1
+  return $rc
+}
+
+BIN="$BUILD/detlogp"
+if [[ ! -x "$BIN" ]]; then
+  GEN=()
+  command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+  NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+  cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "${JOBS:-16}" --target detlogp_cli >>"$OUT/build.log" 2>&1 ||
+    { say "build: FAIL (build.log)"; tail -30 "$OUT/build.log"; exit 1; }
+fi
+"$BIN" info >"$OUT/info.log" 2>&1
+say "$(grep -E '^served by' "$OUT/info.log")"
+
+# 1. Goldens. The CPU rows and the platform-independent "inputs" rows must pass here as on any
+# machine; the SM90 rows are replayed when the repository has them, else recorded into the copy.
+cp "$ROOT/tests/golden/fingerprints.tsv" "$OUT/fingerprints.tsv"
+step "goldens cpu (repository file)" "$OUT/golden.log" \
+  "$BIN" verify --golden --strict --backend cpu-linear-logp-contract-v1
+if grep -qP '^\d+\tsm90a\t' "$ROOT/tests/golden/fingerprints.tsv"; then
+  step "goldens auto backend (repository file)" "$OUT/golden.log" "$BIN" verify --golden --strict
+else
+  step "goldens auto backend record" "$OUT/golden.log" "$BIN" verify --golden --strict --record --golden-file "$OUT/fingerprints.tsv"
+  grep '^recorded:' "$OUT/golden.log" | sed 's/^recorded: /  new row: /' | tee -a "$SUMMARY" >/dev/null
+  # A second process replays what the first recorded (run-to-run and process-to-process bits).
+  step "goldens auto backend replay of the new rows" "$OUT/golden.log" \
+    "$BIN" verify --golden --strict --golden-file "$OUT/fingerprints.tsv"
+fi
+
+# 2. L3: trainer-shaped and rollout-shaped calls in two processes, every golden case (Qwen3-8B
+# TP=2 included), strict mode (so the SM90 backend, no fallback).
+step "L3 trainer side" "$OUT/l3.log" "$BIN" harness l3 --side trainer --tp 2 --strict --out "$OUT/l3-trainer.safetensors"
+step "L3 rollout side" "$OUT/l3.log" "$BIN" harness l3 --side rollout --strict --out "$OUT/l3-rollout.safetensors"
+step "L3 check" "$OUT/l3.log" "$BIN" harness l3-check --a "$OUT/l3-trainer.safetensors" --b "$OUT/l3-rollout.safetensors"
+grep -E "^  [a-z0-9.-]+ +(PASS|FAIL)|^side " "$OUT/l3.log" | cut -c1-200 >>"$SUMMARY"
+
+# 3. L4/L5: small config, then Qwen3-8B shapes (D=4096, V=151936 padded to 152064, trainer TP=2).
+step "harness small" "$OUT/harness.log" "$BIN" harness rollout-vs-trainer --strict --seqs 16 --max-len 12 --d 1024 \
+  --v 2112 --real-vocab 2053 --tp 2 --out "$OUT/harness-small"
+step "harness qwen3-8b" "$OUT/harness.log" "$BIN" harness rollout-vs-trainer --strict --seqs "${SEQS:-32}" \
+  --max-len "${MAX_LEN:-16}" --max-batch 8 --d 4096 --v 152064 --real-vocab 151936 --tp 2 --out "$OUT/harness-qwen3-8b"
+grep -E "^(rollout|trainer|weight fingerprint|logp|negative control|verdict)" "$OUT/harness.log" | cut -c1-220 >>"$SUMMARY"
+
+echo
+echo "================ golden / L3 / L4-L5 summary ================"
+cat "$SUMMARY"
+exit $status

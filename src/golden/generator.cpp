@@ -1,0 +1,119 @@
+#include "golden/generator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "detlogp/error.hpp"
+#include "io/sha256.hpp"
+
+namespace detlogp::golden {
+
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+uint64_t draw(uint64_t seed, uint64_t stream, uint64_t index) {
+  const uint64_t key = mix64(seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull);
+  return mix64(key ^ mix64(index * 0x9E3779B97F4A7C15ull + key));
+}
+
+float normal(uint64_t seed, uint64_t stream, uint64_t index) {
+  const uint64_t a = draw(seed, stream, 2 * index), b = draw(seed, stream, 2 * index + 1);
+  int64_t sum = 0;
+  for (int s = 0; s < 64; s += 16)
+    sum += static_cast<int64_t>((a >> s) & 0xFFFF) + static_cast<int64_t>((b >> s) & 0xFFFF);
+  // Eight uniforms on {0..65535}: mean 8 * 32767.5 = 262140, sd sqrt(8 (65536^2 - 1) / 12) = 53510.85.
+  // |sum - 262140| <= 262140 < 2^24: the int -> float conversion is exact; one rounding follows.
+  return static_cast<float>(sum - 262140) * (1.0f / 53510.0f);
+}
+
+float uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+  return static_cast<float>(draw(seed, stream, index) >> 40) * 0x1p-24f;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::vector<uint16_t> weight_rows(uint64_t seed, int64_t row_begin, int64_t rows, int64_t dim) {
+  std::vector<uint16_t> w(static_cast<size_t>(rows * dim));
+  // Counter-based, so the split across threads cannot change a bit.
+  const int workers = static_cast<int>(std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < workers; ++t) {
+    pool.emplace_back([&, t] {
+      for (int64_t r = t; r < rows; r += workers) {
+        const uint64_t base = static_cast<uint64_t>((row_begin + r) * dim);
+        uint16_t* out = w.data() + r * dim;
+        for (int64_t k = 0; k < dim; ++k) out[k] = to_bf16(kWeightStd * normal(seed, kStreamWeight, base + k));
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return w;
+}
+
+void hidden_row(uint64_t seed, uint64_t key, int64_t dim, float gain, const uint16_t* dominant_row, uint16_t* out) {
+  std::vector<float> x(static_cast<size_t>(dim));
+  const float mix = dominant_mix(dim);
+  for (int64_t k = 0; k < dim; ++k) {
+    float v = normal(seed, kStreamHidden, key * static_cast<uint64_t>(dim) + static_cast<uint64_t>(k));
+    if (dominant_row != nullptr) v = v + mix * (from_bf16(dominant_row[k]) / kWeightStd);
+    x[static_cast<size_t>(k)] = v;
+  }
+  float ss = 0.0f;
+  for (float v : x) ss = ss + v * v;
+  const float rms = std::sqrt(ss / static_cast<float>(dim));
+  for (int64_t k = 0; k < dim; ++k) out[k] = to_bf16(gain * (x[static_cast<size_t>(k)] / rms));
+}
+
+float dominant_logit(int64_t dim) { return dim >= 4096 ? 18.0f : 12.0f; }
+
+float dominant_mix(int64_t dim) {
+  const float scale = kWeightStd * static_cast<float>(dim), z = dominant_logit(dim);
+  if (scale <= 1.25f * z) return 4.0f;
+  return z / std::sqrt(scale * scale - z * z);
+}
+
+std::string weight_fingerprint(const std::vector<TensorView>& shards) {
+  DETLOGP_CHECK(!shards.empty(), "weight_fingerprint needs at least one shard");
+  int64_t rows = 0;
+  const int64_t cols = shards.front().cols;
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const TensorView& s = shards[r];
+    DETLOGP_CHECK(s.memory == Memory::host, "weight_fingerprint: shard " << r << " is not in host memory");
+    DETLOGP_CHECK(s.dtype == DType::bf16 && s.ndim == 2, "weight_fingerprint: shard " << r << " is not a bf16 matrix");
+    DETLOGP_CHECK(s.cols == cols,
+                  "weight_fingerprint: shard " << r << " has " << s.cols << " columns, shard 0 " << cols);
+    rows += s.rows;
+  }
+  io::Sha256 h;
+  const std::string header =
+      "detlogp-weight-v1 bf16 rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + "\n";
+  h.update(header.data(), header.size());
+  for (const TensorView& s : shards)
+    for (int64_t r = 0; r < s.rows; ++r)
+      h.update(static_cast<const uint16_t*>(s.data) + r * s.row_stride, static_cast<size_t>(cols) * 2);
+  return io::Sha256::hex(h.finish());
+}
+
+}  // namespace detlogp::golden

@@ -1,0 +1,74 @@
+// Validation ladder L3-L5 on one host (docs/validation.md).
+//
+// L3: the golden inputs through a trainer-shaped call (packed batch, vocabulary-parallel, trainer
+//     entry) and a rollout-shaped call (one row at a time, serving entry), each side in its own
+//     process writing a result file; a checker compares the bytes.
+// L4/L5: a synthetic rollout loop with continuous batching and a sampler, then a trainer
+//     recomputation (packed, tensor parallel) at the same weight fingerprint; exact-zero metrics,
+//     a materializing bf16-logits negative control, and a JSON + markdown report.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "detlogp/detlogp.hpp"
+
+namespace detlogp::golden {
+
+// ---- L3 ----------------------------------------------------------------------------------------
+
+enum class L3Side { trainer, rollout };
+
+// Runs the named golden cases (all when empty) as one side and writes FILE.safetensors:
+// tensors "<case>/logp", "<case>/lse" (F32 [N]); metadata format=detlogp-l3-v1, side, pid,
+// backend, provenance, fallback ("no" or the reason), and per case "<case>/inputs_sha256",
+// "<case>/weight_fingerprint". The trainer side uses `tp` vocabulary shards (partials + merge).
+void l3_run_side(L3Side side, const std::vector<std::string>& cases, int tp, const CallOptions& opt,
+                 const std::string& out_path, std::ostream& log);
+
+// Compares two side files case by case; returns true when every case present in both has equal
+// inputs and weight fingerprints and identical logp and lse bytes, and both sides cover the same
+// cases. Prints one line per case and the provenance of both sides.
+bool l3_check(const std::string& a_path, const std::string& b_path, std::ostream& log);
+
+// Writes each case's inputs as DIR/<case>.safetensors in the `detlogp run --input` format
+// (hidden, weight, targets, optional bias, temperature) for an external rollout side (Python).
+void l3_export_inputs(const std::vector<std::string>& cases, const std::string& dir, std::ostream& log);
+
+// ---- L4/L5 -------------------------------------------------------------------------------------
+
+struct HarnessConfig {
+  int64_t seqs = 16;
+  int64_t max_len = 12;
+  int64_t max_batch = 8;  // continuous batching: at most this many sequences per step
+  int64_t dim = 1024;
+  int64_t weight_rows = 2053;  // the whole head, padding included
+  int64_t real_vocab = -1;     // -1: weight_rows
+  int tp = 2;
+  uint64_t seed = 0;
+  CallOptions rollout_opt, trainer_opt;
+  bool perturb_trainer_weight = false;  // flip one weight bit on the trainer side (fingerprint check)
+};
+
+struct Metrics {
+  int64_t total = 0;
+  int64_t mismatch_count = 0;                       // logp bit patterns that differ
+  double train_rollout_logprob_abs_diff = 0;        // mean |logp_train - logp_rollout|
+  double current_rollout_logprob_max_abs_diff = 0;  // max |logp_train - logp_rollout|
+  double k3_max = 0, k3_mean = 0;                   // K3 = rho - 1 - log(rho), rho = exp(logp_train - logp_rollout)
+  int64_t k3_nonzero = 0;
+};
+
+struct HarnessResult {
+  bool compared = false;  // false when the weight fingerprints differ
+  bool exact = false;     // compared and every metric exactly zero
+  bool control_drift = false;
+  std::string json, markdown;
+  Metrics metrics, control;
+};
+
+HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log);
+
+}  // namespace detlogp::golden

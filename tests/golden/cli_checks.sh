@@ -1,0 +1,46 @@
+#!/bin/sh
+# CLI checks of the golden layer (run by ctest): cli_checks.sh DETLOGP FINGERPRINTS.tsv MODE
+#   record-replay  NOT RECORDED exits 1; --record appends and exits 0; a replay passes; a
+#                  tampered row FAILs and is not overwritten by --record
+#   export-run     l3-export inputs through `detlogp run --input` give the checked-in digests
+set -eu
+bin="$1" fingerprints="$2" mode="$3"
+d="$(mktemp -d)"
+trap 'rm -rf "$d"' EXIT
+cpu="--strict --backend cpu-linear-logp-contract-v1"
+expect_rc() {  # expect_rc CODE command...
+  want="$1"; shift
+  set +e; "$@" >"$d/out" 2>&1; rc=$?; set -e
+  if [ "$rc" -ne "$want" ]; then cat "$d/out"; echo "expected exit $want, got $rc: $*"; exit 1; fi
+}
+case "$mode" in
+  record-replay)
+    f="$d/f.tsv"
+    expect_rc 1 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f"
+    grep -q "verdict: NOT RECORDED (0 pass, 0 fail, 2 not recorded)" "$d/out"
+    expect_rc 0 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f" --record
+    [ "$(grep -c '^recorded: ' "$d/out")" -eq 2 ]
+    expect_rc 0 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f"
+    grep -q "verdict: PASS (2 pass, 0 fail, 0 not recorded)" "$d/out"
+    # The recorded rows are the checked-in ones.
+    grep -v '^#' "$f" | while IFS= read -r row; do grep -qxF "$row" "$fingerprints"; done
+    # Tamper with the last digit of the last row: FAIL, and --record leaves it alone.
+    sed -i '$ s/f$/X/; $ s/[0-9a-e]$/f/; $ s/X$/e/' "$f"
+    cp "$f" "$d/tampered"
+    expect_rc 1 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f" --record
+    grep -q "FAIL  got" "$d/out"
+    cmp -s "$f" "$d/tampered"
+    ;;
+  export-run)
+    "$bin" harness l3-export --dir "$d" --case v2053-bias-t0.7,v17-i32-ignore7,v2112-real2053-t1.3 >/dev/null
+    for c in v2053-bias-t0.7:-100:2053 v17-i32-ignore7:7:17 v2112-real2053-t1.3:-100:2053; do
+      name="${c%%:*}" rest="${c#*:}"
+      got="$("$bin" run --input "$d/$name.safetensors" --ignore-index "${rest%%:*}" --real-vocab "${rest#*:}" $cpu |
+        sed -n 's/^sha256(logp|lse): //p')"
+      want="$(grep -P "^1\tcpu\t0\t$name\tlogp\|lse\t" "$fingerprints" | cut -f6)"
+      [ -n "$want" ] && [ "$got" = "$want" ] || { echo "$name: run --input gave $got, golden $want"; exit 1; }
+    done
+    ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+echo "$mode: ok"

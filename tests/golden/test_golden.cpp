@@ -1,0 +1,203 @@
+// Validation layer (docs/validation.md): generator bit-stability, the CPU goldens, the L3 checker,
+// the L4/L5 harness (exact zeros, negative control, fingerprint mismatch).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "golden/generator.hpp"
+#include "golden/goldens.hpp"
+#include "golden/harness.hpp"
+#include "io/safetensors.hpp"
+#include "io/sha256.hpp"
+
+namespace {
+
+namespace g = detlogp::golden;
+using detlogp::DType;
+using detlogp::TensorView;
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::string sha(const void* p, size_t n) { return detlogp::io::Sha256::hex(detlogp::io::Sha256::of(p, n)); }
+
+detlogp::CallOptions cpu_strict() {
+  detlogp::CallOptions o;
+  o.backend = "cpu-linear-logp-contract-v1";
+  o.strict = true;
+  return o;
+}
+
+// Pinned values: any change to the hash, the normal variate, the bf16 rounding or the RMS norm
+// changes every golden; these say which part moved.
+TEST(Generator, BitStable) {
+  EXPECT_EQ(g::draw(0, 0, 0), 0x574cca60cecc11e9ull);
+  EXPECT_EQ(g::draw(1, 102, 5), 0xf07bf0daafde3ab1ull);
+  EXPECT_EQ(g::draw(~0ull, 7, ~0ull), 0x053b4c00d4387389ull);
+  EXPECT_EQ(bits(g::normal(3, 101, 0)), 0x3fb1aef5u);
+  EXPECT_EQ(bits(g::normal(3, 101, 1)), 0xbfa9ba35u);
+  EXPECT_EQ(bits(g::normal(3, 101, 2)), 0x3f1a886du);
+  EXPECT_EQ(bits(g::normal(3, 101, 3)), 0x3e6b2692u);
+  EXPECT_EQ(bits(g::uniform(3, 106, 9)), 0x3f298100u);
+  const std::vector<uint16_t> w = g::weight_rows(1, 0, 64, 128);
+  EXPECT_EQ(sha(w.data(), w.size() * 2), "05f49148ff13668974c32c441e0474067d012138fc67781e5016216e8a147ef5");
+  std::vector<uint16_t> h(256);
+  g::hidden_row(1, 7, 256, 1.0f, nullptr, h.data());
+  EXPECT_EQ(sha(h.data(), h.size() * 2), "b05250beb792a18bd70d52571e5fbb01d8c9bde0b29dd9177905180280b1e19d");
+  g::hidden_row(1, 7, 128, 1.0f, w.data() + 5 * 128, h.data());
+  EXPECT_EQ(sha(h.data(), 128 * 2), "fa7ef82f6a20f29e2524e1ac4279ad0498bbc1fdb9d586429493a614af0d1ae6");
+}
+
+TEST(Generator, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(g::to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F808000u)), 0x3F80);  // tie, even stays
+  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F818000u)), 0x3F82);  // tie, odd rounds up
+  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F808001u)), 0x3F81);  // above the tie
+  EXPECT_EQ(g::to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x7F7FFFFFu)), 0x7F80);  // overflows to +inf
+}
+
+TEST(Generator, ShardsAreSlicesAndRowsAreRmsNormalized) {
+  const std::vector<uint16_t> whole = g::weight_rows(4, 0, 200, 64), tail = g::weight_rows(4, 128, 72, 64);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 128 * 64));
+  std::vector<uint16_t> h(1024);
+  g::hidden_row(4, 3, 1024, 1.0f, nullptr, h.data());
+  double ss = 0;
+  for (uint16_t b : h) ss += static_cast<double>(g::from_bf16(b)) * g::from_bf16(b);
+  EXPECT_NEAR(ss / 1024, 1.0, 1e-2);
+}
+
+TEST(WeightFingerprint, RankOrderedShardsEqualTheWholeHeadAndOneBitChangesIt) {
+  std::vector<uint16_t> w = g::weight_rows(5, 0, 300, 32);
+  const std::string whole = g::weight_fingerprint({TensorView::matrix(w.data(), DType::bf16, 300, 32)});
+  const std::string sharded = g::weight_fingerprint({TensorView::matrix(w.data(), DType::bf16, 128, 32),
+                                                     TensorView::matrix(w.data() + 128 * 32, DType::bf16, 172, 32)});
+  EXPECT_EQ(whole, sharded);
+  const std::string header = "detlogp-weight-v1 bf16 rows=300 cols=32\n";
+  std::string bytes = header + std::string(reinterpret_cast<const char*>(w.data()), w.size() * 2);
+  EXPECT_EQ(whole, sha(bytes.data(), bytes.size()));
+  w[77] ^= 1;
+  EXPECT_NE(whole, g::weight_fingerprint({TensorView::matrix(w.data(), DType::bf16, 300, 32)}));
+}
+
+// The checked-in CPU fingerprints, every case but the Qwen3-8B shard (the CLI test replays all).
+TEST(Goldens, CpuFingerprintsMatchTheCheckedInFile) {
+  const auto table = g::read_fingerprints(DETLOGP_GOLDEN_FILE);
+  int checked = 0;
+  for (const g::GoldenCase& c : g::golden_cases()) {
+    if (c.dim * c.weight_rows > 16'000'000) continue;
+    const g::CaseResult r = g::run_case(g::make_inputs(c), cpu_strict());
+    ASSERT_FALSE(r.report.fallback);
+    for (const g::Fingerprint& f : r.fingerprints) {
+      const bool any = f.scope == "inputs";
+      const g::FingerprintKey key{1, any ? "any" : "cpu", any ? "-" : "0", c.name, f.scope};
+      ASSERT_TRUE(table.count(key)) << c.name << " " << f.scope << " is not recorded";
+      EXPECT_EQ(table.at(key), f.sha256) << c.name << " " << f.scope;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 14);
+}
+
+TEST(Goldens, DominantRowsHaveLogpNearZeroAndTheTp2CaseMatchesTp1) {
+  const g::CaseInputs in = g::make_inputs(g::golden_cases()[2]);  // v2053-bias-t0.7
+  const g::CaseResult r = g::run_case(in, cpu_strict());
+  for (int64_t n = 3; n < in.c.rows; n += 8) {
+    EXPECT_LT(r.logp[n], 0.0f) << n;
+    EXPECT_GT(r.logp[n], -0.05f) << n;
+  }
+  EXPECT_LT(r.logp[0], -1.0f);
+  EXPECT_EQ(bits(r.logp[15]), 0u);  // ignore_index
+  g::GoldenCase tp2 = in.c;
+  tp2.tp = 2;
+  g::CaseInputs in2 = in;
+  in2.c = tp2;
+  const g::CaseResult r2 = g::run_case(in2, cpu_strict());
+  EXPECT_EQ(r.fingerprints.back().sha256, r2.fingerprints.back().sha256);
+}
+
+std::filesystem::path temp_dir(const std::string& name) {
+  const auto d = std::filesystem::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+TEST(L3, CheckerPassesIdenticalSidesAndFailsOnOneFlippedBit) {
+  const auto dir = temp_dir("l3");
+  std::ostringstream log;
+  g::l3_run_side(g::L3Side::trainer, {"tiny-v17", "v17-i32-ignore7"}, 2, cpu_strict(), (dir / "t.safetensors").string(),
+                 log);
+  g::l3_run_side(g::L3Side::rollout, {"tiny-v17", "v17-i32-ignore7"}, 1, cpu_strict(), (dir / "r.safetensors").string(),
+                 log);
+  // Both ran in this process; make them look like two processes so the byte comparison decides.
+  auto f = detlogp::io::read_safetensors(dir / "r.safetensors");
+  f.metadata["pid"] = "other";
+  detlogp::io::write_safetensors(dir / "r.safetensors", f);
+  std::ostringstream ok;
+  EXPECT_TRUE(g::l3_check((dir / "t.safetensors").string(), (dir / "r.safetensors").string(), ok)) << ok.str();
+  for (auto& t : f.tensors)
+    if (t.name == "tiny-v17/logp") t.tensor.bytes[4] ^= 1;
+  detlogp::io::write_safetensors(dir / "r.safetensors", f);
+  std::ostringstream bad;
+  EXPECT_FALSE(g::l3_check((dir / "t.safetensors").string(), (dir / "r.safetensors").string(), bad));
+  EXPECT_NE(bad.str().find("tiny-v17                FAIL  1 of 5 logp differ"), std::string::npos) << bad.str();
+  std::filesystem::remove_all(dir);
+}
+
+g::HarnessConfig small_config() {
+  g::HarnessConfig cfg;
+  cfg.seqs = 9;
+  cfg.max_len = 6;
+  cfg.max_batch = 4;
+  cfg.dim = 256;
+  cfg.weight_rows = 2112;  // padded head
+  cfg.real_vocab = 2053;
+  cfg.tp = 2;
+  cfg.seed = 3;
+  cfg.rollout_opt = cfg.trainer_opt = cpu_strict();
+  return cfg;
+}
+
+TEST(Harness, RolloutVsTrainerIsExactAndTheNegativeControlDrifts) {
+  for (int tp : {2, 3}) {
+    g::HarnessConfig cfg = small_config();
+    cfg.tp = tp;
+    std::ostringstream log;
+    const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, log);
+    ASSERT_TRUE(r.compared) << log.str();
+    EXPECT_TRUE(r.exact) << log.str();
+    EXPECT_GT(r.metrics.total, 9);
+    EXPECT_EQ(r.metrics.mismatch_count, 0);
+    EXPECT_EQ(r.metrics.train_rollout_logprob_abs_diff, 0.0);
+    EXPECT_EQ(r.metrics.current_rollout_logprob_max_abs_diff, 0.0);
+    EXPECT_EQ(r.metrics.k3_max, 0.0);
+    EXPECT_EQ(r.metrics.k3_nonzero, 0);
+    EXPECT_TRUE(r.control_drift);
+    EXPECT_GT(r.control.mismatch_count, 0);
+    EXPECT_GT(r.control.current_rollout_logprob_max_abs_diff, 0.0);
+    EXPECT_NE(r.json.find("\"logp_exact_zero\": true"), std::string::npos);
+    EXPECT_NE(r.markdown.find("**logp claim: exact zero**"), std::string::npos);
+    EXPECT_NE(r.markdown.find("no fallback observed"), std::string::npos);
+  }
+}
+
+TEST(Harness, MismatchedWeightFingerprintsAreReportedAndNotCompared) {
+  g::HarnessConfig cfg = small_config();
+  cfg.perturb_trainer_weight = true;
+  std::ostringstream log;
+  const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, log);
+  EXPECT_FALSE(r.compared);
+  EXPECT_FALSE(r.exact);
+  EXPECT_EQ(r.metrics.total, 0);
+  EXPECT_NE(r.json.find("\"weight_fingerprints_match\": false"), std::string::npos);
+  EXPECT_NE(r.json.find("not compared"), std::string::npos);
+  EXPECT_NE(r.markdown.find("the logprobs were not compared"), std::string::npos);
+}
+
+}  // namespace
