@@ -4,7 +4,7 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python[,profile] (default: all but profile)
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile] (default: all but profile)
 #   BENCH_ARGS="--n 1,4096". The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
-STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench,python}"
+STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench,python,golden}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 JOBS="${JOBS:-16}"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
@@ -119,6 +119,13 @@ if has python; then
   rc=$?
   say "python: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (python_check.log, python/)"
   grep -E "passed|failed|TP_|PASS|FAIL|backward|peak|ms" "$OUT/python_check.log" | cut -c1-200 | head -40 >>"$SUMMARY"
+fi
+
+if has golden; then
+  OUT="$OUT" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_golden_check.sh" >"$OUT/golden_check.log" 2>&1
+  rc=$?
+  say "golden/L3/L4-L5: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (golden_check.log, golden/)"
+  sed -n '/summary =/,$p' "$OUT/golden_check.log" | cut -c1-220 | head -60 >>"$SUMMARY"
 fi
 
 # Optional: hardware counters of one fused launch per auto bucket (ncu, clocks left alone).
