@@ -61,11 +61,38 @@ step "L3 rollout side" "$OUT/l3.log" "$BIN" harness l3 --side rollout --strict -
 step "L3 check" "$OUT/l3.log" "$BIN" harness l3-check --a "$OUT/l3-trainer.safetensors" --b "$OUT/l3-rollout.safetensors"
 grep -E "^  [a-z0-9.-]+ +(PASS|FAIL)|^side " "$OUT/l3.log" | cut -c1-200 >>"$SUMMARY"
 
+# L3 again with the rollout side in Python (the binding's serving entry, one row at a time), when
+# the module is in this build tree (gpu_check.sh builds it where nanobind is importable).
+if ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+  mkdir -p "$OUT/l3-inputs"
+  step "L3 export inputs" "$OUT/l3.log" "$BIN" harness l3-export --dir "$OUT/l3-inputs"
+  step "L3 rollout side (Python binding)" "$OUT/l3.log" env PYTHONPATH="$BUILD/python" python3 "$ROOT/tools/l3_rollout.py" \
+    --inputs "$OUT/l3-inputs" --out "$OUT/l3-rollout-python.safetensors" --strict
+  step "L3 check (C++ trainer vs Python rollout)" "$OUT/l3.log" "$BIN" harness l3-check --a "$OUT/l3-trainer.safetensors" \
+    --b "$OUT/l3-rollout-python.safetensors"
+  rm -rf "$OUT/l3-inputs"
+else
+  say "L3 Python rollout side: skipped (no Python module in $BUILD)"
+fi
+
 # 3. L4/L5: small config, then Qwen3-8B shapes (D=4096, V=151936 padded to 152064, trainer TP=2).
 step "harness small" "$OUT/harness.log" "$BIN" harness rollout-vs-trainer --strict --seqs 16 --max-len 12 --d 1024 \
   --v 2112 --real-vocab 2053 --tp 2 --out "$OUT/harness-small"
 step "harness qwen3-8b" "$OUT/harness.log" "$BIN" harness rollout-vs-trainer --strict --seqs "${SEQS:-32}" \
   --max-len "${MAX_LEN:-16}" --max-batch 8 --d 4096 --v 152064 --real-vocab 151936 --tp 2 --out "$OUT/harness-qwen3-8b"
+# On two or more GPUs: the TP ranks on their own GPUs over real NCCL, trainer TP=2 x CP=2 (the
+# CP groups take turns on the same two GPUs unless there are four), rollout at TP=1 and TP=2.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [[ "${ngpu:-0}" -ge 2 ]]; then
+  for rtp in 1 2; do
+    step "harness qwen3-8b on GPUs 0,1 (NCCL), trainer TP=2 x CP=2, rollout TP=$rtp" "$OUT/harness.log" \
+      "$BIN" harness rollout-vs-trainer --strict --seqs "${SEQS:-32}" --max-len "${MAX_LEN:-16}" --max-batch 8 \
+      --d 4096 --v 152064 --real-vocab 151936 --tp 2 --cp 2 --rollout-tp "$rtp" --devices 0,1 \
+      --out "$OUT/harness-qwen3-8b-nccl-rtp$rtp"
+  done
+else
+  say "harness on real NCCL: skipped ($ngpu GPU visible, 2 needed)"
+fi
 grep -E "^(rollout|trainer|weight fingerprint|logp|negative control|verdict)" "$OUT/harness.log" | cut -c1-220 >>"$SUMMARY"
 
 echo

@@ -1108,6 +1108,9 @@ const std::vector<OptionSpec> kHarnessRvtOptions = {
     {"v", true, "lm_head rows, padding included (default 2053)"},
     {"real-vocab", true, "real vocabulary, ids >= it are padding (default --v)"},
     {"tp", true, "trainer tensor-parallel degree (default 2)"},
+    {"cp", true, "trainer context-parallel degree: packed rows split into CP groups (default 1)"},
+    {"rollout-tp", true, "rollout engine tensor-parallel degree, serving entry (default 1)"},
+    {"devices", true, "CUDA devices for the TP ranks, e.g. 0,1 (real NCCL); default: in-process host ranks"},
     {"seed", true, "generator seed (default 0)"},
     {"backend", true, "backend of both sides (default: env DETLOGP_BACKEND, else auto)"},
     {"strict", false, "contract-bearing backends only, no fallback"},
@@ -1140,7 +1143,8 @@ const std::vector<OptionSpec> kHarnessL3ExportOptions = {
 
 void harness_help(std::ostream& os) {
   os << "usage: detlogp harness rollout-vs-trainer [--seqs S] [--max-len L] [--max-batch B] [--d D] [--v V]\n"
-        "                          [--real-vocab R] [--tp P] [--seed S] [--strict] [--backend ID] --out DIR\n"
+        "                          [--real-vocab R] [--tp P] [--cp C] [--rollout-tp P] [--devices 0,1,..]\n"
+        "                          [--seed S] [--strict] [--backend ID] --out DIR\n"
         "       detlogp harness l3 --side trainer|rollout --out FILE.safetensors [--tp P] [--case A,B]\n"
         "       detlogp harness l3-check --a FILE --b FILE\n"
         "       detlogp harness l3-export --dir DIR [--case A,B]\n\n"
@@ -1173,6 +1177,22 @@ int command_harness(const std::string& sub, const std::vector<std::string>& args
     cfg.weight_rows = o.integer("v", 2053, 1, 1 << 22);
     cfg.real_vocab = o.integer("real-vocab", cfg.weight_rows, 1, cfg.weight_rows);
     cfg.tp = static_cast<int>(o.integer("tp", 2, 1, detlogp::kMaxTensorParallelRanks));
+    cfg.cp = static_cast<int>(o.integer("cp", 1, 1, 1024));
+    cfg.rollout_tp = static_cast<int>(o.integer("rollout-tp", 1, 1, detlogp::kMaxTensorParallelRanks));
+    if (o.has("devices")) {
+      std::stringstream list(o.text("devices"));
+      for (std::string item; std::getline(list, item, ',');) {
+        char* end = nullptr;
+        const long d = std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || d < 0 || d > 1023)
+          throw UsageError("--devices takes CUDA device numbers separated by commas, got '" + o.text("devices") + "'");
+        cfg.devices.push_back(static_cast<int>(d));
+      }
+      const size_t need = static_cast<size_t>(std::max(cfg.tp, cfg.rollout_tp));
+      if (cfg.devices.size() < need)
+        throw UsageError("--devices lists " + std::to_string(cfg.devices.size()) +
+                         " devices; TP=" + std::to_string(need) + " needs one per rank");
+    }
     cfg.seed = static_cast<uint64_t>(o.integer("seed", 0, 0, INT64_MAX));
     cfg.perturb_trainer_weight = o.flag("perturb-trainer-weight");
     cfg.rollout_opt = cfg.trainer_opt = call_options(o);

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -106,30 +109,68 @@ void same_backend(CallReport& first, const CallReport& r, bool& have) {
                                                                         << r.provenance.backend_id);
 }
 
+// One NCCL communicator set per device list, made once per process (ncclCommInitAll costs far
+// more than a harness step) and destroyed at exit, before the CUDA runtime tears down (the cache
+// is constructed after the first CUDA call, so it is destroyed first).
+std::vector<void*> cached_nccl_comms(const std::vector<int>& devices) {
+  // Backend probing initializes the CUDA runtime (and registers its teardown) before the cache.
+  static const bool runtime_first = (void(list_backends()), true);
+  (void)runtime_first;
+  struct Cache {
+    std::mutex mutex;
+    std::map<std::vector<int>, std::vector<void*>> comms;
+    ~Cache() {
+      for (auto& [d, c] : comms) destroy_nccl_comms(c);
+    }
+  };
+  static Cache cache;
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.comms.find(devices);
+  if (it == cache.comms.end()) it = cache.comms.emplace(devices, make_nccl_comms(devices)).first;
+  return it->second;
+}
+
 }  // namespace
 
 void tensor_parallel_logp(const LinearLogpInputs& base, const std::vector<Shard>& shards, float* logp, float* lse,
-                          const CallOptions& opt, std::vector<CallReport>* reports) {
+                          const CallOptions& opt, std::vector<CallReport>* reports, const TpPlacement& placement,
+                          float* logits) {
   const int ranks = static_cast<int>(shards.size());
   const int64_t rows = base.hidden.rows;
-  auto comms = make_local_communicators(ranks, Memory::host);
+  const bool on_devices = !placement.devices.empty();
+  DETLOGP_CHECK(!on_devices || static_cast<int>(placement.devices.size()) >= ranks,
+                ranks << " tensor-parallel ranks need as many CUDA devices; " << placement.devices.size() << " given");
+  std::vector<std::unique_ptr<Communicator>> local;
+  std::vector<void*> nccl;
+  if (on_devices)
+    nccl = cached_nccl_comms(std::vector<int>(placement.devices.begin(), placement.devices.begin() + ranks));
+  else
+    local = make_local_communicators(ranks, Memory::host);
   std::vector<std::vector<float>> out_logp(shards.size(), std::vector<float>(static_cast<size_t>(rows)));
   std::vector<std::vector<float>> out_lse = out_logp;
+  std::vector<std::vector<float>> out_logits(shards.size());
   std::vector<CallReport> rank_reports(shards.size());
   std::vector<std::string> errors(shards.size());
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
+    if (logits) out_logits[r].resize(static_cast<size_t>(rows * shards[r].weight.rows));
     threads.emplace_back([&, r] {
       try {
         LinearLogpInputs in = base;
         in.weight = shards[r].weight;
         in.bias = shards[r].bias;
         in.vocab_start = shards[r].vocab_start;
-        rank_reports[r] = linear_logp_tensor_parallel(in,
-                                                      {mutable_vector(out_logp[r].data(), DType::f32, rows),
-                                                       mutable_vector(out_lse[r].data(), DType::f32, rows),
-                                                       {}},
-                                                      *comms[r], opt);
+        float* shard_logits = logits ? out_logits[r].data() : nullptr;
+        if (on_devices) {
+          tensor_parallel_rank_on_device(in, placement.devices[r], nccl[r], out_logp[r].data(), out_lse[r].data(),
+                                         shard_logits, opt, &rank_reports[r]);
+        } else {
+          LinearLogpOutputs out{mutable_vector(out_logp[r].data(), DType::f32, rows),
+                                mutable_vector(out_lse[r].data(), DType::f32, rows),
+                                {}};
+          if (shard_logits) out.logits = mutable_matrix(shard_logits, DType::f32, rows, in.weight.rows);
+          rank_reports[r] = linear_logp_tensor_parallel(in, out, *local[r], opt);
+        }
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
@@ -143,6 +184,16 @@ void tensor_parallel_logp(const LinearLogpInputs& base, const std::vector<Shard>
                   "tensor-parallel rank " << r << " ended with other logp/lse bits than rank 0");
   std::copy(out_logp[0].begin(), out_logp[0].end(), logp);
   std::copy(out_lse[0].begin(), out_lse[0].end(), lse);
+  if (logits) {
+    int64_t width = 0;
+    for (const Shard& sh : shards) width += sh.weight.rows;
+    int64_t col = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t count = shards[r].weight.rows;
+      for (int64_t n = 0; n < rows; ++n) std::copy_n(out_logits[r].data() + n * count, count, logits + n * width + col);
+      col += count;
+    }
+  }
   if (reports) reports->insert(reports->end(), rank_reports.begin(), rank_reports.end());
 }
 

@@ -64,8 +64,26 @@ struct Shard {
   int64_t vocab_start = 0;
   TensorView weight, bias;
 };
+// Where the ranks run. No devices: in-process host ranks (threads, local communicators). With
+// devices: rank r runs on CUDA device devices[r] with its inputs copied there and a real NCCL
+// communicator over those devices (needs a build with NCCL; at least as many devices as ranks).
+struct TpPlacement {
+  std::vector<int> devices;
+};
+// `logits`, when non-null, receives the serving entry's logits: [rows][sum of the shards' V_local]
+// row-major, each rank's shard in its columns (what a TP engine gathers for its sampler).
 void tensor_parallel_logp(const LinearLogpInputs& base, const std::vector<Shard>& shards, float* logp, float* lse,
-                          const CallOptions& opt, std::vector<CallReport>* reports);
+                          const CallOptions& opt, std::vector<CallReport>* reports, const TpPlacement& placement = {},
+                          float* logits = nullptr);
+
+// One rank's work on its CUDA device with an NCCL communicator (src/golden/tp_devices.cpp; builds
+// without NCCL throw). Outputs are host buffers; `logits` (optional) is this rank's [rows][V_local].
+void tensor_parallel_rank_on_device(const LinearLogpInputs& in, int device, void* nccl_comm, float* logp, float* lse,
+                                    float* logits, const CallOptions& opt, CallReport* report);
+// ncclCommInitAll over `devices` (one communicator per device, rank order = device order);
+// destroy_nccl_comms releases them.
+std::vector<void*> make_nccl_comms(const std::vector<int>& devices);
+void destroy_nccl_comms(const std::vector<void*>& comms);
 
 struct Fingerprint {
   // "inputs", "logp|lse", "logp|lse|logits", "rank<r>:tile_max|tile_sum|target_logit|target_owned",

@@ -87,12 +87,15 @@ struct SideReadback {
 // Trainer entry, vocabulary parallel, through the tensor-parallel operator (one thread per rank);
 // empty shards (a head smaller than the TP degree's tiles) are left out.
 void trainer_tensor_parallel(const LinearLogpInputs& in, const std::vector<Shard>& shards, float* logp, float* lse,
-                             const CallOptions& opt, SideReadback& rb) {
+                             const CallOptions& opt, SideReadback& rb, const TpPlacement& placement = {},
+                             float* logits = nullptr) {
   std::vector<Shard> used;
   for (const Shard& s : shards)
     if (s.weight.rows > 0) used.push_back(s);
+  DETLOGP_CHECK(logits == nullptr || used.size() == shards.size(),
+                "a serving call needs every shard non-empty (the logits columns are the shards')");
   std::vector<CallReport> reports;
-  tensor_parallel_logp(in, used, logp, lse, opt, &reports);
+  tensor_parallel_logp(in, used, logp, lse, opt, &reports, placement, logits);
   for (const CallReport& r : reports) rb.add(r);
 }
 
@@ -360,8 +363,9 @@ std::string metrics_json(const Metrics& m) {
 
 HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log) {
   const int64_t real_vocab = cfg.real_vocab < 0 ? cfg.weight_rows : cfg.real_vocab;
-  DETLOGP_CHECK(cfg.seqs >= 1 && cfg.max_len >= 1 && cfg.max_batch >= 1 && cfg.tp >= 1,
-                "seqs, max_len, max_batch and tp must be >= 1");
+  DETLOGP_CHECK(
+      cfg.seqs >= 1 && cfg.max_len >= 1 && cfg.max_batch >= 1 && cfg.tp >= 1 && cfg.cp >= 1 && cfg.rollout_tp >= 1,
+      "seqs, max_len, max_batch, tp, cp and rollout_tp must be >= 1");
   DETLOGP_CHECK(real_vocab >= 1 && real_vocab <= cfg.weight_rows,
                 "real_vocab=" << real_vocab << " must be in [1, weight_rows=" << cfg.weight_rows << "]");
 
@@ -370,6 +374,10 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   const std::string rollout_fp =
       weight_fingerprint({TensorView::matrix(rollout_weight.data(), DType::bf16, cfg.weight_rows, cfg.dim)});
   auto rollout_row = [&](int64_t v) { return rollout_weight.data() + v * cfg.dim; };
+  std::vector<Shard> rollout_shards;  // views of the same head, when the engine is TP > 1
+  for (auto [start, count] : shard_ranges(cfg.weight_rows, cfg.rollout_tp))
+    rollout_shards.push_back(
+        {start, TensorView::matrix(rollout_weight.data() + start * cfg.dim, DType::bf16, count, cfg.dim), {}});
 
   struct Seq {
     int64_t len, arrival;
@@ -439,11 +447,16 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
     in.targets = TensorView::vector(none.data(), DType::i64, b);
     in.temperature_rows = TensorView::vector(temps.data(), DType::f32, b);
     in.real_vocab = real_vocab;
-    rollout_rb.add(
-        linear_logp(in,
-                    {mutable_vector(unused_logp.data(), DType::f32, b), mutable_vector(lse.data(), DType::f32, b),
-                     mutable_matrix(logits.data(), DType::f32, b, cfg.weight_rows)},
-                    cfg.rollout_opt));
+    if (cfg.rollout_tp == 1) {
+      rollout_rb.add(
+          linear_logp(in,
+                      {mutable_vector(unused_logp.data(), DType::f32, b), mutable_vector(lse.data(), DType::f32, b),
+                       mutable_matrix(logits.data(), DType::f32, b, cfg.weight_rows)},
+                      cfg.rollout_opt));
+    } else {  // a TP engine: vocab-parallel serving entry, the logits shards gathered for the sampler
+      trainer_tensor_parallel(in, rollout_shards, unused_logp.data(), lse.data(), cfg.rollout_opt, rollout_rb,
+                              TpPlacement{cfg.devices}, logits.data());
+    }
     ++batch_calls;
     std::vector<int64_t> sampled(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i) {
@@ -521,7 +534,24 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
     in.targets = TensorView::vector(packed_targets.data(), DType::i64, total);
     in.temperature_rows = TensorView::vector(packed_temps.data(), DType::f32, total);
     in.real_vocab = real_vocab;
-    trainer_tensor_parallel(in, shards, train_logp.data(), train_lse.data(), cfg.trainer_opt, trainer_rb);
+    // Context parallel: the packed rows in cp contiguous groups, each through its own TP group
+    // (its own devices when there are tp * cp of them); no statistic crosses groups.
+    const int64_t per_group = (total + cfg.cp - 1) / cfg.cp;
+    for (int c = 0; c < cfg.cp; ++c) {
+      const int64_t row0 = std::min<int64_t>(total, c * per_group), n = std::min(per_group, total - row0);
+      if (n == 0) continue;
+      LinearLogpInputs part = in;
+      part.hidden = TensorView::matrix(packed_hidden.data() + row0 * cfg.dim, DType::bf16, n, cfg.dim);
+      part.targets = TensorView::vector(packed_targets.data() + row0, DType::i64, n);
+      part.temperature_rows = TensorView::vector(packed_temps.data() + row0, DType::f32, n);
+      TpPlacement placement;
+      if (!cfg.devices.empty()) {
+        const size_t first = cfg.devices.size() >= static_cast<size_t>(cfg.tp * cfg.cp) ? size_t(c) * cfg.tp : 0;
+        placement.devices.assign(cfg.devices.begin() + static_cast<std::ptrdiff_t>(first), cfg.devices.end());
+      }
+      trainer_tensor_parallel(part, shards, train_logp.data() + row0, train_lse.data() + row0, cfg.trainer_opt,
+                              trainer_rb, placement);
+    }
     res.compared = true;
     res.metrics = compare(train_logp, rollout_logp, &k3);
     res.control = compare(train_logp, control_logp, &control_k3);
@@ -532,22 +562,28 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   res.exact = res.exact && fallback_free;
 
   // ---- report
+  std::string placement_str = cfg.devices.empty() ? "in-process host ranks" : "CUDA devices";
+  for (size_t i = 0; i < cfg.devices.size(); ++i) placement_str += (i ? "," : " ") + std::to_string(cfg.devices[i]);
+  if (!cfg.devices.empty()) placement_str += " over NCCL";
   std::ostringstream j;
   j << "{\n  \"format\": \"detlogp-validation-report-v1\",\n  \"detlogp_version\": " << json_str(version_string())
     << ",\n  \"config\": {\"seqs\": " << cfg.seqs << ", \"max_len\": " << cfg.max_len
     << ", \"max_batch\": " << cfg.max_batch << ", \"d\": " << cfg.dim << ", \"v\": " << cfg.weight_rows
-    << ", \"real_vocab\": " << real_vocab << ", \"tp\": " << cfg.tp << ", \"seed\": " << cfg.seed
-    << ", \"perturb_trainer_weight\": " << (cfg.perturb_trainer_weight ? "true" : "false") << "},\n"
-    << "  \"rollout\": {\"entry\": \"serving\", \"tp\": 1, \"backend\": " << json_str(rollout_rb.backend)
-    << ", \"provenance\": " << json_str(rollout_rb.provenance) << ", \"calls\": " << rollout_rb.calls
-    << ", \"fallbacks\": " << rollout_rb.fallbacks << ", \"weight_fingerprint\": " << json_str(rollout_fp)
-    << ", \"steps\": " << steps << ", \"max_batch_observed\": " << max_active
-    << ", \"distinct_batch_sizes\": " << batch_sizes.size() << ", \"membership_changes\": " << membership_changes
-    << ", \"lse_readback_mismatch\": " << lse_readback_mismatch << "},\n"
-    << "  \"trainer\": {\"entry\": \"trainer\", \"tp\": " << cfg.tp << ", \"packed_rows\": " << total
-    << ", \"backend\": " << json_str(trainer_rb.backend) << ", \"provenance\": " << json_str(trainer_rb.provenance)
-    << ", \"calls\": " << trainer_rb.calls << ", \"fallbacks\": " << trainer_rb.fallbacks
-    << ", \"weight_fingerprint\": " << json_str(trainer_fp) << "},\n"
+    << ", \"real_vocab\": " << real_vocab << ", \"tp\": " << cfg.tp << ", \"cp\": " << cfg.cp
+    << ", \"rollout_tp\": " << cfg.rollout_tp << ", \"devices\": " << json_str(placement_str)
+    << ", \"seed\": " << cfg.seed << ", \"perturb_trainer_weight\": " << (cfg.perturb_trainer_weight ? "true" : "false")
+    << "},\n"
+    << "  \"rollout\": {\"entry\": \"serving\", \"tp\": " << cfg.rollout_tp
+    << ", \"backend\": " << json_str(rollout_rb.backend) << ", \"provenance\": " << json_str(rollout_rb.provenance)
+    << ", \"calls\": " << rollout_rb.calls << ", \"fallbacks\": " << rollout_rb.fallbacks
+    << ", \"weight_fingerprint\": " << json_str(rollout_fp) << ", \"steps\": " << steps
+    << ", \"max_batch_observed\": " << max_active << ", \"distinct_batch_sizes\": " << batch_sizes.size()
+    << ", \"membership_changes\": " << membership_changes << ", \"lse_readback_mismatch\": " << lse_readback_mismatch
+    << "},\n"
+    << "  \"trainer\": {\"entry\": \"trainer\", \"tp\": " << cfg.tp << ", \"cp\": " << cfg.cp
+    << ", \"packed_rows\": " << total << ", \"backend\": " << json_str(trainer_rb.backend)
+    << ", \"provenance\": " << json_str(trainer_rb.provenance) << ", \"calls\": " << trainer_rb.calls
+    << ", \"fallbacks\": " << trainer_rb.fallbacks << ", \"weight_fingerprint\": " << json_str(trainer_fp) << "},\n"
     << "  \"weight_fingerprints_match\": " << (same_weights ? "true" : "false") << ",\n";
   if (res.compared) {
     j << "  \"logp\": " << metrics_json(res.metrics)
@@ -574,15 +610,16 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   md << "# detlogp validation report: rollout vs trainer (L4/L5)\n\n"
      << "detlogp " << version_string() << "; config: " << cfg.seqs << " sequences, max length " << cfg.max_len
      << ", max batch " << cfg.max_batch << ", D=" << cfg.dim << ", V=" << cfg.weight_rows << " (real " << real_vocab
-     << "), trainer TP=" << cfg.tp << ", seed " << cfg.seed << ".\n\n"
+     << "), rollout TP=" << cfg.rollout_tp << ", trainer TP=" << cfg.tp << " x CP=" << cfg.cp << ", ranks on "
+     << placement_str << ", seed " << cfg.seed << ".\n\n"
      << "| side | entry | backend | fallback | weight fingerprint | calls |\n|---|---|---|---|---|---|\n"
-     << "| rollout | serving, continuous batching (" << steps << " steps, membership changed on " << membership_changes
-     << ", batch 1.." << max_active << ") | `" << rollout_rb.backend << "` | "
-     << (rollout_rb.fallbacks ? "**yes**" : "none observed") << " | `" << rollout_fp.substr(0, 16) << "` | "
-     << rollout_rb.calls << " |\n"
-     << "| trainer | trainer, packed " << total << " rows, TP=" << cfg.tp << " | `" << trainer_rb.backend << "` | "
-     << (trainer_rb.fallbacks ? "**yes**" : "none observed") << " | `" << trainer_fp.substr(0, 16) << "` | "
-     << trainer_rb.calls << " |\n\n"
+     << "| rollout | serving, TP=" << cfg.rollout_tp << ", continuous batching (" << steps
+     << " steps, membership changed on " << membership_changes << ", batch 1.." << max_active << ") | `"
+     << rollout_rb.backend << "` | " << (rollout_rb.fallbacks ? "**yes**" : "none observed") << " | `"
+     << rollout_fp.substr(0, 16) << "` | " << rollout_rb.calls << " |\n"
+     << "| trainer | trainer, packed " << total << " rows, TP=" << cfg.tp << " x CP=" << cfg.cp << " | `"
+     << trainer_rb.backend << "` | " << (trainer_rb.fallbacks ? "**yes**" : "none observed") << " | `"
+     << trainer_fp.substr(0, 16) << "` | " << trainer_rb.calls << " |\n\n"
      << "Provenance (rollout): `" << rollout_rb.provenance << "`\n\nProvenance (trainer): `" << trainer_rb.provenance
      << "`\n\n";
   if (!res.compared) {
@@ -613,7 +650,9 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   log << "rollout: " << steps << " steps (membership changed on " << membership_changes << "), " << batch_calls
       << " serving calls, batch sizes 1.." << max_active << ", " << total << " tokens; backend " << rollout_rb.backend
       << "\n";
-  log << "trainer: packed " << total << " rows, TP=" << cfg.tp << ", backend " << trainer_rb.backend << "\n";
+  log << "trainer: packed " << total << " rows, TP=" << cfg.tp << " x CP=" << cfg.cp
+      << " (rollout TP=" << cfg.rollout_tp << "), ranks on " << placement_str << ", backend " << trainer_rb.backend
+      << "\n";
   log << "weight fingerprint: rollout " << rollout_fp << ", trainer " << trainer_fp
       << (same_weights ? " (match)" : " (MISMATCH: not compared)") << "\n";
   if (res.compared) {

@@ -46,7 +46,10 @@ struct HarnessConfig {
   int64_t dim = 1024;
   int64_t weight_rows = 2053;  // the whole head, padding included
   int64_t real_vocab = -1;     // -1: weight_rows
-  int tp = 2;
+  int tp = 2;                  // trainer tensor-parallel degree
+  int cp = 1;                  // trainer context-parallel degree: the packed rows split into cp groups
+  int rollout_tp = 1;          // rollout engine tensor-parallel degree (serving entry, logits gathered)
+  std::vector<int> devices;    // empty: in-process host ranks; else CUDA devices + NCCL (see TpPlacement)
   uint64_t seed = 0;
   CallOptions rollout_opt, trainer_opt;
   bool perturb_trainer_weight = false;  // flip one weight bit on the trainer side (fingerprint check)

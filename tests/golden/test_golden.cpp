@@ -187,6 +187,26 @@ TEST(Harness, RolloutVsTrainerIsExactAndTheNegativeControlDrifts) {
   }
 }
 
+// The seed's acceptance topology on in-process ranks: trainer TP=2 x CP=2, rollout at TP=1 and
+// TP=2 (vocab-parallel serving entry, logits shards gathered for the sampler).
+TEST(Harness, TrainerTpTimesCpAndATensorParallelRolloutStayExact) {
+  for (int rollout_tp : {1, 2}) {
+    g::HarnessConfig cfg = small_config();
+    cfg.tp = 2;
+    cfg.cp = 2;
+    cfg.rollout_tp = rollout_tp;
+    std::ostringstream log;
+    const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, log);
+    ASSERT_TRUE(r.compared) << log.str();
+    EXPECT_TRUE(r.exact) << log.str();
+    EXPECT_EQ(r.metrics.mismatch_count, 0);
+    EXPECT_EQ(r.metrics.k3_max, 0.0);
+    EXPECT_TRUE(r.control_drift);
+    EXPECT_NE(r.json.find("\"cp\": 2"), std::string::npos);
+    EXPECT_NE(r.json.find("\"rollout_tp\": " + std::to_string(rollout_tp)), std::string::npos);
+  }
+}
+
 TEST(Harness, MismatchedWeightFingerprintsAreReportedAndNotCompared) {
   g::HarnessConfig cfg = small_config();
   cfg.perturb_trainer_weight = true;
