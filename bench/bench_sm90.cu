@@ -278,12 +278,13 @@ int main(int argc, char** argv) {
   FILE* f = std::fopen(csv.c_str(), "w");
   if (f) {
     std::fprintf(f,
-                 "gpu,cuda_runtime,driver,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_cublas_"
-                 "bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms\n");
+                 "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
+                 "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms\n");
     for (const auto& r : rows)
-      std::fprintf(f, "\"%s\",%d,%d,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f\n", prop.name,
-                   rt, drv, date, command.c_str(), (long long)r.n, (long long)d, (long long)v, r.method.c_str(), r.ms,
-                   r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16, r.ratio_f32, copy_gbps, floor_ms);
+      std::fprintf(f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f\n",
+                   prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d,
+                   (long long)v, r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16,
+                   r.ratio_f32, copy_gbps, floor_ms);
     std::fclose(f);
   }
   std::printf("\n%-7s %-30s %10s %9s %9s %12s %10s %10s\n", "N", "method", "ms", "TFLOP/s", "GB/s", "extra_MB",
