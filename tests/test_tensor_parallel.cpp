@@ -52,25 +52,6 @@ Outputs merge(const Problem& p, std::vector<Shard>& shards) {
   return out;
 }
 
-Problem tp_problem(int64_t vocab, int64_t real_vocab, uint64_t seed) {
-  ProblemSpec s{.rows = 33,
-                .dim = 128,
-                .vocab = vocab,
-                .real_vocab = real_vocab,
-                .bias = true,
-                .logit_stddev = 3.0,
-                .seed = seed};
-  Problem p = make_problem(s);
-  p.temperature_rows.resize(static_cast<size_t>(p.rows));
-  for (int64_t n = 0; n < p.rows; ++n) p.temperature_rows[n] = 0.5f + 0.125f * static_cast<float>(n % 9);
-  p.targets[0] = 0;
-  p.targets[1] = p.real_vocab - 1;
-  p.targets[2] = -100;
-  p.targets[3] = 64;
-  p.targets[4] = 63;
-  return p;
-}
-
 }  // namespace
 
 TEST(TensorParallel, SimulatedRanksGiveTheSingleShardBits) {

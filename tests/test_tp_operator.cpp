@@ -63,23 +63,6 @@ std::vector<RankResult> run_ranks(
   return results;
 }
 
-Problem tp_problem(int64_t vocab, int64_t real_vocab, int64_t rows, int64_t dim, uint64_t seed) {
-  Problem p = make_problem({.rows = rows,
-                            .dim = dim,
-                            .vocab = vocab,
-                            .real_vocab = real_vocab,
-                            .bias = true,
-                            .logit_stddev = 3.0,
-                            .seed = seed});
-  p.temperature_rows.resize(static_cast<size_t>(p.rows));
-  for (int64_t n = 0; n < p.rows; ++n) p.temperature_rows[n] = 0.5f + 0.125f * static_cast<float>(n % 9);
-  p.targets[0] = 0;
-  p.targets[1] = p.real_vocab - 1;
-  p.targets[2] = -100;
-  p.targets[3] = 64;
-  return p;
-}
-
 void expect_every_rank_equals(const std::vector<RankResult>& rs, const Outputs& ref, const std::string& what) {
   for (size_t r = 0; r < rs.size(); ++r) {
     ASSERT_TRUE(rs[r].error.empty()) << what << " rank " << r << ": " << rs[r].error;
@@ -93,7 +76,7 @@ void expect_every_rank_equals(const std::vector<RankResult>& rs, const Outputs& 
 
 TEST(TensorParallelOperator, EveryDegreeGivesTheSingleRankBits) {
   for (const auto& [vocab, real] : {std::pair<int64_t, int64_t>{2053, -1}, {2112, 2053}, {4096, 4000}, {123, -1}}) {
-    const Problem p = tp_problem(vocab, real, 37, 96, static_cast<uint64_t>(vocab));
+    const Problem p = tp_problem(vocab, real, static_cast<uint64_t>(vocab), 37, 96);
     const Outputs ref = run_linear_logp(p);
     for (int ranks : {1, 2, 3, 4, 8}) {
       const auto bounds = even_bounds(p.vocab, ranks);
@@ -106,7 +89,7 @@ TEST(TensorParallelOperator, EveryDegreeGivesTheSingleRankBits) {
 
 TEST(TensorParallelOperator, UnevenShardsAndPaddedVocabularyAreBitNeutral) {
   // Qwen-like padding at small D: 152064 = 2 x 76032 rows, real vocabulary 151936.
-  const Problem padded = tp_problem(152064, 151936, 6, 16, 3);
+  const Problem padded = tp_problem(152064, 151936, 3, 6, 16);
   Problem real = padded;
   real.vocab = 151936;
   real.weight.resize(static_cast<size_t>(real.vocab * real.dim));
@@ -118,7 +101,7 @@ TEST(TensorParallelOperator, UnevenShardsAndPaddedVocabularyAreBitNeutral) {
 }
 
 TEST(TensorParallelOperator, ServingEntryKeepsEachRanksLogitsShard) {
-  const Problem p = tp_problem(2053, -1, 19, 64, 11);
+  const Problem p = tp_problem(2053, -1, 11, 19, 64);
   const Outputs ref = run_linear_logp(p, true);
   const auto bounds = even_bounds(p.vocab, 3);
   const auto rs = run_ranks(p, bounds, true);
@@ -137,7 +120,7 @@ TEST(TensorParallelOperator, ServingEntryKeepsEachRanksLogitsShard) {
 }
 
 TEST(TensorParallelOperator, RowChunksOfTheGatherAreBitNeutral) {
-  const Problem p = tp_problem(30522, -1, 300, 32, 5);
+  const Problem p = tp_problem(30522, -1, 5, 300, 32);
   const Outputs ref = run_linear_logp(p);
   ScopedEnv small("DETLOGP_TP_WORKSPACE_MB", "1");  // chunks of 256 + 44 rows
   expect_every_rank_equals(run_ranks(p, even_bounds(p.vocab, 4), false), ref, "chunked TP=4");
@@ -146,7 +129,7 @@ TEST(TensorParallelOperator, RowChunksOfTheGatherAreBitNeutral) {
 TEST(TensorParallelOperator, ContextParallelRowSplitsChangeNothing) {
   // CP ranks own disjoint rows; no vocabulary statistic crosses CP ranks. Each CP group runs its
   // rows through TP = 2; their concatenation is the CP = 1 result.
-  const Problem p = tp_problem(2053, -1, 41, 64, 9);
+  const Problem p = tp_problem(2053, -1, 9, 41, 64);
   const Outputs ref = run_linear_logp(p);
   for (int cp : {2, 3, 4}) {
     Outputs joined(p.rows, p.vocab, false);
@@ -166,7 +149,7 @@ TEST(TensorParallelOperator, ContextParallelRowSplitsChangeNothing) {
 }
 
 TEST(TensorParallelOperator, EveryRankRefusesTheSameWayBeforeAnyDataMoves) {
-  const Problem p = tp_problem(2053, -1, 9, 32, 13);
+  const Problem p = tp_problem(2053, -1, 13, 9, 32);
   auto expect_all_refuse = [&](const std::vector<RankResult>& rs, const std::string& needle) {
     for (size_t r = 0; r < rs.size(); ++r) {
       EXPECT_NE(rs[r].error.find(needle), std::string::npos) << "rank " << r << ": '" << rs[r].error << "'";
@@ -214,7 +197,7 @@ TEST(TensorParallelOperator, EveryRankRefusesTheSameWayBeforeAnyDataMoves) {
 TEST(TensorParallelOperator, NegativeControlTheUsualMergeDiffersDetlogpDoesNot) {
   // The usual vocab-parallel log-softmax: each rank reduces its logits to a logsumexp, then the
   // ranks' logsumexps are combined by another logsumexp. Its fp32 result depends on the split.
-  const Problem p = tp_problem(30522, -1, 256, 64, 21);
+  const Problem p = tp_problem(30522, -1, 21, 256, 64);
   const Outputs full = run_linear_logp(p, true);
   auto usual_lse = [&](const std::vector<int64_t>& bounds, int64_t n) {
     std::vector<float> rank_lse;

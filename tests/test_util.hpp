@@ -157,6 +157,26 @@ inline Problem make_problem(const ProblemSpec& s) {
   return p;
 }
 
+// A tensor-parallel test problem: bias, per-row temperatures, and targets at the vocabulary's
+// edges and around the first tile boundary (0, V_real - 1, ignored, 64, 63). rows >= 5.
+inline Problem tp_problem(int64_t vocab, int64_t real_vocab, uint64_t seed, int64_t rows = 33, int64_t dim = 128) {
+  Problem p = make_problem({.rows = rows,
+                            .dim = dim,
+                            .vocab = vocab,
+                            .real_vocab = real_vocab,
+                            .bias = true,
+                            .logit_stddev = 3.0,
+                            .seed = seed});
+  p.temperature_rows.resize(static_cast<size_t>(p.rows));
+  for (int64_t n = 0; n < p.rows; ++n) p.temperature_rows[n] = 0.5f + 0.125f * static_cast<float>(n % 9);
+  p.targets[0] = 0;
+  p.targets[1] = p.real_vocab - 1;
+  p.targets[2] = -100;
+  p.targets[3] = 64;
+  p.targets[4] = 63;
+  return p;
+}
+
 struct Outputs {
   std::vector<float> logp, lse, logits;
   int64_t vocab = 0;
