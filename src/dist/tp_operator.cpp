@@ -2,6 +2,7 @@
 // partials, one rank-ordered all-gather of their bytes per row chunk, the owned merge everywhere.
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -249,7 +250,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
     Fnv64 bh;
     bh.add(backend->id());
     mine.backend_hash = bh.h;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // detlogp::Error, and bad_alloc from the host copies
     mine.error = 1;
     std::strncpy(mine.message, e.what(), kMessageBytes - 1);
   }
