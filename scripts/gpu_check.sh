@@ -128,14 +128,19 @@ if has golden; then
   sed -n '/summary =/,$p' "$OUT/golden_check.log" | cut -c1-220 | head -60 >>"$SUMMARY"
 fi
 
-# Optional: hardware counters of one fused launch per auto bucket (ncu, clocks left alone).
+# Optional: hardware counters (ncu, clocks left alone). PROFILE_JOBS: space-separated
+# N:bucket:kernel-regex entries, each profiling the first matching launch of a bench run at N with
+# DETLOGP_SM90_BUCKET=bucket ("auto" for the default); cuBLAS kernels match regex "nvjet|gemm".
 if has profile; then
   bench="$(find_bin bench_sm90)"
   NCU="$(command -v ncu || true)"
   if [[ -n "$bench" && -n "$NCU" ]]; then
-    for n in ${PROFILE_N:-1 4096}; do
-      timeout 300 "$NCU" --clock-control none --kernel-name regex:fused_linear_logp --launch-count 1 \
-        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    for job in ${PROFILE_JOBS:-1:auto:fused_linear_logp 4096:auto:fused_linear_logp}; do
+      IFS=: read -r n bucket regex <<<"$job"
+      echo "== ncu N=$n bucket=$bucket kernel=$regex" >>"$OUT/profile.log"
+      DETLOGP_SM90_BUCKET="$bucket" timeout 300 "$NCU" --clock-control none --kernel-name "regex:$regex" --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+        --section WarpStateStats --section SchedulerStats --print-details all \
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
     done
     # Every kernel's duration at N=1 (validate, fused, combine; cuBLAS for comparison).

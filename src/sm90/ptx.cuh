@@ -74,12 +74,14 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
 // Shared-memory matrix descriptor for a K-major tile written by TMA with 128-byte swizzle:
 // rows of 64 bf16 (128 B), 8-row core groups 1024 B apart (SBO); LBO is unused in this mode.
 // The tile base must be 1024-byte aligned; advancing K by 16 elements adds 32 B to the start.
-__device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* tile) {
+// group_stride = 0 makes all eight 8-row groups of an m64 operand read the same 1024-byte atom
+// (an 8-row tile replicated: accumulator rows 8..63 repeat rows 0..7 and are never used).
+__device__ __forceinline__ uint64_t smem_desc_k_major_sw128(const void* tile, uint32_t group_stride = 1024) {
   const uint64_t addr = smem_addr(tile);
-  uint64_t desc = (addr & 0x3FFFFull) >> 4;  // start address, bits 0-13
-  desc |= uint64_t{1} << 16;                 // leading byte offset (ignored for swizzled K-major)
-  desc |= uint64_t{1024 >> 4} << 32;         // stride byte offset: 8 rows x 128 B
-  desc |= uint64_t{1} << 62;                 // layout: 128-byte swizzle
+  uint64_t desc = (addr & 0x3FFFFull) >> 4;   // start address, bits 0-13
+  desc |= uint64_t{1} << 16;                  // leading byte offset (ignored for swizzled K-major)
+  desc |= uint64_t{group_stride >> 4} << 32;  // stride byte offset: 8 rows x 128 B
+  desc |= uint64_t{1} << 62;                  // layout: 128-byte swizzle
   return desc;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/device_ops.hpp"
@@ -186,6 +187,24 @@ struct WorkspaceLayout {
   size_t bytes = 0;
 };
 
+// The status word's host copy: pinned, one per host thread (a call's read-back is a short DMA
+// instead of a staged pageable copy).
+DeviceStatus* pinned_status() {
+  struct Pinned {
+    DeviceStatus* ptr = nullptr;
+    ~Pinned() {
+      if (ptr != nullptr) (void)cudaFreeHost(ptr);
+    }
+  };
+  thread_local Pinned status;
+  if (status.ptr == nullptr) {
+    void* ptr = nullptr;
+    DETLOGP_CUDA_CHECK(cudaHostAlloc(&ptr, sizeof(DeviceStatus), cudaHostAllocPortable));
+    status.ptr = static_cast<DeviceStatus*>(ptr);
+  }
+  return status.ptr;
+}
+
 WorkspaceLayout layout_for(const detail::LogpProblem& p) {
   WorkspaceLayout w;
   w.bytes = kStatusBytes;
@@ -285,12 +304,8 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const WorkspaceLayout lay = layout_for(p);
-  StreamBuffer ws(lay.bytes, stream, p.device, "workspace");
-  auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
-
-  launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
-                                 p.temperature_rows, status},
-                  stream);
+  int sms = 0;
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
 
   FusedParams f{};
   f.vocab_local = p.vocab_local;
@@ -305,38 +320,66 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.temperature_rows = p.temperature_rows;
   f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
   f.local_tiles = p.local_tiles();
-  f.status = status;
   const bool vec2 = f.logits != nullptr && reinterpret_cast<uintptr_t>(f.logits) % 8 == 0 && p.vocab_local % 2 == 0;
 
-  auto run_rows = [&](int64_t row_begin, int64_t rows, TileSummary* summaries, float* target_logit) {
-    const Bucket b = select_bucket(rows);
+  // Every host-side step (bucket choice, tensor-map encoding) happens before the first launch, so
+  // the kernels of the call reach the GPU back to back instead of waiting on host work.
+  struct ChunkLaunch {
+    Bucket bucket;
+    CUtensorMap map_h, map_w;
+    FusedParams params;
+  };
+  std::vector<ChunkLaunch> launches;
+  auto plan_rows = [&](int64_t row_begin, int64_t rows) {
+    const Bucket b = select_bucket(rows, p.vocab_local, sms);
     const BucketInfo bi = bucket_info(b);
-    const CUtensorMap map_h = encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden");
-    const CUtensorMap map_w = encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.block_n, "weight");
-    FusedParams q = f;
+    if (launches.empty() || launches.back().bucket != b) {
+      launches.push_back({b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
+                          encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.block_n, "weight"), f});
+    } else {
+      const ChunkLaunch same_maps = launches.back();
+      launches.push_back(same_maps);
+    }
+    FusedParams& q = launches.back().params;
+    q = f;
     q.row_begin = row_begin;
     q.row_end = row_begin + rows;
     q.m_tiles = static_cast<int32_t>((rows + bi.block_m - 1) / bi.block_m);
     q.n_tiles = static_cast<int32_t>((p.vocab_local + bi.block_n - 1) / bi.block_n);
     q.group_m = std::max(1, 2048 / bi.block_m);  // ~2048 rows of hidden stay in L2 per weight pass
-    q.summaries = summaries;
-    q.target_logit = target_logit;
-    launch_fused(b, map_h, map_w, q, vec2, stream);
   };
+  if (p.partial_mode()) {
+    plan_rows(0, p.rows);
+  } else {
+    for (int64_t row0 = 0; row0 < p.rows; row0 += lay.chunk) plan_rows(row0, std::min(lay.chunk, p.rows - row0));
+  }
+
+  StreamBuffer ws(lay.bytes, stream, p.device, "workspace");
+  auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
+  launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
+                                 p.temperature_rows, status},
+                  stream);
 
   if (p.partial_mode()) {
     launch_partial_owner(PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start,
                                             p.vocab_local, p.target_logit, p.target_owned, status},
                          stream);
-    run_rows(0, p.rows, p.summaries, p.target_logit);
+    FusedParams& q = launches[0].params;
+    q.summaries = p.summaries;
+    q.target_logit = p.target_logit;
+    q.status = status;
+    launch_fused(launches[0].bucket, launches[0].map_h, launches[0].map_w, q, vec2, sms, stream);
   } else {
     auto* summaries = reinterpret_cast<TileSummary*>(ws.get() + lay.summaries_offset);
     auto* target_logit = reinterpret_cast<float*>(ws.get() + lay.target_offset);
-    for (int64_t row0 = 0; row0 < p.rows; row0 += lay.chunk) {
-      const int64_t rows = std::min(lay.chunk, p.rows - row0);
-      run_rows(row0, rows, summaries, target_logit);
-      launch_combine(CombineParams{row0, rows, p.local_tiles(), summaries, target_logit, p.targets,
-                                   p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},
+    for (ChunkLaunch& l : launches) {
+      FusedParams& q = l.params;
+      q.summaries = summaries;
+      q.target_logit = target_logit;
+      q.status = status;
+      launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
+      launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
+                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},
                      stream);
     }
   }
@@ -346,10 +389,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DETLOGP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return;
-  DeviceStatus host_status;
-  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(&host_status, status, sizeof host_status, cudaMemcpyDeviceToHost, stream));
+  DeviceStatus* host_status = pinned_status();
+  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(host_status, status, sizeof *host_status, cudaMemcpyDeviceToHost, stream));
   DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_status.code != kStatusOk) throw_status(host_status, p);
+  if (host_status->code != kStatusOk) throw_status(*host_status, p);
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {

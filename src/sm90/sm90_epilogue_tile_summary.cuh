@@ -38,10 +38,12 @@ __device__ __forceinline__ void store_logit_pair(float* tile_ptr, int c, int col
 }
 
 // Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
-// `row_tile0`, its columns at local column `col0` (a multiple of 64). acc is consumed in place.
+// `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
+// 8-row tile), its columns start at local column `col0` (a multiple of 64). acc is consumed in place.
 template <int BlockN>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        int64_t row_tile0, int64_t col0, bool logits_vec2) {
+                                                        int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                        bool logits_vec2) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
@@ -49,7 +51,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   const int lane = t % 32;
   const int q = lane % 4;
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
-  if (row_tile0 + 16 * warp >= p.row_end) return;
+  if (row_tile0 + 16 * warp >= row_limit) return;
 
   int64_t row[2];
   bool row_ok[2];
@@ -58,7 +60,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
-    row_ok[h] = row[h] < p.row_end;
+    row_ok[h] = row[h] < row_limit;
     inv_t[h] = 1.0f;
     target_col[h] = -1;
     if (row_ok[h]) {

@@ -1,7 +1,9 @@
 // Fused kernel (TMA + wgmma mainloop, tile-summary epilogue) and its launch table.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "sm90/sm90_epilogue_tile_summary.cuh"
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
     const int cw = warpgroup - 1;
     float acc[Cfg::kAccRegs];
     consume_tiles<Cfg>(acc, smem_a, smem_b, full, empty, p.k_blocks, cw);
-    epilogue_tile_summaries<Cfg::kBlockN>(acc, p, row0 + 64 * cw, col0, logits_vec2 != 0);
+    epilogue_tile_summaries<Cfg::kBlockN>(acc, p, row0 + 64 * cw, p.row_end, col0, logits_vec2 != 0);
   }
 #endif
 }
@@ -131,14 +133,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       int m_tile, n_tile;
       raster_tile(tile, p.m_tiles, p.n_tiles, p.group_m, m_tile, n_tile);
-      const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kWgM;
+      const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+      const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
       const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
       float acc[Cfg::kFragments][Cfg::kAccRegs];
-      pingpong_consume<Cfg>(acc, smem_a, smem_b, full, empty, p.k_blocks, static_cast<uint32_t>(j) * p.k_blocks);
+      const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
+      pingpong_consume_issue<Cfg>(acc, smem_a, smem_b, full, empty, p.k_blocks, it0);
+      // Hand the tensor cores over while this tile's last wgmma still runs.
       if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
+      pingpong_consume_tail<Cfg>(acc, empty, p.k_blocks, it0);
 #pragma unroll
       for (int f = 0; f < Cfg::kFragments; ++f)
-        epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, col0, logits_vec2 != 0);
+        epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
     }
   }
 #endif
@@ -146,7 +152,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 namespace {
 
-using DecodeCfg = PingpongConfig<64, 128, 8>;        // few rows: HBM-bound, deep ring, epilogue hidden
+using DecodeCfg = PingpongConfig<64, 128, 8>;           // few rows: HBM-bound, deep ring, epilogue hidden
+using Decode192Cfg = PingpongConfig<64, 192, 7>;        // 3 vocab tiles a tile: V = 151936 fills 132 SMs evenly
+using Decode8x128Cfg = PingpongConfig<64, 128, 13, 8>;  // N <= 8: 8-row tiles, the ring holds weight bytes
+using Decode8x192Cfg = PingpongConfig<64, 192, 9, 8>;
+using Decode8x256Cfg = PingpongConfig<64, 256, 6, 8>;
 using PrefillCfg = PingpongConfig<64, 256, 5>;       // many rows: one m64n256 wgmma per k16 step
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
@@ -159,18 +169,30 @@ BucketInfo coop_info(const char* name) {
 }
 template <class Cfg>
 BucketInfo pingpong_info(const char* name) {
-  return {name, Cfg::kWgM, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true};
+  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true};
 }
 
 void check_grid(int64_t blocks) {
   DETLOGP_CHECK(blocks > 0 && blocks < (int64_t{1} << 31), "fused kernel grid of " << blocks << " CTAs out of range");
 }
 
+// The shared-memory opt-in is a host-side attribute of (kernel, device): set once per device.
+// Keyed by the kernel itself (a template argument), not by its type, which all kernels share.
+template <auto Kernel>
+void allow_smem_once(int smem_bytes) {
+  static std::atomic<uint64_t> done{0};
+  int device = 0;
+  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  DETLOGP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 template <class Cfg>
 void launch_coop(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, cudaStream_t stream) {
   auto kernel = fused_linear_logp_sm90_kernel<Cfg>;
-  // Per device and process; cheap enough to repeat (a host-side attribute write).
-  DETLOGP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  allow_smem_once<fused_linear_logp_sm90_kernel<Cfg>>(Cfg::kSmemBytes);
   const int64_t blocks = int64_t{p.m_tiles} * p.n_tiles;
   check_grid(blocks);
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mh, mw, p, vec2 ? 1 : 0);
@@ -178,18 +200,40 @@ void launch_coop(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams
 }
 
 template <class Cfg>
-void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2,
+void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
                      cudaStream_t stream) {
   auto kernel = fused_linear_logp_sm90_pingpong_kernel<Cfg>;
-  DETLOGP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  int device = 0, sms = 0;
-  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
-  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  allow_smem_once<fused_linear_logp_sm90_pingpong_kernel<Cfg>>(Cfg::kSmemBytes);
   const int64_t tiles = int64_t{p.m_tiles} * p.n_tiles;
   check_grid(tiles);
-  const int64_t blocks = std::min<int64_t>(tiles, sms);  // persistent: one CTA per SM
+  const int64_t blocks = std::min<int64_t>(tiles, std::max(sms, 1));  // persistent: one CTA per SM
   kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mh, mw, p, vec2 ? 1 : 0);
   DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+// Per-SM share of the weight columns a persistent launch streams: whole waves of tiles times the
+// tile width (the last wave's idle SMs are the waste this measures).
+int64_t columns_per_sm(const BucketInfo& bi, int64_t rows, int64_t vocab_local, int sms) {
+  const int64_t tiles = ((rows + bi.block_m - 1) / bi.block_m) * ((vocab_local + bi.block_n - 1) / bi.block_n);
+  return (tiles + sms - 1) / sms * bi.block_n;
+}
+
+// The candidate that streams the fewest columns per SM; ties go to the narrower tile (on the H200
+// at V = 151936, n128 and n192 tie and n128 measured 1-2 % faster at N = 1, 8 and 64).
+Bucket most_even(std::initializer_list<Bucket> candidates, int64_t rows, int64_t vocab_local, int sms) {
+  Bucket best = *candidates.begin();
+  int64_t best_cost = -1;
+  int best_n = 0;
+  for (Bucket b : candidates) {
+    const BucketInfo bi = bucket_info(b);
+    const int64_t cost = columns_per_sm(bi, rows, vocab_local, std::max(sms, 1));
+    if (best_cost < 0 || cost < best_cost || (cost == best_cost && bi.block_n < best_n)) {
+      best = b;
+      best_cost = cost;
+      best_n = bi.block_n;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -210,11 +254,19 @@ BucketInfo bucket_info(Bucket b) {
       return coop_info<Coop128Cfg>("coop128x128");
     case Bucket::coop128x256:
       return coop_info<Coop256Cfg>("coop128x256");
+    case Bucket::decode_n192:
+      return pingpong_info<Decode192Cfg>("decode_n192");
+    case Bucket::decode8_n128:
+      return pingpong_info<Decode8x128Cfg>("decode8_n128");
+    case Bucket::decode8_n192:
+      return pingpong_info<Decode8x192Cfg>("decode8_n192");
+    case Bucket::decode8_n256:
+      return pingpong_info<Decode8x256Cfg>("decode8_n256");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
 
-Bucket select_bucket(int64_t rows) {
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms) {
   if (const char* v = std::getenv(bucket_env_name()); v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
     std::string names;
     for (int i = 0; i < kBucketCount; ++i) {
@@ -224,24 +276,35 @@ Bucket select_bucket(int64_t rows) {
     }
     DETLOGP_FAIL(bucket_env_name() << "=" << v << " is not a launch bucket; use auto" << names);
   }
-  return rows <= 64 ? Bucket::decode : Bucket::prefill;
+  if (rows <= 8)
+    return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
+  if (rows <= 64) return most_even({Bucket::decode, Bucket::decode_n192, Bucket::prefill}, rows, vocab_local, sms);
+  return Bucket::prefill;
 }
 
-void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2,
+void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
                   cudaStream_t stream) {
   switch (b) {
     case Bucket::decode:
-      return launch_pingpong<DecodeCfg>(mh, mw, p, vec2, stream);
+      return launch_pingpong<DecodeCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::prefill:
-      return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, stream);
+      return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::pingpong128x128:
-      return launch_pingpong<Pingpong128Cfg>(mh, mw, p, vec2, stream);
+      return launch_pingpong<Pingpong128Cfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::coop64x128:
       return launch_coop<Coop64Cfg>(mh, mw, p, vec2, stream);
     case Bucket::coop128x128:
       return launch_coop<Coop128Cfg>(mh, mw, p, vec2, stream);
     case Bucket::coop128x256:
       return launch_coop<Coop256Cfg>(mh, mw, p, vec2, stream);
+    case Bucket::decode_n192:
+      return launch_pingpong<Decode192Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::decode8_n128:
+      return launch_pingpong<Decode8x128Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::decode8_n192:
+      return launch_pingpong<Decode8x192Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::decode8_n256:
+      return launch_pingpong<Decode8x256Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

@@ -12,22 +12,28 @@
 
 namespace detlogp::sm90 {
 
-// decode / prefill: persistent ping-pong (auto picks by rows); pingpong128x128: another ping-pong
-// tile shape; coop*: non-persistent cooperative
-// variants, reachable only through the knob, kept as further free-axis points the tests cover.
+// Persistent ping-pong buckets, picked by rows and by how evenly the weight tiles fill the SMs:
+//   decode8_n{128,192,256}: N <= 8, 8-row tiles (the ring holds weight, not replicated rows);
+//   decode (n128), decode_n192, prefill (n256): N <= 64; prefill also every larger N.
+// pingpong128x128 and coop*: further free-axis points reachable only through the knob; every
+// bucket runs any N (the tests run each one).
 enum class Bucket : int {
   decode = 0,
   prefill = 1,
   pingpong128x128 = 2,
   coop64x128 = 3,
   coop128x128 = 4,
-  coop128x256 = 5
+  coop128x256 = 5,
+  decode_n192 = 6,
+  decode8_n128 = 7,
+  decode8_n192 = 8,
+  decode8_n256 = 9
 };
-inline constexpr int kBucketCount = 6;
+inline constexpr int kBucketCount = 10;
 
 struct BucketInfo {
   const char* name;
-  int block_m;
+  int block_m;  // hidden rows per tile (the TMA box of the hidden map)
   int block_n;
   int stages;
   int min_ctas_per_sm;
@@ -37,15 +43,15 @@ struct BucketInfo {
 };
 
 BucketInfo bucket_info(Bucket b);
-// Bucket for a launch of `rows` rows: DETLOGP_SM90_BUCKET (auto|decode|prefill|pingpong128x128|
-// coop64x128|coop128x128|coop128x256) if set,
-// else by size. Throws on an unknown value.
-Bucket select_bucket(int64_t rows);
+// Bucket for a launch of `rows` rows over V_local = vocab_local on a GPU of `sms` SMs:
+// DETLOGP_SM90_BUCKET (auto or a bucket name) if set, else by size. Throws on an unknown value.
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms);
 const char* bucket_env_name();
 
 // Launches the fused kernel of bucket b over p's row chunk. The tensor maps must have been
 // encoded with box rows = block_m (hidden) and block_n (weight).
+// `sms`: the persistent grid size.
 void launch_fused(Bucket b, const CUtensorMap& map_hidden, const CUtensorMap& map_weight, const FusedParams& p,
-                  bool logits_vec2, cudaStream_t stream);
+                  bool logits_vec2, int sms, cudaStream_t stream);
 
 }  // namespace detlogp::sm90

@@ -15,17 +15,21 @@
 
 namespace detlogp::sm90 {
 
-// WgM rows x BlockN columns per consumer-warpgroup tile (WgM/64 wgmma m64 fragments).
-template <int WgM, int BlockN, int Stages>
+// WgM rows x BlockN columns per consumer-warpgroup tile (WgM/64 wgmma m64 fragments). TileRows
+// hidden rows per tile: WgM, or 8 for decode (an 8-row TMA box, replicated over the m64 operand
+// by a zero group stride, so the ring spends its shared memory on weight bytes in flight).
+template <int WgM, int BlockN, int Stages, int TileRows = WgM>
 struct PingpongConfig {
   static constexpr int kWgM = WgM;
+  static constexpr int kTileRows = TileRows;
   static constexpr int kBlockN = BlockN;
   static constexpr int kBlockK = 64;
   static constexpr int kStages = Stages;
   static constexpr int kFragments = WgM / 64;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int kAccRegs = BlockN / 2;
-  static constexpr uint32_t kABytes = uint32_t(WgM) * kBlockK * 2;
+  static constexpr uint32_t kABytes = uint32_t(TileRows) * kBlockK * 2;
+  static constexpr uint32_t kAGroupStride = TileRows == 8 ? 0 : 1024;
   static constexpr uint32_t kBBytes = uint32_t(BlockN) * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
   static constexpr int kBarriers = 2 * Stages + 2;  // full, empty, mainloop-done x2
@@ -35,8 +39,10 @@ struct PingpongConfig {
   static constexpr int kConsumerRegs = 232;  // 168 + (168 - 40) / 2
 
   static_assert(WgM == 64 || WgM == 128, "one or two m64 fragments per consumer warpgroup");
+  static_assert(TileRows == WgM || (TileRows == 8 && WgM == 64), "an 8-row tile replicates into one m64 fragment");
   static_assert(BlockN % kVocabTile == 0, "a tile's columns must be whole 64-lane vocab tiles (contract tree)");
-  static_assert(BlockN == 64 || BlockN == 128 || BlockN == 256, "wgmma n and TMA box limit (<= 256 rows)");
+  static_assert(BlockN == 64 || BlockN == 128 || BlockN == 192 || BlockN == 256,
+                "wgmma n and TMA box limit (<= 256 rows)");
   static_assert(kFragments * kAccRegs <= 128, "accumulators must fit the consumer register budget");
   static_assert(kBlockK * 2 == 128, "BLOCK_K must fill exactly one 128-byte swizzle row");
   static_assert(kBlockK % kKSlab == 0 && kKSlab % 16 == 0, "BLOCK_K = whole K slabs = whole wgmma k16 steps");
@@ -65,7 +71,7 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
   for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
     int m_tile, n_tile;
     raster_tile(tile, m_tiles, n_tiles, group_m, m_tile, n_tile);
-    const int32_t row0 = static_cast<int32_t>(row_begin + int64_t{m_tile} * Cfg::kWgM);
+    const int32_t row0 = static_cast<int32_t>(row_begin + int64_t{m_tile} * Cfg::kTileRows);
     const int32_t col0 = n_tile * Cfg::kBlockN;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const uint32_t s = it % Cfg::kStages;
@@ -79,10 +85,12 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
 }
 
 // Mainloop of one tile for a consumer warpgroup; `it0` = ring index of the tile's first K block.
+// Returns with the last K block's wgmma still in flight: the caller hands the tensor cores to the
+// other warpgroup first, then calls pingpong_consume_tail.
 template <class Cfg>
-__device__ __forceinline__ void pingpong_consume(float (&acc)[Cfg::kFragments][Cfg::kAccRegs], const uint8_t* smem_a,
-                                                 const uint8_t* smem_b, uint64_t* full, uint64_t* empty, int k_blocks,
-                                                 uint32_t it0) {
+__device__ __forceinline__ void pingpong_consume_issue(float (&acc)[Cfg::kFragments][Cfg::kAccRegs],
+                                                       const uint8_t* smem_a, const uint8_t* smem_b, uint64_t* full,
+                                                       uint64_t* empty, int k_blocks, uint32_t it0) {
   using Mma = ptx::WgmmaBf16<Cfg::kBlockN>;
   static_assert(Mma::kAccRegs == Cfg::kAccRegs, "accumulator fragment size");
 #pragma unroll
@@ -105,7 +113,8 @@ __device__ __forceinline__ void pingpong_consume(float (&acc)[Cfg::kFragments][C
     for (int k = 0; k < Cfg::kBlockK / 16; ++k)
 #pragma unroll
       for (int f = 0; f < Cfg::kFragments; ++f) {
-        const uint64_t desc_a = ptx::smem_desc_k_major_sw128(smem_a + s * Cfg::kABytes + f * (64 * 128));
+        const uint64_t desc_a =
+            ptx::smem_desc_k_major_sw128(smem_a + s * Cfg::kABytes + f * (64 * 128), Cfg::kAGroupStride);
         Mma::mma(acc[f], desc_a + 2 * k, desc_b + 2 * k);
       }
     ptx::wgmma_commit();
@@ -117,12 +126,28 @@ __device__ __forceinline__ void pingpong_consume(float (&acc)[Cfg::kFragments][C
       for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
     if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty[(it - 1) % Cfg::kStages]);  // one arrival per warp
   }
+}
+
+// Completes a tile's mainloop: waits for its last wgmma and releases the last stage.
+template <class Cfg>
+__device__ __forceinline__ void pingpong_consume_tail(float (&acc)[Cfg::kFragments][Cfg::kAccRegs], uint64_t* empty,
+                                                      int k_blocks, uint32_t it0) {
+  const int lane = threadIdx.x % 32;
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int f = 0; f < Cfg::kFragments; ++f)
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
   if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty[(it0 + k_blocks - 1) % Cfg::kStages]);
+}
+
+// A whole tile's mainloop, accumulators complete on return.
+template <class Cfg>
+__device__ __forceinline__ void pingpong_consume(float (&acc)[Cfg::kFragments][Cfg::kAccRegs], const uint8_t* smem_a,
+                                                 const uint8_t* smem_b, uint64_t* full, uint64_t* empty, int k_blocks,
+                                                 uint32_t it0) {
+  pingpong_consume_issue<Cfg>(acc, smem_a, smem_b, full, empty, k_blocks, it0);
+  pingpong_consume_tail<Cfg>(acc, empty, k_blocks, it0);
 }
 
 }  // namespace detlogp::sm90

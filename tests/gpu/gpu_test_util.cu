@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "gpu_test_util.hpp"
+#include "sm90/sm90_launch_table.hpp"
 
 namespace gput {
 namespace {
@@ -155,6 +156,13 @@ detlogp::detail::LogpProblem device_problem(const DeviceModel& m, const uint16_t
 }
 
 const detlogp::detail::Backend& sm90() { return detlogp::detail::sm90_contract_backend(); }
+
+std::vector<std::string> sm90_bucket_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < detlogp::sm90::kBucketCount; ++i)
+    names.emplace_back(detlogp::sm90::bucket_info(static_cast<detlogp::sm90::Bucket>(i)).name);
+  return names;
+}
 
 RefRow reference_row(const uint16_t* h, const std::vector<uint16_t>& w, const std::vector<float>* bias, int64_t dim,
                      int64_t vocab, int64_t real_vocab, double temperature, int64_t target) {

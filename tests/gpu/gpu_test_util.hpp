@@ -132,6 +132,8 @@ detlogp::detail::LogpProblem device_problem(const DeviceModel& m, const uint16_t
                                             const int32_t* targets, Outputs& out);
 
 const detlogp::detail::Backend& sm90();
+// Every SM90 launch bucket's DETLOGP_SM90_BUCKET name, in the launch table's order.
+std::vector<std::string> sm90_bucket_names();
 
 // Scoped environment variable.
 class EnvGuard {

@@ -17,7 +17,7 @@ using detlogp::bitcmp::float_bits;
 
 namespace {
 
-const char* kBuckets[] = {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256"};
+const std::vector<std::string> kBuckets = sm90_bucket_names();
 
 std::vector<int32_t> random_targets(int64_t n, int64_t vocab, uint64_t seed, int ignore_every) {
   std::mt19937_64 g(seed);
@@ -121,14 +121,16 @@ void medium_shape_l2() {
   const int64_t ns[] = {1, 2, 3, 7, 31, 63, 64, 65, 127, 128, 129, 1000, 4096, 16384};
   int runs = 0;
   for (int64_t n : ns)
-    for (const char* bucket : kBuckets)
+    for (const std::string& name : kBuckets)
       for (bool serving : {false, true}) {
+        const char* bucket = name.c_str();
         EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
         const auto idx = sample(pool, n, g);
         run_subset(bucket, m, hidden, targets, base, idx, serving);
         ++runs;
       }
-  std::printf("   %d subset runs (14 N x 6 buckets x serving on/off) compared per row with the base run\n", runs);
+  std::printf("   %d subset runs (14 N x %zu buckets x serving on/off) compared per row with the base run\n", runs,
+              kBuckets.size());
 
   // N chunking (workspace cap 1 MiB -> 256-row chunks) is bit-neutral.
   {
@@ -300,7 +302,8 @@ void qwen_shape() {
   }
   std::mt19937_64 g(7);
   for (int64_t n : {1, 7, 64, 65, 129, 1000})
-    for (const char* bucket : kBuckets) {
+    for (const std::string& name : kBuckets) {
+      const char* bucket = name.c_str();
       EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
       run_subset(bucket, m, hidden, targets, base, sample(pool, n, g), false);
     }

@@ -14,7 +14,8 @@ int main() {
   };
   const S shapes[] = {{37, 64, 2053}, {3, 72, 130}, {130, 128, 300}};
   for (const auto& s : shapes)
-    for (const char* bucket : {"decode", "prefill", "pingpong128x128", "coop64x128", "coop128x128", "coop128x256"}) {
+    for (const std::string& name : sm90_bucket_names()) {
+      const char* bucket = name.c_str();
       EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
       DeviceModel m;
       m.make(s.d, s.v, 3, true);
