@@ -5,11 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -187,22 +190,49 @@ struct WorkspaceLayout {
   size_t bytes = 0;
 };
 
-// The status word's host copy: pinned, one per host thread (a call's read-back is a short DMA
-// instead of a staged pageable copy).
-DeviceStatus* pinned_status() {
-  struct Pinned {
-    DeviceStatus* ptr = nullptr;
-    ~Pinned() {
-      if (ptr != nullptr) (void)cudaFreeHost(ptr);
-    }
-  };
-  thread_local Pinned status;
-  if (status.ptr == nullptr) {
-    void* ptr = nullptr;
-    DETLOGP_CUDA_CHECK(cudaHostAlloc(&ptr, sizeof(DeviceStatus), cudaHostAllocPortable));
-    status.ptr = static_cast<DeviceStatus*>(ptr);
+// Host-mapped status slots of this host thread (pinned, portable, mapped), a ring indexed by the
+// call's sequence number, so a late write of an abandoned call never lands in a live slot.
+struct MappedStatus {
+  static constexpr uint64_t kSlots = 16;
+  HostStatusSlot* host = nullptr;
+  uint64_t next_seq = 0;
+  ~MappedStatus() {
+    if (host != nullptr) (void)cudaFreeHost(host);
   }
-  return status.ptr;
+};
+
+MappedStatus& mapped_status() {
+  thread_local MappedStatus slots;
+  if (slots.host == nullptr) {
+    void* ptr = nullptr;
+    DETLOGP_CUDA_CHECK(cudaHostAlloc(&ptr, sizeof(HostStatusSlot) * MappedStatus::kSlots,
+                                     cudaHostAllocPortable | cudaHostAllocMapped));
+    slots.host = static_cast<HostStatusSlot*>(ptr);
+    for (uint64_t i = 0; i < MappedStatus::kSlots; ++i) new (&slots.host[i]) HostStatusSlot{};
+  }
+  return slots;
+}
+
+// Waits until the validation kernel of call `seq` has reported through its mapped slot: that is
+// the only wait of a call (it returns while the fused kernels still run, in stream order). A fault
+// of earlier work on the stream surfaces as its CUDA error instead of a hang.
+DeviceStatus wait_for_validation(HostStatusSlot* slot, uint64_t seq, cudaStream_t stream) {
+  const volatile uint64_t* flag = &slot->seq;
+  for (uint32_t spin = 1;; ++spin) {
+    if (*flag == seq) break;
+    if (spin % 256 == 0) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e != cudaSuccess && e != cudaErrorNotReady) DETLOGP_CUDA_CHECK(e);
+      DETLOGP_CHECK(e != cudaSuccess || *flag == seq,
+                    "internal error: the SM90 validation kernel finished without reporting its status");
+      std::this_thread::yield();
+    }
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  DeviceStatus status;
+  std::memcpy(&status, const_cast<const DeviceStatus*>(&static_cast<volatile HostStatusSlot*>(slot)->status),
+              sizeof status);
+  return status;
 }
 
 WorkspaceLayout layout_for(const detail::LogpProblem& p) {
@@ -354,10 +384,27 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     for (int64_t row0 = 0; row0 < p.rows; row0 += lay.chunk) plan_rows(row0, std::min(lay.chunk, p.rows - row0));
   }
 
+  // Under stream capture no host wait is possible (and replays must not touch a live slot): the
+  // kernels still write nothing on invalid input, but the error cannot be raised from here.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DETLOGP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  HostStatusSlot* slot = nullptr;
+  HostStatusSlot* slot_device = nullptr;
+  uint64_t seq = 0;
+  if (!capturing) {
+    MappedStatus& slots = mapped_status();
+    seq = ++slots.next_seq;
+    slot = &slots.host[seq % MappedStatus::kSlots];
+    void* device_ptr = nullptr;
+    DETLOGP_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr, slot, 0));
+    slot_device = static_cast<HostStatusSlot*>(device_ptr);
+  }
+
   StreamBuffer ws(lay.bytes, stream, p.device, "workspace");
   auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
   launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
-                                 p.temperature_rows, status},
+                                 p.temperature_rows, status, slot_device, seq},
                   stream);
 
   if (p.partial_mode()) {
@@ -384,15 +431,9 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     }
   }
 
-  // Read the validation status back. Under stream capture a host read is impossible: the
-  // kernels still write nothing on invalid input, but the error cannot be raised from here.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DETLOGP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
-  DeviceStatus* host_status = pinned_status();
-  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(host_status, status, sizeof *host_status, cudaMemcpyDeviceToHost, stream));
-  DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_status->code != kStatusOk) throw_status(*host_status, p);
+  if (capturing) return;
+  const DeviceStatus verdict = wait_for_validation(slot, seq, stream);
+  if (verdict.code != kStatusOk) throw_status(verdict, p);
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {

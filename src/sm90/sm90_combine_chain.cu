@@ -49,6 +49,11 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
       s.temperature = p.temperature_rows[s.row];
     }
     *p.status = s;
+    if (p.host_slot != nullptr) {
+      p.host_slot->status = s;
+      __threadfence_system();  // the status reaches the host before the sequence number does
+      *reinterpret_cast<volatile uint64_t*>(&p.host_slot->seq) = p.seq;
+    }
   }
 }
 

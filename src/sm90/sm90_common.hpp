@@ -39,6 +39,14 @@ inline constexpr int32_t kStatusOk = 0;
 inline constexpr int32_t kStatusBadTarget = 1;
 inline constexpr int32_t kStatusBadTemperature = 2;
 
+// A host-mapped copy of the status word: the validation kernel writes the status, then (after a
+// system-scope fence) the call's sequence number, so the host learns the verdict as soon as the
+// validation has run, without waiting for the rest of the call.
+struct HostStatusSlot {
+  DeviceStatus status;
+  uint64_t seq = 0;
+};
+
 struct ValidateParams {
   int64_t rows;
   const void* targets;
@@ -47,6 +55,8 @@ struct ValidateParams {
   int64_t ignore_index;
   const float* temperature_rows;  // may be null
   DeviceStatus* status;
+  HostStatusSlot* host_slot = nullptr;  // device pointer of mapped host memory, or null
+  uint64_t seq = 0;
 };
 
 // One launch of the fused kernel covers rows [row_begin, row_end) (a chunk of N).
