@@ -51,7 +51,7 @@ CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out,
 // head; vocab_start need not be a multiple of 64 here), real_vocab the global real vocabulary,
 // targets global ids. For every row n and chunk column v the logit z = h_n.w_v (+ b_v) is
 // recomputed and dz[n][v] = bf16(dL/dz) written, with the fp32 order pinned in detlogp/grad.hpp
-// (docs/contract.md, appendix A): p = expc(y - lse[n]) (0 for padding ids >= real_vocab),
+// (docs/contract.md, appendix A): padding ids >= real_vocab get +0; otherwise p = expc(y - lse[n]),
 // dL/dy = (g_lse - g_logp) * p + g_logp at the target column, dL/dz = dL/dy / T. Ignored rows get
 // no g_logp term. Host memory runs on the CPU, CUDA memory on the SM90 kernel (opt.cuda_stream);
 // CallOptions.backend is not consulted (the two implementations share the pinned formula; the

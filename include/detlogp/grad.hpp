@@ -35,13 +35,15 @@ struct GradRow {
 };
 
 // dL/dz of one logit in fp32, in this exact order:
+//   padding (global id >= real_vocab): +0 exactly, no arithmetic (a target is never padding)
 //   y = fl(z * inv_t)                                (scale_logit)
-//   p = real ? expc(fl(y - lse)) : +0                (real: global id < real_vocab)
+//   p = expc(fl(y - lse))
 //   d = fl(fl(gs - gl) * p);  d = fl(d + gl) at the target column only
 //   g = fl(d * inv_t)
 DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
+  if (!real) return 0.0f;
   const float y = scale_logit(z, r.inv_t);
-  const float p = real ? expc(fp::sub(y, r.lse)) : 0.0f;
+  const float p = expc(fp::sub(y, r.lse));
   float d = fp::mul(fp::sub(r.gs, r.gl), p);
   if (is_target) d = fp::add(d, r.gl);
   return fp::mul(d, r.inv_t);
