@@ -46,8 +46,8 @@ struct GradCase {
   }
   detlogp::LinearLogpInputs inputs() const {
     detlogp::LinearLogpInputs in = full.inputs();
-    in.weight = detlogp::TensorView::matrix(full.weight.data() + vocab_start * full.dim, detlogp::DType::bf16, cols,
-                                            full.dim);
+    in.weight =
+        detlogp::TensorView::matrix(full.weight.data() + vocab_start * full.dim, detlogp::DType::bf16, cols, full.dim);
     in.bias = {};
     if (!full.bias.empty())
       in.bias = detlogp::TensorView::vector(full.bias.data() + vocab_start, detlogp::DType::f32, cols);
@@ -156,11 +156,11 @@ Problem shaped_problem(const Shape& s, uint64_t seed) {
 }
 
 const Shape kShapes[] = {
-    {1, 64, 17, -1, 0, 17, 0, false, false},          // one row, one partial tile
-    {77, 200, 300, 250, 64, 236, 3, true, true},      // chunk past real_vocab (padding), strided dz
-    {33, 96, 2053, 2000, 37, 2016, 0, true, false},   // vocab_start not a multiple of 64, ends in padding
-    {13, 48, 123, -1, 0, 123, 1, false, true},        // odd everything
-    {300, 64, 1000, 900, 512, 123, 0, true, true},    // a chunk in the middle, all real
+    {1, 64, 17, -1, 0, 17, 0, false, false},         // one row, one partial tile
+    {77, 200, 300, 250, 64, 236, 3, true, true},     // chunk past real_vocab (padding), strided dz
+    {33, 96, 2053, 2000, 37, 2016, 0, true, false},  // vocab_start not a multiple of 64, ends in padding
+    {13, 48, 123, -1, 0, 123, 1, false, true},       // odd everything
+    {300, 64, 1000, 900, 512, 123, 0, true, true},   // a chunk in the middle, all real
 };
 
 }  // namespace
@@ -201,8 +201,8 @@ TEST(CpuGradLogits, MatchesFloat64OnOddShapes) {
     ++seed;
     const detlogp::CallReport r = g.run();
     EXPECT_EQ(r.provenance.backend_id, "cpu-linear-logp-contract-v1");
-    expect_matches_float64(g, "N=" + std::to_string(s.rows) + " C=" + std::to_string(s.cols) +
-                                  " start=" + std::to_string(s.vocab_start));
+    expect_matches_float64(
+        g, "N=" + std::to_string(s.rows) + " C=" + std::to_string(s.cols) + " start=" + std::to_string(s.vocab_start));
   }
 }
 
@@ -308,123 +308,113 @@ TEST(CpuGradLogits, BadInputsAreRefusedByNameAndWriteNothing) {
   {
     GradCase g = fresh();
     std::vector<float> dz32(static_cast<size_t>(g.full.rows * g.cols));
-    expect_refused(
-        g,
-        [&] {
-          detlogp::linear_logp_grad_logits(g.inputs(), g.args(),
-                                           detlogp::mutable_matrix(dz32.data(), detlogp::DType::f32, g.full.rows,
-                                                                   g.cols));
-        },
-        {"dz must be bf16, got f32"});
+    expect_refused(g,
+                   [&] {
+                     detlogp::linear_logp_grad_logits(
+                         g.inputs(), g.args(),
+                         detlogp::mutable_matrix(dz32.data(), detlogp::DType::f32, g.full.rows, g.cols));
+                   },
+                   {"dz must be bf16, got f32"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          detlogp::linear_logp_grad_logits(
-              g.inputs(), g.args(),
-              detlogp::mutable_matrix(g.dz.data(), detlogp::DType::bf16, g.full.rows, g.cols - 1));
-        },
-        {"dz must be [N=9, C=200], got [9, 199]"});
+    expect_refused(g,
+                   [&] {
+                     detlogp::linear_logp_grad_logits(
+                         g.inputs(), g.args(),
+                         detlogp::mutable_matrix(g.dz.data(), detlogp::DType::bf16, g.full.rows, g.cols - 1));
+                   },
+                   {"dz must be [N=9, C=200], got [9, 199]"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          detlogp::linear_logp_grad_logits(g.inputs(), g.args(),
-                                           {detlogp::TensorView::matrix(g.dz.data(), detlogp::DType::bf16, g.full.rows,
-                                                                        g.cols, detlogp::Memory::host, g.cols - 8)});
-        },
-        {"dz row_stride=192"});
+    expect_refused(g,
+                   [&] {
+                     detlogp::linear_logp_grad_logits(
+                         g.inputs(), g.args(),
+                         {detlogp::TensorView::matrix(g.dz.data(), detlogp::DType::bf16, g.full.rows, g.cols,
+                                                      detlogp::Memory::host, g.cols - 8)});
+                   },
+                   {"dz row_stride=192"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto a = g.args();
-          a.lse = {};
-          detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
-        },
-        {"lse is required"});
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.lse = {};
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"lse is required"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto a = g.args();
-          a.g_logp.rows = 8;
-          detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
-        },
-        {"g_logp has 8 elements, expected 9"});
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.g_logp.rows = 8;
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"g_logp has 8 elements, expected 9"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto a = g.args();
-          a.g_lse.dtype = detlogp::DType::i32;
-          detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
-        },
-        {"g_lse must be f32, got i32"});
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.g_lse.dtype = detlogp::DType::i32;
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"g_lse must be f32, got i32"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto in = g.inputs();
-          in.bias.rows = 300;
-          detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
-        },
-        {"bias has 300 elements, expected 200"});
+    expect_refused(g,
+                   [&] {
+                     auto in = g.inputs();
+                     in.bias.rows = 300;
+                     detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
+                   },
+                   {"bias has 300 elements, expected 200"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto in = g.inputs();
-          in.temperature = -1.0f;
-          detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
-        },
-        {"temperature=-1"});
+    expect_refused(g,
+                   [&] {
+                     auto in = g.inputs();
+                     in.temperature = -1.0f;
+                     detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
+                   },
+                   {"temperature=-1"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto dz = g.dz_view();
-          dz.memory = detlogp::Memory::cuda;
-          detlogp::linear_logp_grad_logits(g.inputs(), g.args(), dz);
-        },
-        {"dz is in CUDA memory but hidden is in host memory"});
+    expect_refused(g,
+                   [&] {
+                     auto dz = g.dz_view();
+                     dz.memory = detlogp::Memory::cuda;
+                     detlogp::linear_logp_grad_logits(g.inputs(), g.args(), dz);
+                   },
+                   {"dz is in CUDA memory but hidden is in host memory"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto in = g.inputs();
-          in.vocab_start = -64;
-          detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
-        },
-        {"vocab_start=-64"});
+    expect_refused(g,
+                   [&] {
+                     auto in = g.inputs();
+                     in.vocab_start = -64;
+                     detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
+                   },
+                   {"vocab_start=-64"});
   }
   {
     GradCase g = fresh();
-    expect_refused(
-        g,
-        [&] {
-          auto in = g.inputs();
-          in.weight.cols = 31;
-          detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
-        },
-        {"weight has D=31 columns but hidden has D=32"});
+    expect_refused(g,
+                   [&] {
+                     auto in = g.inputs();
+                     in.weight.cols = 31;
+                     detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
+                   },
+                   {"weight has D=31 columns but hidden has D=32"});
   }
 }

@@ -86,8 +86,8 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
     p.g_lse = static_cast<const float*>(checked_vector(args.g_lse, "g_lse", p.rows, {DType::f32}, mem, dev));
 
   check_matrix(dz, "dz", DType::bf16);
-  DETLOGP_CHECK(dz.rows == p.rows && dz.cols == p.cols, "dz must be [N=" << p.rows << ", C=" << p.cols << "], got ["
-                                                                         << dz.rows << ", " << dz.cols << "]");
+  DETLOGP_CHECK(dz.rows == p.rows && dz.cols == p.cols,
+                "dz must be [N=" << p.rows << ", C=" << p.cols << "], got [" << dz.rows << ", " << dz.cols << "]");
   check_same_memory(dz, "dz", mem, dev);
   DETLOGP_CHECK(p.rows == 0 || dz.data != nullptr, "dz data pointer is null");
 

@@ -12,9 +12,9 @@
 namespace detlogp::detail {
 namespace {
 
-constexpr int kRowGroup = 32;          // rows per GEMM call (z scratch of kRowGroup x 64)
-constexpr int kRowsPerTask = 256;      // rows that share one widened weight panel
-constexpr int64_t kWidenRows = 4096;   // rows of hidden widened to fp32 at a time
+constexpr int kRowGroup = 32;         // rows per GEMM call (z scratch of kRowGroup x 64)
+constexpr int kRowsPerTask = 256;     // rows that share one widened weight panel
+constexpr int64_t kWidenRows = 4096;  // rows of hidden widened to fp32 at a time
 constexpr int kPanel = cpu::kPanelCols;
 
 struct Scratch {

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
-                            p.m_tiles, p.n_tiles, p.group_m);
+      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0, p.m_tiles,
+                            p.n_tiles, p.group_m);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int c = warpgroup - 1;
