@@ -219,10 +219,20 @@ def _tma_ok(t: Tensor) -> bool:
         return False
     if (t.storage_offset() * es) % 16 != 0:
         return False
-    try:
-        return t.data_ptr() % 16 == 0
-    except RuntimeError:  # FakeTensor under torch.compile
+    return _traced(t) or t.data_ptr() % 16 == 0
+
+
+def _traced(t: Tensor) -> bool:
+    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
+    f = getattr(torch.compiler, "is_compiling", None)
+    if f is not None and f():
         return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return bool(is_fake(t))
+    except ImportError:  # pragma: no cover - older torch
+        return False
 
 
 def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: Optional[Tensor]) -> bool:
