@@ -109,7 +109,9 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--methods", default="all", help="comma-separated subset of: ref, contract, contract-torchloop, lane")
+    ap.add_argument(
+        "--methods", default="all", help="comma-separated subset of: ref, contract, contract-torchloop, lane"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     cuda = args.device == "cuda"

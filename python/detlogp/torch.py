@@ -321,7 +321,8 @@ def _grad_logits_op(
 
 
 @_grad_logits_op.register_fake
-def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse, g_logp, g_lse):
+def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse, g_logp,
+      g_lse):  # fmt: skip
     return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16)
 
 
