@@ -10,10 +10,16 @@ torch.cuda.max_memory_allocated() above the inputs, the gradient buffers include
 produce the same gradients). The SM90 forward's own workspace is cudaMalloc'ed by the library and
 is reported separately by the library's DETLOGP_SM90_WORKSPACE_MB setting, not here.
 On a CPU (--device cpu, small shapes) the script only times, to check that it runs.
+
+The detlogp backward is fused on an SM90 GPU (grad-logits kernel + two GEMMs per vocabulary
+chunk); "contract-torchloop" runs the same forward with DETLOGP_TORCH_FUSED_BACKWARD=0, the
+torch chunk loop, for comparison (setting that variable for the whole run forces it everywhere).
+The "bwd path" column says which backward served each method.
 """
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -41,19 +47,31 @@ def detlogp_torch_lane(h, w, t):
 METHODS = {
     "torch F.linear+log_softmax+autograd": torch_reference,
     "detlogp (contract fwd, chunked bwd)": detlogp_contract,
+    "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
 }
+# Environment set around a method's steps.
+METHOD_ENV = {"detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"}}
 
 
-def run(fn, h, w, t, g, iters, warmup, cuda):
+def run(fn, h, w, t, g, iters, warmup, cuda, env=None):
     hh = h.clone().requires_grad_()
     ww = w.clone().requires_grad_()
 
     def step():
         hh.grad = None
         ww.grad = None
-        logp = fn(hh, ww, t)
-        (logp * g).sum().backward()
+        saved = {k: os.environ.get(k) for k in (env or {})}
+        os.environ.update(env or {})
+        try:
+            logp = fn(hh, ww, t)
+            (logp * g).sum().backward()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     for _ in range(warmup):
         step()
@@ -91,7 +109,9 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--methods", default="all", help="comma-separated subset of: ref, contract, lane")
+    ap.add_argument(
+        "--methods", default="all", help="comma-separated subset of: ref, contract, contract-torchloop, lane"
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -103,17 +123,18 @@ def main():
     t[15::16] = -100
     t = t.to(args.device)
     g = torch.rand(n, generator=gen).to(args.device)
-    keys = dict(zip(("ref", "contract", "lane"), METHODS))
+    keys = dict(zip(("ref", "contract", "contract-torchloop", "lane"), METHODS))
     chosen = list(METHODS) if args.methods == "all" else [keys[k] for k in args.methods.split(",")]
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
-    print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), "
-          f"chunk {dt.BACKWARD_VOCAB_CHUNK}")  # fmt: skip
-    print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s}")
+    print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "
+          f"{dt.BACKWARD_VOCAB_CHUNK}, fused chunk {dt._fused_chunk_rows(n, v)}")  # fmt: skip
+    print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s} {'bwd path':>9s}")
     results = []
     grads = {}
     for name in chosen:
         try:
-            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda)
+            dt._tls.backward_path = None
+            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name))
         except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
             print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
             results.append({"method": name, "error": "out of memory"})
@@ -121,8 +142,10 @@ def main():
             continue
         grads[name] = gr
         peak_s = f"{peak / 2**20:15.0f}" if peak is not None else f"{'n/a':>15s}"
-        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s}")
-        results.append({"method": name, "median_ms": med, "min_ms": best, "peak_extra_bytes": peak})
+        path = dt.last_backward_path() or "-"
+        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s} {path:>9s}")
+        results.append({"method": name, "median_ms": med, "min_ms": best, "peak_extra_bytes": peak,
+                        "backward_path": path})  # fmt: skip
         del gr
     ref_name = chosen[0]
     for name in chosen[1:]:

@@ -46,6 +46,25 @@ struct CallOptions {
 // shard use linear_logp_partials and merge_partials.
 CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt = {});
 
+// The logit gradient of one vocabulary chunk, for the backward of linear_logp (the fused backward
+// of detlogp.torch): in.weight is the chunk [C, D] (rows vocab_start .. vocab_start + C - 1 of the
+// head; vocab_start need not be a multiple of 64 here), real_vocab the global real vocabulary,
+// targets global ids. For every row n and chunk column v the logit z = h_n.w_v (+ b_v) is
+// recomputed and dz[n][v] = bf16(dL/dz) written, with the fp32 order pinned in detlogp/grad.hpp
+// (docs/contract.md, appendix A): padding ids >= real_vocab get +0; otherwise p = expc(y - lse[n]),
+// dL/dy = (g_lse - g_logp) * p + g_logp at the target column, dL/dz = dL/dy / T. Ignored rows get
+// no g_logp term. Host memory runs on the CPU, CUDA memory on the SM90 kernel (opt.cuda_stream);
+// CallOptions.backend is not consulted (the two implementations share the pinned formula; the
+// bits are those of the arch's own z, like the serving logits). Bad inputs throw and write nothing.
+struct GradLogitsArgs {
+  TensorView lse;     // [N] f32: the forward's lse
+  TensorView g_logp;  // optional [N] f32: dL/dlogp (absent = zeros)
+  TensorView g_lse;   // optional [N] f32: dL/dlse (absent = zeros)
+};
+// dz: [N, C] bf16, row stride >= C.
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
+                                   const CallOptions& opt = {});
+
 // Rank-local partials for tensor parallelism: tile summaries of this shard's global tiles and,
 // for rows whose target this shard owns, the scaled target logit y_t.
 struct ShardPartials {

@@ -5,9 +5,14 @@ backends (SM90 on CUDA tensors, the CPU backend on CPU tensors) through the C++ 
 caller's current CUDA stream. It is a torch custom op (``detlogp::linear_logp``) with a fake
 implementation, so it traces under torch.compile and replays inside CUDA graphs.
 
-The backward is written in torch: logits are recomputed one vocabulary chunk of
-BACKWARD_VOCAB_CHUNK rows at a time (never an [N, V] buffer), in a fixed order, so gradients are
-deterministic run to run. Gradients are not part of the numeric contract (only logp/lse are).
+The backward recomputes the logits one vocabulary chunk at a time (never an [N, V] buffer), in a
+fixed order, so gradients are deterministic run to run. For CUDA bf16 tensors served by the SM90
+backend it is fused: one kernel per chunk (linear_logp_grad_logits) recomputes the chunk's logits
+and writes the bf16 logit gradient dz directly, then two GEMMs (dz @ W_c into an fp32 hidden
+gradient, dz^T @ h for the weight chunk). Elsewhere (CPU, other dtypes, a temperature gradient,
+a gradient through the returned logits, or DETLOGP_TORCH_FUSED_BACKWARD=0) the chunk loop is
+written in torch with BACKWARD_VOCAB_CHUNK rows per chunk. Gradients are not part of the numeric
+contract (only logp/lse are).
 """
 
 from __future__ import annotations
@@ -24,13 +29,30 @@ from torch import Tensor
 from . import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance, shard_tiles
 from ._errors import BackendError, ConfigError, DetlogpError, InputError, StrictModeError, TargetIndexError
 
-__all__ = ["BACKWARD_VOCAB_CHUNK", "TORCH_BACKEND_ID", "last_report", "linear_logp"]
+__all__ = [
+    "BACKWARD_FUSED_CHUNK_BYTES",
+    "BACKWARD_VOCAB_CHUNK",
+    "TORCH_BACKEND_ID",
+    "grad_logits",
+    "last_backward_path",
+    "last_report",
+    "linear_logp",
+]
 
 # Vocabulary rows per backward chunk. The backward's extra memory, besides the gradients it
 # returns, is about N*C*6 + N*D*8 + C*D*6 bytes for C = BACKWARD_VOCAB_CHUNK: the fp32 logits chunk
 # and its bf16 copy, the fp32 hidden-gradient accumulator and one GEMM result, the fp32 weight-
 # gradient chunk and its cast. Never [N, V].
 BACKWARD_VOCAB_CHUNK = 4096
+
+# The fused backward's chunk: C vocabulary rows with the bf16 dz chunk [N, C] at most this many
+# bytes (C a multiple of 256, at least 256). Its extra memory besides the gradients is about
+# N*C*2 + N*D*8 bytes: dz, the fp32 hidden-gradient accumulator and one GEMM result.
+BACKWARD_FUSED_CHUNK_BYTES = 256 << 20
+
+# DETLOGP_TORCH_FUSED_BACKWARD=0 keeps the torch chunk loop on CUDA too (for comparison).
+FUSED_BACKWARD_ENV = "DETLOGP_TORCH_FUSED_BACKWARD"
+SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
 
 _tls = threading.local()
 
@@ -39,6 +61,12 @@ def last_report() -> Optional[dict]:
     """The report of this thread's last eager detlogp.torch call: which backend served it and its
     provenance. (A replayed CUDA graph runs no Python, so it reports nothing new.)"""
     return getattr(_tls, "report", None)
+
+
+def last_backward_path() -> Optional[str]:
+    """How this thread's last detlogp.torch backward computed its chunks: "fused" (the SM90
+    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); None before any."""
+    return getattr(_tls, "backward_path", None)
 
 
 def _stream_of(t: Tensor) -> int:
@@ -172,6 +200,167 @@ def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
+_SM90_AVAILABLE: Optional[bool] = None
+
+
+def _sm90_available() -> bool:
+    global _SM90_AVAILABLE
+    if _SM90_AVAILABLE is None:
+        _SM90_AVAILABLE = any(b["id"] == SM90_BACKEND_ID and b["available"] for b in _ext.list_backends())
+    return _SM90_AVAILABLE
+
+
+def _tma_ok(t: Tensor) -> bool:
+    """What the SM90 kernel's TMA loads need: unit column stride, 16-byte base and row stride.
+    A traced (fake) tensor has no pointer: its storage offset decides (allocator blocks are
+    aligned)."""
+    es = t.element_size()
+    if t.stride(-1) != 1 or (t.shape[0] > 1 and (t.stride(0) * es) % 16 != 0):
+        return False
+    if (t.storage_offset() * es) % 16 != 0:
+        return False
+    return _traced(t) or t.data_ptr() % 16 == 0
+
+
+def _traced(t: Tensor) -> bool:
+    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
+    f = getattr(torch.compiler, "is_compiling", None)
+    if f is not None and f():
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return bool(is_fake(t))
+    except ImportError:  # pragma: no cover - older torch
+        return False
+
+
+def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: Optional[Tensor]) -> bool:
+    if os.environ.get(FUSED_BACKWARD_ENV, "1") == "0" or need_t:
+        return False
+    if g_logits is not None and g_logits.numel() > 0:
+        return False
+    if not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16):
+        return False
+    return hidden.shape[1] % 8 == 0 and _tma_ok(hidden) and _tma_ok(weight) and _sm90_available()
+
+
+def _fused_chunk_rows(n: int, v: int) -> int:
+    c = BACKWARD_FUSED_CHUNK_BYTES // max(1, 2 * n)
+    return min(v, max(256, c // 256 * 256))
+
+
+def grad_logits(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    lse: Tensor,
+    g_logp: Optional[Tensor] = None,
+    g_lse: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    temperature: Union[float, Tensor] = 1.0,
+    ignore_index: int = -100,
+    vocab_start: int = 0,
+    real_vocab: Optional[int] = None,
+    out: Optional[Tensor] = None,
+) -> Tensor:
+    """dL/dz [N, C] bf16 of one vocabulary chunk (the fused backward's kernel, CPU or SM90):
+    weight [C, D] bf16 is rows vocab_start .. vocab_start + C - 1 of the head, lse [N] fp32 the
+    forward's, g_logp / g_lse [N] fp32 the upstream gradients (None = zeros), temperature a float
+    or an [N] fp32 tensor. Per element, with the fp32 order pinned in docs/contract.md appendix A:
+    0 for padding ids >= real_vocab, else ((g_lse - g_logp) * exp(y - lse) + g_logp [at the
+    target]) / T, rounded to bf16. out: an [N, C] bf16 tensor (row stride >= C) to write into."""
+    c = weight.shape[0]
+    temp_rows = None
+    temp = 1.0
+    if isinstance(temperature, Tensor):
+        temp_rows = temperature.reshape(-1)
+    else:
+        temp = float(temperature)
+    rv = int(vocab_start) + c if real_vocab is None else int(real_vocab)
+    if out is None:
+        return _grad_logits_op(
+            hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index), lse, g_logp, g_lse
+        )
+    _grad_logits_into(
+        hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index), lse, g_logp, g_lse, out
+    )
+    return out
+
+
+def _grad_logits_into(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start,
+                      ignore_index, lse, g_logp, g_lse, dz):  # fmt: skip
+    _ext.linear_logp_grad_logits(
+        _contiguous_rows(hidden), _contiguous_rows(weight), targets.contiguous(), _vec(bias), temperature,
+        _vec(temperature_rows), real_vocab, vocab_start, ignore_index, lse.contiguous(), _vec(g_logp), _vec(g_lse), dz,
+        _stream_of(hidden),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("detlogp::grad_logits", mutates_args=())
+def _grad_logits_op(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Optional[Tensor],
+    temperature: float,
+    temperature_rows: Optional[Tensor],
+    real_vocab: int,
+    vocab_start: int,
+    ignore_index: int,
+    lse: Tensor,
+    g_logp: Optional[Tensor],
+    g_lse: Optional[Tensor],
+) -> Tensor:
+    dz = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16, device=hidden.device)
+    _grad_logits_into(
+        hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse,
+        g_logp, g_lse, dz,
+    )  # fmt: skip
+    return dz
+
+
+@_grad_logits_op.register_fake
+def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse, g_logp,
+      g_lse):  # fmt: skip
+    return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+
+
+def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse,
+                         vocab_start, real_vocab, ignore_index, need):  # fmt: skip
+    """The fused backward of a vocabulary shard: per chunk, the SM90 kernel writes dz [N, C] bf16,
+    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
+    = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
+    need_h, need_w, need_b, _ = need
+    n, d = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    c_max = _fused_chunk_rows(n, v)
+    grad_h = torch.zeros((n, d), dtype=torch.float32, device=dev) if need_h else None
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = torch.empty_like(bias) if need_b else None
+    lse = lse.float()
+    g_logp = None if g_logp is None else g_logp.float()
+    g_lse = None if g_lse is None else g_lse.float()
+    t_rows = None if temperature_rows is None else temperature_rows.float()
+    for c0 in range(0, v, c_max):
+        c1 = min(v, c0 + c_max)
+        w_c = weight[c0:c1]
+        dz = _grad_logits_op(
+            hidden, w_c, targets, None if bias is None else bias[c0:c1], float(temperature), t_rows, int(real_vocab),
+            int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse,
+        )  # fmt: skip
+        if need_h:
+            grad_h += _mm_fp32(dz, w_c)
+        if need_w:
+            torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
+        if need_b:
+            grad_b[c0:c1] = dz.sum(0, dtype=torch.float32).to(bias.dtype)
+        del dz  # free this chunk before the next one is allocated
+    _tls.backward_path = "fused"
+    return grad_h, grad_w, grad_b, None
+
+
 def _chunked_grads(
     hidden: Tensor,
     weight: Tensor,
@@ -186,11 +375,20 @@ def _chunked_grads(
     real_vocab: int,
     ignore_index: int,
     need: Tuple[bool, bool, bool, bool],
+    temperature: float = 1.0,
+    temperature_rows: Optional[Tensor] = None,
 ):
     """Gradients of this vocabulary shard: (grad_hidden partial in the compute dtype, grad_weight,
     grad_bias, sum_v grad_y * y per row for the temperature). y = z * inv_t, p = exp(y - lse),
-    dlogp/dy = onehot(t) - p, dlse/dy = p, dz = dy * inv_t; ignored rows carry no logp gradient."""
+    dlogp/dy = onehot(t) - p, dlse/dy = p, dz = dy * inv_t; ignored rows carry no logp gradient.
+    CUDA bf16 on SM90 (no temperature gradient, no logits gradient): the fused path."""
     need_h, need_w, need_b, need_t = need
+    if _fused_backward_ok(hidden, weight, need_t, g_logits):
+        return _fused_chunked_grads(
+            hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse, vocab_start, real_vocab,
+            ignore_index, need,
+        )  # fmt: skip
+    _tls.backward_path = "torch"
     n, d = hidden.shape
     v = weight.shape[0]
     cd = inv_t.dtype
@@ -267,8 +465,9 @@ def _backward(ctx, g_logp, g_lse, g_logits):
     cd = _out_dtype(hidden)
     inv_t = _inv_t(ctx.temperature, temperature_rows, hidden.shape[0], cd, hidden.device)
     gh, gw, gb, gty = _chunked_grads(
-        hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need
-    )
+        hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need,
+        ctx.temperature, temperature_rows,
+    )  # fmt: skip
     g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
     return (
         None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None,
@@ -409,7 +608,7 @@ class _TPLinearLogp(torch.autograd.Function):
         inv_t = _inv_t(temperature, temperature_rows, hidden.shape[0], cd, hidden.device)
         gh, gw, gb, gty = _chunked_grads(
             hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, vocab_start, real_vocab,
-            ignore_index, need,
+            ignore_index, need, temperature, temperature_rows,
         )  # fmt: skip
         world = dist.get_world_size(group)
 

@@ -334,6 +334,33 @@ NB_MODULE(_detlogp, m) {
       "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "summaries"_a, "target_logit"_a, "target_owned"_a,
       "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a);
 
+  // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
+  // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
+  m.def(
+      "linear_logp_grad_logits",
+      [](const InArray& hidden, const InArray& weight, const InArray& targets, const std::optional<InArray>& bias,
+         float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
+         int64_t ignore_index, const InArray& lse, const std::optional<InArray>& g_logp,
+         const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream) {
+        const detlogp::LinearLogpInputs in =
+            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
+        detlogp::GradLogitsArgs args;
+        args.lse = view_of(lse, "lse", 1, false);
+        if (auto g = opt_view(g_logp, "g_logp", 1)) args.g_logp = *g;
+        if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
+        const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
+        const detlogp::CallOptions opt = options("", false, stream);
+        detlogp::CallReport r;
+        {
+          nb::gil_scoped_release release;
+          r = detlogp::linear_logp_grad_logits(in, args, out, opt);
+        }
+        return report_dict(r);
+      },
+      "hidden"_a, "weight"_a, "targets"_a, "bias"_a.none(), "temperature"_a, "temperature_rows"_a.none(),
+      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a,
+      "stream"_a);
+
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned)].
   m.def(
       "merge_partials",

@@ -25,6 +25,7 @@ constexpr FreeKnob kFreeKnobs[] = {
     {"DETLOGP_SM90_BUCKET", "force an SM90 launch bucket (free axis)"},
     {"DETLOGP_SM90_WORKSPACE_MB", "cap of the SM90 summary workspace in MiB (chunks N)"},
     {"DETLOGP_TP_WORKSPACE_MB", "cap of the tensor-parallel gather buffer in MiB (chunks N)"},
+    {"DETLOGP_TORCH_FUSED_BACKWARD", "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)"},
 };
 
 struct FrozenKnob {
@@ -70,6 +71,8 @@ void check_environment() {
   }
   if (auto v = detail::env_value("DETLOGP_STRICT"))
     DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_STRICT=" << *v << " must be 0 or 1");
+  if (auto v = detail::env_value("DETLOGP_TORCH_FUSED_BACKWARD"))
+    DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_TORCH_FUSED_BACKWARD=" << *v << " must be 0 or 1");
   if (auto v = detail::env_value("DETLOGP_CPU_THREADS")) {
     char* end = nullptr;
     const long n = std::strtol(v->c_str(), &end, 10);

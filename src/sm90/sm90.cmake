@@ -25,7 +25,8 @@ detlogp_cuda_cxx20(detlogp)
 target_sources(detlogp PRIVATE
   ${DETLOGP_SM90_DIR}/sm90_backend.cu
   ${DETLOGP_SM90_DIR}/sm90_launch_table.cu
-  ${DETLOGP_SM90_DIR}/sm90_combine_chain.cu)
+  ${DETLOGP_SM90_DIR}/sm90_combine_chain.cu
+  ${DETLOGP_SM90_DIR}/sm90_grad_logits.cu)
 
 # Bit-relevant: --fmad=false keeps every multiply and add separately rounded unless the contract
 # code asks for an fma explicitly (the _rn intrinsics of fpops.hpp are never contracted anyway).

@@ -1,0 +1,57 @@
+// The logit gradient of linear_logp_grad_logits (docs/contract.md, appendix A): from a logit z
+// (the full K walk plus bias, the same z as the serving entry's logits) and a row's forward lse
+// to the bf16 gradient dL/dz. One definition, compiled for host and device alike, so the CPU
+// implementation and the SM90 epilogue give the same bits for the same z. Gradients are not part
+// of contract v1's frozen outputs (logp/lse), but this op's fp32 order is pinned here all the same.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/config.hpp"
+#include "detlogp/fpops.hpp"
+#include "detlogp/reduce.hpp"
+#include "detlogp/transcendentals.hpp"
+
+namespace detlogp {
+
+// Canonical quiet bf16 NaN written for any NaN gradient.
+inline constexpr uint16_t kCanonicalNanBf16 = 0x7FC0u;
+
+// fp32 -> bf16, round to nearest even on the bits (exact ties to even, overflow to inf, subnormals
+// kept); every NaN becomes the canonical 0x7FC0.
+DETLOGP_HD uint16_t bf16_round(float x) {
+  if (fp::is_nan(x)) return kCanonicalNanBf16;
+  const uint32_t u = fp::bits(x);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Per-row operands of the logit gradient: gl = dL/dlogp (+0 for an ignored row, or when absent),
+// gs = dL/dlse (+0 when absent), inv_t = inverse_temperature(T_row), lse the forward's lse.
+struct GradRow {
+  float inv_t;
+  float lse;
+  float gl;
+  float gs;
+};
+
+// dL/dz of one logit in fp32, in this exact order:
+//   padding (global id >= real_vocab): +0 exactly, no arithmetic (a target is never padding)
+//   y = fl(z * inv_t)                                (scale_logit)
+//   p = expc(fl(y - lse))
+//   d = fl(fl(gs - gl) * p);  d = fl(d + gl) at the target column only
+//   g = fl(d * inv_t)
+DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
+  if (!real) return 0.0f;
+  const float y = scale_logit(z, r.inv_t);
+  const float p = expc(fp::sub(y, r.lse));
+  float d = fp::mul(fp::sub(r.gs, r.gl), p);
+  if (is_target) d = fp::add(d, r.gl);
+  return fp::mul(d, r.inv_t);
+}
+
+// The stored gradient: bf16_round(grad_logit(...)).
+DETLOGP_HD uint16_t grad_logit_bf16(float z, const GradRow& r, bool real, bool is_target) {
+  return bf16_round(grad_logit(z, r, real, is_target));
+}
+
+}  // namespace detlogp

@@ -1,0 +1,149 @@
+// linear_logp_grad_logits: validation, dispatch on memory (host -> CPU, CUDA -> SM90), report.
+#include "core/grad_logits.hpp"
+
+#include <initializer_list>
+#include <sstream>
+
+#include "core/backend.hpp"
+#include "core/validate.hpp"
+#include "registry/env.hpp"
+
+namespace detlogp::detail {
+namespace {
+
+void check_same_memory(const TensorView& t, const char* name, Memory mem, int device) {
+  DETLOGP_CHECK(t.memory == mem, name << " is in " << (t.memory == Memory::host ? "host" : "CUDA")
+                                      << " memory but hidden is in " << (mem == Memory::host ? "host" : "CUDA")
+                                      << " memory; all tensors of a call must live together");
+  DETLOGP_CHECK(mem == Memory::host || t.device == device,
+                name << " is on CUDA device " << t.device << " but hidden is on device " << device);
+}
+
+void check_matrix(const TensorView& t, const char* name, DType dtype) {
+  DETLOGP_CHECK(t.ndim == 2, name << " must be 2-D, got ndim=" << t.ndim);
+  DETLOGP_CHECK(t.dtype == dtype, name << " must be " << dtype_name(dtype) << ", got " << dtype_name(t.dtype));
+  DETLOGP_CHECK(t.rows >= 0 && t.cols >= 0, name << " has a negative extent [" << t.rows << ", " << t.cols << "]");
+  DETLOGP_CHECK(t.row_stride >= t.cols, name << " row_stride=" << t.row_stride << " is smaller than its " << t.cols
+                                             << " columns (overlapping rows are not supported)");
+}
+
+// An [n] vector of one of `dtypes`, with hidden's memory.
+const void* checked_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes,
+                           Memory mem, int device) {
+  DETLOGP_CHECK(t.ndim == 1, name << " must be 1-D, got ndim=" << t.ndim);
+  bool ok = false;
+  for (DType d : dtypes) ok = ok || t.dtype == d;
+  if (!ok) {
+    std::ostringstream allowed;
+    for (DType d : dtypes) allowed << (allowed.tellp() > 0 ? " or " : "") << dtype_name(d);
+    DETLOGP_FAIL(name << " must be " << allowed.str() << ", got " << dtype_name(t.dtype));
+  }
+  DETLOGP_CHECK(t.rows == n, name << " has " << t.rows << " elements, expected " << n);
+  DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
+  check_same_memory(t, name, mem, device);
+  return t.data;
+}
+
+}  // namespace
+
+GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const GradLogitsArgs& args,
+                                           const MutableTensorView& dz) {
+  GradLogitsProblem p;
+  check_matrix(in.hidden, "hidden", DType::bf16);
+  check_matrix(in.weight, "weight", DType::bf16);
+  const Memory mem = in.hidden.memory;
+  const int dev = in.hidden.device;
+  p.rows = in.hidden.rows;
+  p.dim = in.hidden.cols;
+  p.cols = in.weight.rows;
+  DETLOGP_CHECK(p.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
+  DETLOGP_CHECK(p.cols > 0, "weight has C=0 rows; the vocabulary chunk must be non-empty");
+  DETLOGP_CHECK(in.weight.cols == p.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
+  DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
+  DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
+  check_same_memory(in.weight, "weight", mem, dev);
+
+  const void* targets = checked_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64}, mem, dev);
+  if (in.bias.present())
+    p.bias = static_cast<const float*>(checked_vector(in.bias, "bias", p.cols, {DType::f32}, mem, dev));
+  check_temperature_value(in.temperature, "temperature", -1);
+  if (in.temperature_rows.present())
+    p.temperature_rows = static_cast<const float*>(
+        checked_vector(in.temperature_rows, "temperature_rows", p.rows, {DType::f32}, mem, dev));
+  DETLOGP_CHECK(in.vocab_start >= 0, "vocab_start=" << in.vocab_start << " must be >= 0");
+  DETLOGP_CHECK(in.real_vocab == -1 || in.real_vocab > 0,
+                "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + C)");
+  p.vocab_start = in.vocab_start;
+  p.real_vocab = in.real_vocab < 0 ? in.vocab_start + p.cols : in.real_vocab;
+  p.ignore_index = in.ignore_index;
+  p.temperature = in.temperature;
+
+  DETLOGP_CHECK(args.lse.present(), "lse is required (the forward's [N] f32 lse)");
+  p.lse = static_cast<const float*>(checked_vector(args.lse, "lse", p.rows, {DType::f32}, mem, dev));
+  if (args.g_logp.present())
+    p.g_logp = static_cast<const float*>(checked_vector(args.g_logp, "g_logp", p.rows, {DType::f32}, mem, dev));
+  if (args.g_lse.present())
+    p.g_lse = static_cast<const float*>(checked_vector(args.g_lse, "g_lse", p.rows, {DType::f32}, mem, dev));
+
+  check_matrix(dz, "dz", DType::bf16);
+  DETLOGP_CHECK(dz.rows == p.rows && dz.cols == p.cols,
+                "dz must be [N=" << p.rows << ", C=" << p.cols << "], got [" << dz.rows << ", " << dz.cols << "]");
+  check_same_memory(dz, "dz", mem, dev);
+  DETLOGP_CHECK(p.rows == 0 || dz.data != nullptr, "dz data pointer is null");
+
+  p.hidden = static_cast<const uint16_t*>(in.hidden.data);
+  p.hidden_stride = in.hidden.row_stride;
+  p.weight = static_cast<const uint16_t*>(in.weight.data);
+  p.weight_stride = in.weight.row_stride;
+  p.targets = targets;
+  p.targets_i64 = in.targets.dtype == DType::i64;
+  p.dz = static_cast<uint16_t*>(dz.mutable_data());
+  p.dz_stride = dz.row_stride;
+  p.memory = mem;
+  p.device = dev;
+
+  if (mem == Memory::host && p.rows > 0) {
+    check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
+    if (p.temperature_rows) check_temperatures_host(p.temperature_rows, p.rows);
+  }
+  return p;
+}
+
+void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride) {
+  const int64_t real = p.real_cols();
+  for (int64_t n = 0; n < p.rows; ++n) {
+    int64_t target_col = -1;
+    const GradRow r = p.grad_row(n, &target_col);
+    const float* zr = z + n * z_stride;
+    uint16_t* out = p.dz + n * p.dz_stride;
+    for (int64_t c = 0; c < p.cols; ++c) out[c] = grad_logit_bf16(zr[c], r, c < real, c == target_col);
+  }
+}
+
+}  // namespace detlogp::detail
+
+namespace detlogp {
+
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
+                                   const CallOptions& opt) {
+  check_environment();
+  CallReport report;
+  report.requested_backend = "auto";
+  report.strict = opt.strict || detail::env_strict();
+  detail::GradLogitsProblem p = detail::make_grad_logits_problem(in, args, dz);
+  p.stream = opt.cuda_stream;
+  if (p.memory == Memory::host) {
+    report.provenance = detail::cpu_contract_backend().provenance();
+    if (p.rows > 0) detail::cpu_grad_logits(p);
+  } else {
+    const detail::Backend& sm90 = detail::sm90_contract_backend();
+    std::string why;
+    DETLOGP_CHECK(sm90.available(&why),
+                  "tensors are in CUDA memory but the SM90 backend is unavailable for the logit gradient: " << why);
+    report.provenance = sm90.provenance();
+    if (p.rows > 0) detail::sm90_grad_logits(p);
+  }
+  return report;
+}
+
+}  // namespace detlogp

@@ -1,0 +1,114 @@
+// SM90 epilogue of linear_logp_grad_logits: from the wgmma accumulators of a recomputed logit
+// tile to the bf16 logit gradient dz, element by element with the pinned formula of
+// detlogp/grad.hpp (the same function the CPU implementation calls).
+//
+// Accumulator fragment of wgmma m64nNk16 (f32), thread t of the warpgroup, warp w = t / 32,
+// lane l, q = l % 4: acc[4j + 2h + e] holds row 16w + l/4 + 8h, column 8j + 2q + e
+// (sm90_epilogue_tile_summary.cuh). Each thread therefore owns column pairs (8j + 2q, 8j + 2q + 1)
+// of two rows and stores each pair as one 4-byte bf16x2 word; no shuffles, no shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/grad.hpp"
+#include "sm90/sm90_common.hpp"
+
+namespace detlogp::sm90 {
+
+// One launch covers the whole problem (no workspace, so no chunking of N).
+struct GradLogitsParams {
+  int64_t rows;          // N
+  int64_t cols;          // C: columns of the chunk
+  int64_t real_cols;     // chunk columns [0, real_cols) have global ids < real_vocab
+  int64_t vocab_start;   // global id of chunk column 0
+  int64_t ignore_index;  //
+  int32_t k_blocks;      // ceil(D / 64)
+  int32_t m_tiles;       // ceil(N / WgM)
+  int32_t n_tiles;       // ceil(C / BLOCK_N)
+  int32_t group_m;       // rasterization: M tiles walked together for L2 reuse of the weight
+  const float* bias;     // [C] or null
+  const void* targets;   // [N] global ids
+  int32_t targets_i64;
+  float temperature;
+  const float* temperature_rows;  // [N] or null
+  const float* lse;               // [N]
+  const float* g_logp;            // [N] or null (zeros)
+  const float* g_lse;             // [N] or null (zeros)
+  uint16_t* dz;                   // bf16 bits [N][dz_stride]
+  int64_t dz_stride;
+  const DeviceStatus* status;
+};
+
+// Epilogue of one m64 accumulator fragment: its 64 rows start at `row_tile0`, its BlockN columns
+// at chunk column `col0`. vec2: dz base 4-byte aligned and row stride even (checked on the host).
+template <int BlockN>
+__device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN / 2], const GradLogitsParams& p,
+                                                     int64_t row_tile0, int64_t col0, bool vec2) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  if (row_tile0 + 16 * warp >= p.rows) return;  // warp-uniform: all 16 rows past N
+
+  // Columns of this tile inside the chunk and inside the real vocabulary (32-bit from here on).
+  const int64_t left = p.cols - col0;
+  const int cols = left >= BlockN ? BlockN : static_cast<int>(left);
+  const int64_t real_left = p.real_cols - col0;
+  const int real = real_left <= 0 ? 0 : (real_left >= BlockN ? BlockN : static_cast<int>(real_left));
+
+  bool row_ok[2];
+  GradRow r[2];
+  int target[2];     // tile column of the row's target, -1 when not in this tile (or ignored)
+  uint16_t* out[2];  // dz row at col0
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+    row_ok[h] = row < p.rows;
+    r[h] = GradRow{1.0f, 0.0f, 0.0f, 0.0f};
+    target[h] = -1;
+    out[h] = nullptr;
+    if (row_ok[h]) {
+      const int64_t tgt = load_target(p.targets, p.targets_i64, row);
+      const bool ignored = tgt == p.ignore_index;
+      r[h].inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+      r[h].lse = p.lse[row];
+      r[h].gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
+      r[h].gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
+      const int64_t rel = tgt - p.vocab_start - col0;
+      if (!ignored && rel >= 0 && rel < cols) target[h] = static_cast<int>(rel);
+      out[h] = p.dz + row * p.dz_stride + col0;
+    }
+  }
+
+#pragma unroll
+  for (int j = 0; j < BlockN / 8; ++j) {
+    const int c = 8 * j + 2 * q;  // tile column of e = 0
+    if (c < cols) {
+      float b0 = 0.0f, b1 = 0.0f;
+      if (p.bias != nullptr) {
+        b0 = p.bias[col0 + c];
+        if (c + 1 < cols) b1 = p.bias[col0 + c + 1];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!row_ok[h]) continue;
+        float z0 = acc[4 * j + 2 * h];
+        float z1 = acc[4 * j + 2 * h + 1];
+        if (p.bias != nullptr) {
+          z0 = add_bias(z0, b0);
+          z1 = add_bias(z1, b1);
+        }
+        const uint16_t g0 = grad_logit_bf16(z0, r[h], c < real, c == target[h]);
+        const uint16_t g1 = grad_logit_bf16(z1, r[h], c + 1 < real, c + 1 == target[h]);
+        if (vec2 && c + 1 < cols) {
+          *reinterpret_cast<uint32_t*>(out[h] + c) = static_cast<uint32_t>(g0) | (static_cast<uint32_t>(g1) << 16);
+        } else {
+          out[h][c] = g0;
+          if (c + 1 < cols) out[h][c + 1] = g1;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detlogp::sm90

@@ -1,0 +1,367 @@
+// linear_logp_grad_logits on SM90: dz bit-identical to the pinned formula (detlogp/grad.hpp)
+// applied on the host to the SM90 backend's own serving logits z (the logits are arch-specific,
+// docs/contract.md §1, so the bitwise reference is the formula on the device's z, exactly as
+// reduce_logits is for logp/lse), on odd shapes: N in {1, 77, 300}, C in {17, 123, 2053, 4096},
+// D in {64, 200, 4096}, with bias, per-row temperatures, ignored rows, padding columns,
+// vocab_start > 0 (also not a multiple of 64), strided and 2-byte-offset dz, i32/i64 targets and
+// absent upstream gradients. Also: close to the CPU implementation, deterministic across runs,
+// columns past C never written, and a bad target or temperature refused with nothing written.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/grad_logits.hpp"
+#include "gpu_test_util.hpp"
+
+using namespace gput;
+using namespace detlogp;
+
+namespace {
+
+constexpr const char* kId = "cuda-fused-linear-logp-sm90-contract-v1";
+constexpr uint16_t kPoison = 0xFFFFu;  // cudaMemset 0xFF: a bf16 NaN the op never writes (it writes 0x7FC0)
+
+struct Spec {
+  int64_t n, c, d;
+  int64_t vocab_start;
+  int64_t real_vocab;  // global
+  int64_t vocab;       // rows of the full weight (>= vocab_start + c)
+  bool bias, temp_rows, g_logp, g_lse, i64, offset_dz;
+  int64_t stride_pad;
+};
+
+std::string describe(const Spec& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "N=%lld C=%lld D=%lld start=%lld real=%lld V=%lld bias=%d temp_rows=%d g_logp=%d g_lse=%d i64=%d "
+                "offset_dz=%d pad=%lld",
+                static_cast<long long>(s.n), static_cast<long long>(s.c), static_cast<long long>(s.d),
+                static_cast<long long>(s.vocab_start), static_cast<long long>(s.real_vocab),
+                static_cast<long long>(s.vocab), s.bias, s.temp_rows, s.g_logp, s.g_lse, s.i64, s.offset_dz,
+                static_cast<long long>(s.stride_pad));
+  return buf;
+}
+
+// One problem on the device: the full head, the forward's serving logits and lse, upstream
+// gradients, and a poisoned dz for the chunk [vocab_start, vocab_start + c).
+struct GradCase {
+  Spec s;
+  DeviceModel m;
+  DevBuf<uint16_t> hidden;
+  std::vector<int64_t> targets;
+  DevBuf<int32_t> t32;
+  DevBuf<int64_t> t64;
+  std::vector<float> temps, g_logp, g_lse;
+  DevBuf<float> d_temps, d_g_logp, d_g_lse;
+  Outputs fwd;  // logp, lse, logits [n][vocab]
+  int64_t dz_stride = 0;
+  DevBuf<uint16_t> dz;  // [n * dz_stride + 1]
+
+  explicit GradCase(const Spec& spec, uint64_t seed) : s(spec) {
+    m.make(s.d, s.vocab, seed, s.bias);
+    hidden = DevBuf<uint16_t>(static_cast<size_t>(s.n * s.d));
+    fill_bf16_uniform(hidden.get(), s.n * s.d, seed ^ 0x51ull, 1.0f);
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    auto next = [&x] {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      return x;
+    };
+    targets.resize(static_cast<size_t>(s.n));
+    const int64_t in_chunk = std::min(s.c, s.real_vocab - s.vocab_start);
+    for (int64_t i = 0; i < s.n; ++i) {
+      targets[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(s.real_vocab));
+      if (i % 3 == 0 && in_chunk > 0) targets[i] = s.vocab_start + static_cast<int64_t>(next() % in_chunk);
+      if (i % 7 == 5) targets[i] = kDefaultIgnoreIndex;
+    }
+    if (s.n > 1) targets[1] = s.real_vocab - 1;
+    set_targets(targets);
+    temps.resize(static_cast<size_t>(s.n));
+    g_logp.resize(static_cast<size_t>(s.n));
+    g_lse.resize(static_cast<size_t>(s.n));
+    for (int64_t i = 0; i < s.n; ++i) {
+      temps[i] = 0.5f + 0.125f * static_cast<float>(i % 9);
+      g_logp[i] = static_cast<float>(next() % 2001) / 1000.0f - 0.5f;
+      g_lse[i] = static_cast<float>(next() % 1001) / 1000.0f - 0.5f;
+    }
+    d_temps = DevBuf<float>(temps.size());
+    d_temps.from_host(temps);
+    d_g_logp = DevBuf<float>(g_logp.size());
+    d_g_logp.from_host(g_logp);
+    d_g_lse = DevBuf<float>(g_lse.size());
+    d_g_lse.from_host(g_lse);
+
+    // The forward on the whole head: lse, and the serving logits whose bits the kernel recomputes.
+    fwd.make(s.n, s.vocab, true);
+    LinearLogpInputs in = full_inputs();
+    LinearLogpOutputs out;
+    out.logp = mutable_vector(fwd.logp.get(), DType::f32, s.n, Memory::cuda);
+    out.lse = mutable_vector(fwd.lse.get(), DType::f32, s.n, Memory::cuda);
+    out.logits = mutable_matrix(fwd.logits.get(), DType::f32, s.n, s.vocab, Memory::cuda);
+    CallOptions o;
+    o.backend = kId;
+    o.strict = true;
+    linear_logp(in, out, o);
+
+    dz_stride = s.c + s.stride_pad;
+    dz = DevBuf<uint16_t>(static_cast<size_t>(s.n * dz_stride + 1));
+    dz.poison();
+  }
+  void set_targets(const std::vector<int64_t>& t) {
+    if (s.i64) {
+      t64 = DevBuf<int64_t>(t.size());
+      t64.from_host(t);
+    } else {
+      std::vector<int32_t> t32h(t.begin(), t.end());
+      t32 = DevBuf<int32_t>(t32h.size());
+      t32.from_host(t32h);
+    }
+  }
+  TensorView targets_view() const {
+    return s.i64 ? TensorView::vector(t64.get(), DType::i64, s.n, Memory::cuda)
+                 : TensorView::vector(t32.get(), DType::i32, s.n, Memory::cuda);
+  }
+  LinearLogpInputs full_inputs() const {
+    LinearLogpInputs in;
+    in.hidden = TensorView::matrix(hidden.get(), DType::bf16, s.n, s.d, Memory::cuda);
+    in.weight = TensorView::matrix(m.weight.get(), DType::bf16, s.vocab, s.d, Memory::cuda);
+    if (s.bias) in.bias = TensorView::vector(m.bias.get(), DType::f32, s.vocab, Memory::cuda);
+    in.targets = targets_view();
+    if (s.temp_rows)
+      in.temperature_rows = TensorView::vector(d_temps.get(), DType::f32, s.n, Memory::cuda);
+    else
+      in.temperature = 0.8f;
+    in.real_vocab = s.real_vocab;
+    return in;
+  }
+  LinearLogpInputs chunk_inputs() const {
+    LinearLogpInputs in = full_inputs();
+    in.weight = TensorView::matrix(m.weight.get() + s.vocab_start * s.d, DType::bf16, s.c, s.d, Memory::cuda);
+    if (s.bias) in.bias = TensorView::vector(m.bias.get() + s.vocab_start, DType::f32, s.c, Memory::cuda);
+    in.vocab_start = s.vocab_start;
+    return in;
+  }
+  GradLogitsArgs args() const {
+    GradLogitsArgs a;
+    a.lse = TensorView::vector(fwd.lse.get(), DType::f32, s.n, Memory::cuda);
+    if (s.g_logp) a.g_logp = TensorView::vector(d_g_logp.get(), DType::f32, s.n, Memory::cuda);
+    if (s.g_lse) a.g_lse = TensorView::vector(d_g_lse.get(), DType::f32, s.n, Memory::cuda);
+    return a;
+  }
+  uint16_t* dz_base() const { return dz.get() + (s.offset_dz ? 1 : 0); }
+  MutableTensorView dz_view() const {
+    return {TensorView::matrix(dz_base(), DType::bf16, s.n, s.c, Memory::cuda, dz_stride)};
+  }
+  CallReport run() const {
+    CallOptions o;
+    o.strict = true;
+    return linear_logp_grad_logits(chunk_inputs(), args(), dz_view(), o);
+  }
+  // dz as the host sees it: [n][dz_stride] (the offset element dropped).
+  std::vector<uint16_t> dz_host() const {
+    std::vector<uint16_t> all = dz.to_host();
+    const size_t off = s.offset_dz ? 1 : 0;
+    return std::vector<uint16_t>(all.begin() + off, all.begin() + off + static_cast<size_t>(s.n * dz_stride));
+  }
+  // The host reference: the pinned formula on the device's own serving logits of the chunk.
+  std::vector<uint16_t> reference() const {
+    const std::vector<float> logits = fwd.logits.to_host();
+    const std::vector<float> lse = fwd.lse.to_host();
+    std::vector<float> bias_host = s.bias ? m.bias.to_host() : std::vector<float>{};
+    std::vector<uint16_t> out(static_cast<size_t>(s.n * dz_stride), kPoison);
+    detail::GradLogitsProblem p;
+    p.rows = s.n;
+    p.cols = s.c;
+    p.dim = s.d;
+    p.vocab_start = s.vocab_start;
+    p.real_vocab = s.real_vocab;
+    p.targets = targets.data();
+    p.targets_i64 = true;
+    p.temperature = s.temp_rows ? 1.0f : 0.8f;
+    p.temperature_rows = s.temp_rows ? temps.data() : nullptr;
+    p.lse = lse.data();
+    p.g_logp = s.g_logp ? g_logp.data() : nullptr;
+    p.g_lse = s.g_lse ? g_lse.data() : nullptr;
+    p.dz = out.data();
+    p.dz_stride = dz_stride;
+    detail::grad_logits_from_logits(p, logits.data() + s.vocab_start, s.vocab);
+    return out;
+  }
+};
+
+void expect_bits(const std::vector<uint16_t>& ref, const std::vector<uint16_t>& got, const Spec& s, int64_t stride,
+                 const char* what) {
+  int64_t diff = 0, first = -1;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (ref[i] != got[i]) {
+      if (first < 0) first = static_cast<int64_t>(i);
+      ++diff;
+    }
+  GPU_EXPECT(diff == 0, what << " " << describe(s) << ": " << diff << " of " << ref.size()
+                             << " bf16 elements differ; first at row " << (first / stride) << " col "
+                             << (first % stride) << ": expected 0x" << std::hex << ref[first] << ", got 0x"
+                             << got[first] << std::dec);
+}
+
+// The CPU implementation on host copies: its z is the CPU's (arch-specific), so only close.
+void expect_close_to_cpu(const GradCase& g, const std::vector<uint16_t>& gpu) {
+  const Spec& s = g.s;
+  std::vector<uint16_t> h = g.hidden.to_host(), w = g.m.weight.to_host();
+  std::vector<float> b = s.bias ? g.m.bias.to_host() : std::vector<float>{};
+  std::vector<float> lse = g.fwd.lse.to_host();
+  LinearLogpInputs in;
+  in.hidden = TensorView::matrix(h.data(), DType::bf16, s.n, s.d);
+  in.weight = TensorView::matrix(w.data() + s.vocab_start * s.d, DType::bf16, s.c, s.d);
+  if (s.bias) in.bias = TensorView::vector(b.data() + s.vocab_start, DType::f32, s.c);
+  in.targets = TensorView::vector(g.targets.data(), DType::i64, s.n);
+  if (s.temp_rows)
+    in.temperature_rows = TensorView::vector(g.temps.data(), DType::f32, s.n);
+  else
+    in.temperature = 0.8f;
+  in.real_vocab = s.real_vocab;
+  in.vocab_start = s.vocab_start;
+  GradLogitsArgs a;
+  a.lse = TensorView::vector(lse.data(), DType::f32, s.n);
+  if (s.g_logp) a.g_logp = TensorView::vector(g.g_logp.data(), DType::f32, s.n);
+  if (s.g_lse) a.g_lse = TensorView::vector(g.g_lse.data(), DType::f32, s.n);
+  std::vector<uint16_t> cpu(static_cast<size_t>(s.n * g.dz_stride), kPoison);
+  const CallReport r = linear_logp_grad_logits(
+      in, a, {TensorView::matrix(cpu.data(), DType::bf16, s.n, s.c, Memory::host, g.dz_stride)});
+  GPU_EXPECT(r.provenance.backend_id == "cpu-linear-logp-contract-v1", "CPU op served by " << r.provenance.backend_id);
+  int64_t bad = 0;
+  double worst = 0;
+  for (int64_t n = 0; n < s.n; ++n) {
+    const double scale = (std::fabs(g.g_logp[n]) + std::fabs(g.g_lse[n])) / (s.temp_rows ? g.temps[n] : 0.8f);
+    for (int64_t c = 0; c < s.c; ++c) {
+      const double x = bf16f(cpu[n * g.dz_stride + c]), y = bf16f(gpu[n * g.dz_stride + c]);
+      const double err = std::fabs(x - y);
+      // One bf16 ulp (2^-8 relative) from a rounding flip plus the fp32 z difference.
+      if (!(err <= 0x1p-7 * std::fabs(x) + 1e-5 * scale)) ++bad;
+      worst = std::max(worst, err / (std::fabs(x) + 1e-30));
+    }
+  }
+  GPU_EXPECT(bad == 0, "SM90 vs CPU " << describe(s) << ": " << bad << " elements outside the tolerance");
+}
+
+}  // namespace
+
+int main() {
+  if (int rc = skip_unless_sm90("test_sm90_grad_logits")) return rc;
+
+  // The shape grid: every (N, C, D), the other options varied along it.
+  int idx = 0;
+  for (int64_t n : {1, 77, 300})
+    for (int64_t c : {17, 123, 2053, 4096})
+      for (int64_t d : {64, 200, 4096}) {
+        Spec s{};
+        s.n = n;
+        s.c = c;
+        s.d = d;
+        const int64_t starts[] = {0, 64, 296, 1000};
+        s.vocab_start = starts[idx % 4];
+        switch (idx % 3) {
+          case 0:
+            s.real_vocab = s.vocab_start + c;  // whole chunk real
+            break;
+          case 1:
+            s.real_vocab = s.vocab_start + c - c / 3;  // the chunk ends in padding
+            break;
+          default:
+            s.real_vocab = s.vocab_start + c + 100;  // more real vocabulary after the chunk
+        }
+        s.vocab = std::max(s.real_vocab, s.vocab_start + c) + (idx % 2 ? 64 : 0);
+        s.bias = idx % 2 == 0;
+        s.temp_rows = idx % 3 != 0;
+        s.g_logp = idx % 5 != 4;
+        s.g_lse = idx % 4 != 3;
+        s.i64 = idx % 2 == 1;
+        s.offset_dz = idx % 6 == 5;
+        s.stride_pad = idx % 4 == 2 ? 7 : 0;
+        GradCase g(s, 1000 + idx);
+        const CallReport r = g.run();
+        GPU_EXPECT(r.provenance.backend_id == kId, "served by " << r.provenance.backend_id);
+        const std::vector<uint16_t> got = g.dz_host();
+        expect_bits(g.reference(), got, s, g.dz_stride, "SM90 dz vs the pinned formula on SM90 logits");
+        if (d <= 200 && n * c <= 300 * 2053) expect_close_to_cpu(g, got);
+        if (idx % 4 == 0) {  // run to run
+          g.dz.poison();
+          g.run();
+          expect_bits(got, g.dz_host(), s, g.dz_stride, "second run");
+        }
+        if (g.s.offset_dz) {  // the element before dz stays untouched
+          GPU_EXPECT(g.dz.to_host()[0] == kPoison, "the element before dz was written " << describe(s));
+        }
+        ++idx;
+      }
+  std::printf("   %d shapes checked\n", idx);
+
+  // Bad device-resident inputs: refused with the row and value named, nothing written.
+  {
+    Spec s{77, 123, 64, 64, 64 + 123, 64 + 123 + 64, true, true, true, true, false, false, 0};
+    GradCase g(s, 7);
+    std::vector<int64_t> bad = g.targets;
+    bad[5] = s.real_vocab;
+    g.set_targets(bad);
+    g.dz.poison();
+    try {
+      g.run();
+      GPU_EXPECT(false, "a target == real_vocab was not refused");
+    } catch (const detlogp::Error& e) {
+      const std::string msg = e.what();
+      const std::string want =
+          "targets[5]=" + std::to_string(s.real_vocab) + " is >= real_vocab=" + std::to_string(s.real_vocab);
+      GPU_EXPECT(msg.find(want) != std::string::npos, "message: " << msg);
+      std::printf("   bad target -> %s\n", msg.c_str());
+    }
+    GPU_EXPECT(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2) == (s.n * s.c + 1) / 2,
+               "dz was written despite an invalid target");
+    bad[5] = -7;
+    g.set_targets(bad);
+    try {
+      g.run();
+      GPU_EXPECT(false, "a negative target was not refused");
+    } catch (const detlogp::Error& e) {
+      GPU_EXPECT(std::string(e.what()).find("targets[5]=-7") != std::string::npos, "message: " << e.what());
+    }
+    g.set_targets(g.targets);
+    std::vector<float> t = g.temps;
+    t[9] = 0.0f;
+    g.d_temps.from_host(t);
+    try {
+      g.run();
+      GPU_EXPECT(false, "a zero temperature was not refused");
+    } catch (const detlogp::Error& e) {
+      GPU_EXPECT(std::string(e.what()).find("temperature_rows[9]=0") != std::string::npos, "message: " << e.what());
+    }
+    GPU_EXPECT(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2) == (s.n * s.c + 1) / 2,
+               "dz was written despite an invalid input");
+    GPU_EXPECT(cudaGetLastError() == cudaSuccess, "CUDA error state left behind");
+    // Still usable afterwards.
+    g.d_temps.from_host(g.temps);
+    g.run();
+    expect_bits(g.reference(), g.dz_host(), s, g.dz_stride, "after the errors");
+  }
+  {  // a misaligned hidden (TMA) is refused on the host
+    Spec s{16, 64, 64, 0, 64, 64, false, false, true, false, false, false, 0};
+    GradCase g(s, 9);
+    auto in = g.chunk_inputs();
+    in.hidden = TensorView::matrix(g.hidden.get() + 1, DType::bf16, s.n - 1, s.d, Memory::cuda);
+    auto a = g.args();
+    a.lse.rows = s.n - 1;
+    a.g_logp.rows = s.n - 1;
+    in.targets.rows = s.n - 1;
+    in.temperature_rows = {};
+    auto dz = g.dz_view();
+    dz.rows = s.n - 1;
+    try {
+      linear_logp_grad_logits(in, a, dz);
+      GPU_EXPECT(false, "a misaligned hidden was not refused");
+    } catch (const detlogp::Error& e) {
+      GPU_EXPECT(std::string(e.what()).find("16-byte") != std::string::npos, "message: " << e.what());
+    }
+  }
+  return finish("test_sm90_grad_logits");
+}
