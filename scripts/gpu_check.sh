@@ -85,8 +85,9 @@ if has sanitizer; then
     say "sanitizer: not run (test_sm90_small or compute-sanitizer missing)"
   else
     tp="$(find_bin test_sm90_tp)"
+    grad="$(find_bin test_sm90_grad_logits)"
     for tool in memcheck racecheck synccheck; do
-      for target in "$small" ${tp:+"$tp --small --no-nccl"}; do
+      for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"}; do
         echo "== compute-sanitizer --tool $tool $target" >>"$OUT/sanitizer.log"
         # shellcheck disable=SC2086
         timeout 600 "$CS" --tool "$tool" --error-exitcode 3 $target >>"$OUT/sanitizer.log" 2>&1

@@ -45,7 +45,7 @@ EncodeTiledFn encode_tiled_fn() {
 // Row-major bf16 matrix [rows][cols] with a row stride in elements, tiled into boxes of
 // 64 columns (one 128-byte swizzle row) x box_rows rows. Out-of-range elements read as zero.
 CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, int64_t stride, int box_rows,
-                            const char* name) {
+                            const char* name, int promotion = 256) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
@@ -54,7 +54,10 @@ CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, in
   const CUresult r =
       encode_tiled_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(base), dims, strides, box,
                         elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                        promotion == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                        : promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                           : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DETLOGP_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed for " << name << " [" << rows << ", " << cols
                                                                         << "] stride " << stride << ": CUresult " << r);
   return map;
@@ -364,8 +367,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     const Bucket b = select_bucket(rows, p.vocab_local, sms);
     const BucketInfo bi = bucket_info(b);
     if (launches.empty() || launches.back().bucket != b) {
-      launches.push_back({b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
-                          encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.block_n, "weight"), f});
+      launches.push_back(
+          {b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
+           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.block_n, "weight", bi.weight_promotion),
+           f});
     } else {
       const ChunkLaunch same_maps = launches.back();
       launches.push_back(same_maps);
@@ -403,9 +408,13 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
 
   StreamBuffer ws(lay.bytes, stream, p.device, "workspace");
   auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
-  launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
-                                 p.temperature_rows, status, slot_device, seq},
-                  stream);
+  const ValidateParams validate{p.rows,       p.targets,      p.targets_i64 ? 1 : 0,
+                                p.real_vocab, p.ignore_index, p.temperature_rows,
+                                status,       slot_device,    seq};
+  // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
+  // its first fused launch validates the inputs itself; the other entries validate first.
+  const bool validate_in_kernel = !p.partial_mode() && p.logits == nullptr;
+  if (!validate_in_kernel) launch_validate(validate, stream);
 
   if (p.partial_mode()) {
     launch_partial_owner(PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start,
@@ -419,11 +428,14 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   } else {
     auto* summaries = reinterpret_cast<TileSummary*>(ws.get() + lay.summaries_offset);
     auto* target_logit = reinterpret_cast<float*>(ws.get() + lay.target_offset);
-    for (ChunkLaunch& l : launches) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      ChunkLaunch& l = launches[i];
       FusedParams& q = l.params;
       q.summaries = summaries;
       q.target_logit = target_logit;
       q.status = status;
+      q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
+      q.validate = validate;
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
       launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
                                    p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "sm90/sm90_common.hpp"
+#include "sm90/sm90_validate.cuh"
 
 namespace detlogp::sm90 {
 namespace {
@@ -18,17 +19,7 @@ constexpr int kChainChunk = 2048;     // tiles staged in shared memory per chain
 __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const ValidateParams p) {
   __shared__ int64_t bad_target[kValidateThreads];
   __shared__ int64_t bad_temp[kValidateThreads];
-  int64_t first_target = LLONG_MAX, first_temp = LLONG_MAX;
-  for (int64_t row = threadIdx.x; row < p.rows; row += kValidateThreads) {
-    const int64_t t = load_target(p.targets, p.targets_i64, row);
-    if (t != p.ignore_index && (t < 0 || t >= p.real_vocab) && first_target == LLONG_MAX) first_target = row;
-    if (p.temperature_rows != nullptr) {
-      const float temp = p.temperature_rows[row];
-      if (!(temp > 0.0f && temp <= FLT_MAX) && first_temp == LLONG_MAX) first_temp = row;  // NaN, <= 0, inf
-    }
-  }
-  bad_target[threadIdx.x] = first_target;
-  bad_temp[threadIdx.x] = first_temp;
+  scan_rows(p, threadIdx.x, kValidateThreads, bad_target[threadIdx.x], bad_temp[threadIdx.x]);
   __syncthreads();
   for (int width = kValidateThreads / 2; width > 0; width /= 2) {
     if (threadIdx.x < width) {
@@ -37,24 +28,7 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    DeviceStatus s;
-    if (bad_target[0] != LLONG_MAX && bad_target[0] <= bad_temp[0]) {
-      s.code = kStatusBadTarget;
-      s.row = bad_target[0];
-      s.target = load_target(p.targets, p.targets_i64, s.row);
-    } else if (bad_temp[0] != LLONG_MAX) {
-      s.code = kStatusBadTemperature;
-      s.row = bad_temp[0];
-      s.temperature = p.temperature_rows[s.row];
-    }
-    *p.status = s;
-    if (p.host_slot != nullptr) {
-      p.host_slot->status = s;
-      __threadfence_system();  // the status reaches the host before the sequence number does
-      *reinterpret_cast<volatile uint64_t*>(&p.host_slot->seq) = p.seq;
-    }
-  }
+  if (threadIdx.x == 0) publish_status(p, bad_target[0], bad_temp[0]);
 }
 
 // One CTA per row. M = max over all tile maxima (exact, so the parallel order is free). Then the
@@ -119,6 +93,9 @@ __device__ void chain_row(const MergeSegment* segments, int count, int64_t r, in
 }
 
 __global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
+  // Launched as a programmatic dependent of the fused kernel: its launch overlaps the fused
+  // kernel's tail; this waits for the whole fused grid and its memory (a no-op otherwise).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
   chain_row(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
@@ -150,7 +127,16 @@ void launch_validate(const ValidateParams& p, cudaStream_t stream) {
 
 void launch_combine(const CombineParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
-  combine_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineThreads, 0, stream>>>(p);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(p.rows));
+  config.blockDim = dim3(kCombineThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_kernel, p));
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

@@ -81,6 +81,11 @@ struct FusedParams {
   int64_t local_tiles;
   float* target_logit;  // [row - row_begin]: y_t written by its single owner
   const DeviceStatus* status;
+  // Trainer entry: the kernel validates the inputs itself (one idle producer warp of CTA 0) and
+  // writes the status the combine reads, instead of a separate validation kernel; it writes only
+  // workspace, so it need not wait for the verdict.
+  int32_t validate_in_kernel;
+  ValidateParams validate;
 };
 
 struct CombineParams {

@@ -10,6 +10,7 @@
 #include "sm90/sm90_launch_table.hpp"
 #include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
 #include "sm90/sm90_mainloop_tma_wgmma.cuh"
+#include "sm90/sm90_validate.cuh"
 
 namespace detlogp::sm90 {
 
@@ -51,7 +52,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
                                   const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
                                   const int logits_vec2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
+  // Invalid input: write nothing (uniform over the grid). In-kernel validation writes only
+  // workspace before the verdict, so it does not wait for one.
+  if (p.validate_in_kernel == 0 && p.status->code != kStatusOk) return;
+  asm volatile("griddepcontrol.launch_dependents;");  // the combine may launch now and wait for us
 
   extern __shared__ uint8_t smem_raw[];
   const auto ring = RingSmem<Cfg>::carve(smem_raw);
@@ -74,6 +78,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
     if (threadIdx.x == 0)
       produce_tiles<Cfg>(&map_hidden, &map_weight, smem_a, smem_b, full, empty, p.k_blocks, static_cast<int32_t>(row0),
                          static_cast<int32_t>(col0));
@@ -95,7 +100,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                            const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
                                            const int logits_vec2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
+  // Invalid input: write nothing (uniform over the grid). In-kernel validation writes only
+  // workspace before the verdict, so it does not wait for one.
+  if (p.validate_in_kernel == 0 && p.status->code != kStatusOk) return;
+  asm volatile("griddepcontrol.launch_dependents;");  // the combine may launch now and wait for us
 
   extern __shared__ uint8_t smem_raw[];
   const auto ring = RingSmem<Cfg>::carve(smem_raw);
@@ -116,6 +124,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
     if (threadIdx.x == 0)
       pingpong_produce<Cfg>(&map_hidden, &map_weight, smem_a, smem_b, full, empty, p.k_blocks, p.row_begin, p.m_tiles,
                             p.n_tiles, p.group_m);
@@ -165,11 +174,12 @@ using Coop256Cfg = FusedConfig<128, 256, 4, 1>;
 
 template <class Cfg>
 BucketInfo coop_info(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kMinCtasPerSm, Cfg::kThreads, Cfg::kSmemBytes, false};
+  return {name,          Cfg::kBlockM,    Cfg::kBlockN, Cfg::kStages, Cfg::kMinCtasPerSm,
+          Cfg::kThreads, Cfg::kSmemBytes, false,        256};
 }
 template <class Cfg>
-BucketInfo pingpong_info(const char* name) {
-  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true};
+BucketInfo pingpong_info(const char* name, int weight_promotion = 256) {
+  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true, weight_promotion};
 }
 
 void check_grid(int64_t blocks) {
@@ -262,6 +272,10 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<Decode8x192Cfg>("decode8_n192");
     case Bucket::decode8_n256:
       return pingpong_info<Decode8x256Cfg>("decode8_n256");
+    case Bucket::decode8_n128_promote128:
+      return pingpong_info<Decode8x128Cfg>("decode8_n128_promote128", 128);
+    case Bucket::decode8_n128_nopromote:
+      return pingpong_info<Decode8x128Cfg>("decode8_n128_nopromote", 0);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -305,6 +319,9 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_pingpong<Decode8x192Cfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::decode8_n256:
       return launch_pingpong<Decode8x256Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::decode8_n128_promote128:
+    case Bucket::decode8_n128_nopromote:
+      return launch_pingpong<Decode8x128Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

@@ -27,9 +27,11 @@ enum class Bucket : int {
   decode_n192 = 6,
   decode8_n128 = 7,
   decode8_n192 = 8,
-  decode8_n256 = 9
+  decode8_n256 = 9,
+  decode8_n128_promote128 = 10,  // decode8_n128's kernel, weight map with 128-byte L2 promotion
+  decode8_n128_nopromote = 11    // ... and with none (the default is 256 bytes)
 };
-inline constexpr int kBucketCount = 10;
+inline constexpr int kBucketCount = 12;
 
 struct BucketInfo {
   const char* name;
@@ -40,6 +42,7 @@ struct BucketInfo {
   int threads;
   int smem_bytes;
   bool persistent;
+  int weight_promotion;  // L2 promotion of the weight map's TMA loads: 0, 128 or 256 bytes
 };
 
 BucketInfo bucket_info(Bucket b);

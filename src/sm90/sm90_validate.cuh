@@ -1,0 +1,63 @@
+// Input validation shared by the validation kernel and the fused kernel's in-kernel validation
+// (trainer entry): the first invalid row of each kind (deterministic: a min over rows, no
+// atomics), the status word, and its host-mapped copy.
+#pragma once
+
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+
+#include "sm90/sm90_common.hpp"
+
+namespace detlogp::sm90 {
+
+// This thread's first invalid rows among rows first, first + stride, ... (LLONG_MAX: none).
+__device__ __forceinline__ void scan_rows(const ValidateParams& p, int64_t first, int64_t stride, int64_t& first_target,
+                                          int64_t& first_temp) {
+  first_target = LLONG_MAX;
+  first_temp = LLONG_MAX;
+  for (int64_t row = first; row < p.rows; row += stride) {
+    const int64_t t = load_target(p.targets, p.targets_i64, row);
+    if (t != p.ignore_index && (t < 0 || t >= p.real_vocab) && first_target == LLONG_MAX) first_target = row;
+    if (p.temperature_rows != nullptr) {
+      const float temp = p.temperature_rows[row];
+      if (!(temp > 0.0f && temp <= FLT_MAX) && first_temp == LLONG_MAX) first_temp = row;  // NaN, <= 0, inf
+    }
+  }
+}
+
+// One thread: writes the verdict for the first invalid rows, then its host-mapped copy (status
+// first, then the call's sequence number, so the host never reads a stale status).
+__device__ __forceinline__ void publish_status(const ValidateParams& p, int64_t bad_target, int64_t bad_temp) {
+  DeviceStatus s;
+  if (bad_target != LLONG_MAX && bad_target <= bad_temp) {
+    s.code = kStatusBadTarget;
+    s.row = bad_target;
+    s.target = load_target(p.targets, p.targets_i64, s.row);
+  } else if (bad_temp != LLONG_MAX) {
+    s.code = kStatusBadTemperature;
+    s.row = bad_temp;
+    s.temperature = p.temperature_rows[s.row];
+  }
+  *p.status = s;
+  if (p.host_slot != nullptr) {
+    p.host_slot->status = s;
+    __threadfence_system();  // the status reaches the host before the sequence number does
+    *reinterpret_cast<volatile uint64_t*>(&p.host_slot->seq) = p.seq;
+  }
+}
+
+// One warp validates every row (the fused kernel's idle producer warp on the trainer entry).
+__device__ __forceinline__ void validate_rows_warp(const ValidateParams& p) {
+  const int lane = threadIdx.x % 32;
+  int64_t bad_target, bad_temp;
+  scan_rows(p, lane, 32, bad_target, bad_temp);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    bad_target = min(bad_target, static_cast<int64_t>(__shfl_xor_sync(0xFFFFFFFFu, bad_target, offset)));
+    bad_temp = min(bad_temp, static_cast<int64_t>(__shfl_xor_sync(0xFFFFFFFFu, bad_temp, offset)));
+  }
+  if (lane == 0) publish_status(p, bad_target, bad_temp);
+}
+
+}  // namespace detlogp::sm90
