@@ -14,7 +14,9 @@ On a CPU (--device cpu, small shapes) the script only times, to check that it ru
 The detlogp backward is fused on an SM90 GPU (grad-logits kernel + two GEMMs per vocabulary
 chunk); "contract-torchloop" runs the same forward with DETLOGP_TORCH_FUSED_BACKWARD=0, the
 torch chunk loop, for comparison (setting that variable for the whole run forces it everywhere).
-The "bwd path" column says which backward served each method.
+The "bwd path" column says which backward served each method. "fwd ms" times the forward alone
+in the same harness, "bwd ms" is the difference of the two medians, and "bwd/GEMM" divides it by
+the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (issue 6's target: <= 3.3).
 """
 
 import argparse
@@ -54,7 +56,7 @@ METHODS = {
 METHOD_ENV = {"detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"}}
 
 
-def run(fn, h, w, t, g, iters, warmup, cuda, env=None):
+def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False):
     hh = h.clone().requires_grad_()
     ww = w.clone().requires_grad_()
 
@@ -65,7 +67,8 @@ def run(fn, h, w, t, g, iters, warmup, cuda, env=None):
         os.environ.update(env or {})
         try:
             logp = fn(hh, ww, t)
-            (logp * g).sum().backward()
+            if not forward_only:
+                (logp * g).sum().backward()
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -128,13 +131,23 @@ def main():
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "
           f"{dt.BACKWARD_VOCAB_CHUNK}, fused chunk {dt._fused_chunk_rows(n, v)}")  # fmt: skip
-    print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s} {'bwd path':>9s}")
+    # The forward GEMM the backward is measured against: cuBLAS bf16 F.linear (what torch calls).
+    gemm_ms = None
+    if cuda:
+        gemm_ms, _, _, _ = run(lambda a, b, _t: F.linear(a, b), h, w, t, g, args.iters, args.warmup, cuda,
+                               forward_only=True)  # fmt: skip
+        print(f"cuBLAS bf16 forward GEMM (F.linear): {gemm_ms:.2f} ms")
+    print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s} {'bwd path':>9s} "
+          f"{'fwd ms':>7s} {'bwd ms':>7s} {'bwd/GEMM':>8s}")  # fmt: skip
     results = []
     grads = {}
     for name in chosen:
         try:
-            dt._tls.backward_path = None
+            dt._last_backward["path"] = None
             med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name))
+            path = dt.last_backward_path() or "-"
+            fwd, _, _, _ = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name),
+                               forward_only=True)  # fmt: skip
         except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
             print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
             results.append({"method": name, "error": "out of memory"})
@@ -142,10 +155,12 @@ def main():
             continue
         grads[name] = gr
         peak_s = f"{peak / 2**20:15.0f}" if peak is not None else f"{'n/a':>15s}"
-        path = dt.last_backward_path() or "-"
-        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s} {path:>9s}")
+        bwd = med - fwd  # backward alone: forward + backward minus the forward, both medians
+        ratio = f"{bwd / gemm_ms:8.2f}" if gemm_ms else f"{'n/a':>8s}"
+        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s} {path:>9s} {fwd:7.2f} {bwd:7.2f} {ratio}")
         results.append({"method": name, "median_ms": med, "min_ms": best, "peak_extra_bytes": peak,
-                        "backward_path": path})  # fmt: skip
+                        "backward_path": path, "forward_ms": fwd, "backward_ms": bwd,
+                        "backward_over_gemm": bwd / gemm_ms if gemm_ms else None})  # fmt: skip
         del gr
     ref_name = chosen[0]
     for name in chosen[1:]:
@@ -155,7 +170,8 @@ def main():
                 print(f"grad_{label}: {name} vs {ref_name}: max relative difference {err:.2e}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": n, "dim": d, "vocab": v, "device": args.device, "results": results}, f, indent=1)
+            json.dump({"rows": n, "dim": d, "vocab": v, "device": args.device, "forward_gemm_ms": gemm_ms,
+                       "results": results}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -63,10 +63,15 @@ def last_report() -> Optional[dict]:
     return getattr(_tls, "report", None)
 
 
+# Process-wide, not thread-local: autograd runs CUDA backward passes on its own worker threads.
+_last_backward = {"path": None}
+
+
 def last_backward_path() -> Optional[str]:
-    """How this thread's last detlogp.torch backward computed its chunks: "fused" (the SM90
-    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); None before any."""
-    return getattr(_tls, "backward_path", None)
+    """How the process's most recent detlogp.torch backward computed its chunks: "fused" (the SM90
+    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); None before any.
+    (Autograd runs CUDA backward passes on its own threads, so this is not per calling thread.)"""
+    return _last_backward["path"]
 
 
 def _stream_of(t: Tensor) -> int:
@@ -357,7 +362,7 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
         if need_b:
             grad_b[c0:c1] = dz.sum(0, dtype=torch.float32).to(bias.dtype)
         del dz  # free this chunk before the next one is allocated
-    _tls.backward_path = "fused"
+    _last_backward["path"] = "fused"
     return grad_h, grad_w, grad_b, None
 
 
@@ -388,7 +393,7 @@ def _chunked_grads(
             hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse, vocab_start, real_vocab,
             ignore_index, need,
         )  # fmt: skip
-    _tls.backward_path = "torch"
+    _last_backward["path"] = "torch"
     n, d = hidden.shape
     v = weight.shape[0]
     cd = inv_t.dtype

@@ -28,10 +28,12 @@ enum class Bucket : int {
   decode8_n128 = 7,
   decode8_n192 = 8,
   decode8_n256 = 9,
-  decode8_n128_promote128 = 10,  // decode8_n128's kernel, weight map with 128-byte L2 promotion
-  decode8_n128_nopromote = 11    // ... and with none (the default is 256 bytes)
+  // Same kernels, other L2 promotion of the weight loads (free-axis points for the benchmark):
+  decode8_n128_promote256 = 10,
+  decode_nopromote = 11,
+  prefill_nopromote = 12
 };
-inline constexpr int kBucketCount = 12;
+inline constexpr int kBucketCount = 13;
 
 struct BucketInfo {
   const char* name;
