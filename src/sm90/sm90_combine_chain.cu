@@ -93,8 +93,9 @@ __device__ void chain_row(const MergeSegment* segments, int count, int64_t r, in
 }
 
 __global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
-  // Launched as a programmatic dependent of the fused kernel: its launch overlaps the fused
-  // kernel's tail; this waits for the whole fused grid and its memory (a no-op otherwise).
+  // When launched as a programmatic dependent of the fused kernel (decode sizes), its launch
+  // overlaps the fused kernel's tail; this waits for the whole fused grid and its memory (a
+  // no-op for a plain launch).
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
@@ -125,7 +126,7 @@ void launch_validate(const ValidateParams& p, cudaStream_t stream) {
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
-void launch_combine(const CombineParams& p, cudaStream_t stream) {
+void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(p.rows));
@@ -135,7 +136,7 @@ void launch_combine(const CombineParams& p, cudaStream_t stream) {
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
-  config.numAttrs = 1;
+  config.numAttrs = programmatic ? 1 : 0;
   DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_kernel, p));
   DETLOGP_CUDA_CHECK_LAUNCH();
 }

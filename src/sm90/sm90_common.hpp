@@ -143,7 +143,8 @@ __host__ __device__ inline int64_t load_target(const void* targets, int is_i64, 
 
 // Host-side launchers (sm90_combine_chain.cu).
 void launch_validate(const ValidateParams& p, cudaStream_t stream);
-void launch_combine(const CombineParams& p, cudaStream_t stream);
+// programmatic: a programmatic dependent launch (its launch overlaps the fused kernel's tail).
+void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmatic = false);
 void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream);
 void launch_merge(const MergeParams& p, cudaStream_t stream);
 
