@@ -1,6 +1,7 @@
 // SM90 benchmark: detlogp trainer and serving entries against cuBLAS bf16 GEMM alone (fp32 and
 // bf16 output) and cuBLAS GEMM + an fp32 log-softmax kernel (the materializing path), in one run.
-// CUDA-event timing, median of many, L2 flushed before every timed launch, random data.
+// CUDA-event timing, median of many, L2 flushed before every timed launch, random data; at each N
+// all methods are timed round-robin, so clock or temperature drift reaches each of them alike.
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 //
 //   bench_sm90 [--n 1,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
@@ -115,6 +116,33 @@ struct Timer {
     }
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+  }
+  // Medians of several methods timed round-robin (rep r runs them in an order rotated by r), so a
+  // drift of clocks or temperature during the run reaches every method alike.
+  std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int reps, int warmup = 2) {
+    const size_t k = fns.size();
+    for (const auto& fn : fns)
+      for (int i = 0; i < warmup; ++i) fn();
+    CK(cudaDeviceSynchronize());
+    std::vector<std::vector<double>> t(k);
+    for (int r = 0; r < reps; ++r)
+      for (size_t j = 0; j < k; ++j) {
+        const size_t m = (j + static_cast<size_t>(r)) % k;
+        CK(cudaMemsetAsync(flush, (r + static_cast<int>(j)) & 0xFF, flush_bytes));
+        CK(cudaEventRecord(a));
+        fns[m]();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t[m].push_back(ms);
+      }
+    std::vector<double> med(k);
+    for (size_t m = 0; m < k; ++m) {
+      std::sort(t[m].begin(), t[m].end());
+      med[m] = t[m][t[m].size() / 2];
+    }
+    return med;
   }
 };
 
@@ -241,39 +269,53 @@ int main(int argc, char** argv) {
                       &alpha, w, CUDA_R_16BF, static_cast<int>(d), h, CUDA_R_16BF, static_cast<int>(d), &beta, c, ct,
                       static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
-    const double t_f32 = timer.median_ms([&] { gemm(logits, CUDA_R_32F); }, reps);
-    const double t_bf16 = timer.median_ms([&] { gemm(logits_bf16, CUDA_R_16BF); }, reps);
-    const double t_mat = timer.median_ms(
-        [&] {
-          gemm(logits, CUDA_R_32F);
-          log_softmax_rows<<<static_cast<unsigned>(n), 512>>>(logits, v, targets, logp, lse);
-        },
-        reps);
-    CK(cudaGetLastError());
-    const double t_train = timer.median_ms([&] { backend.run(p); }, reps);
     detlogp::detail::LogpProblem ps = p;
     ps.logits = logits;
-    const double t_serve = timer.median_ms([&] { backend.run(ps); }, reps);
     const int64_t ws = detlogp::sm90::workspace_bytes(p);
     const double logit_bytes = 4.0 * n * v;
-    auto add = [&](const std::string& m, double ms, double bytes, int64_t extra) {
-      rows.push_back({n, m, ms, flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9, extra, ms / t_bf16, ms / t_f32});
+    struct Method {
+      std::string name;
+      std::function<void()> fn;
+      double bytes;
+      int64_t extra;
     };
-    add("cublas_gemm_bf16out", t_bf16, in_bytes + 2.0 * n * v, static_cast<int64_t>(2.0 * n * v));
-    add("cublas_gemm_f32out", t_f32, in_bytes + logit_bytes, static_cast<int64_t>(logit_bytes));
-    add("cublas_f32+log_softmax", t_mat, in_bytes + 2 * logit_bytes + 8.0 * n, static_cast<int64_t>(logit_bytes));
-    add("detlogp_trainer", t_train, in_bytes + 8.0 * n, ws);
-    add("detlogp_serving", t_serve, in_bytes + logit_bytes + 8.0 * n, ws);
+    std::vector<Method> methods = {
+        {"cublas_gemm_bf16out", [&] { gemm(logits_bf16, CUDA_R_16BF); }, in_bytes + 2.0 * n * v,
+         static_cast<int64_t>(2.0 * n * v)},
+        {"cublas_gemm_f32out", [&] { gemm(logits, CUDA_R_32F); }, in_bytes + logit_bytes,
+         static_cast<int64_t>(logit_bytes)},
+        {"cublas_f32+log_softmax",
+         [&] {
+           gemm(logits, CUDA_R_32F);
+           log_softmax_rows<<<static_cast<unsigned>(n), 512>>>(logits, v, targets, logp, lse);
+         },
+         in_bytes + 2 * logit_bytes + 8.0 * n, static_cast<int64_t>(logit_bytes)},
+        {"detlogp_trainer", [&] { backend.run(p); }, in_bytes + 8.0 * n, ws},
+        {"detlogp_serving", [&] { backend.run(ps); }, in_bytes + logit_bytes + 8.0 * n, ws},
+    };
     if (n <= 64 || n == 1024 || n == 4096 || n == 16384) {
       for (int bi = 0; bi < detlogp::sm90::kBucketCount; ++bi) {
         const char* b = detlogp::sm90::bucket_info(static_cast<detlogp::sm90::Bucket>(bi)).name;
         // The 8-row decode tiles stream the weight once per 8 rows: forced only where that is sane.
         if (std::strncmp(b, "decode8", 7) == 0 && n > 64) continue;
-        setenv("DETLOGP_SM90_BUCKET", b, 1);
-        add(std::string("detlogp_trainer[") + b + "]", timer.median_ms([&] { backend.run(p); }, reps),
-            in_bytes + 8.0 * n, ws);
+        methods.push_back({std::string("detlogp_trainer[") + b + "]",
+                           [&, b] {
+                             setenv("DETLOGP_SM90_BUCKET", b, 1);
+                             backend.run(p);
+                             unsetenv("DETLOGP_SM90_BUCKET");
+                           },
+                           in_bytes + 8.0 * n, ws});
       }
-      unsetenv("DETLOGP_SM90_BUCKET");
+    }
+    std::vector<std::function<void()>> fns;
+    for (const auto& m : methods) fns.push_back(m.fn);
+    const std::vector<double> med = timer.interleaved_medians(fns, reps);
+    CK(cudaGetLastError());
+    const double t_bf16 = med[0], t_f32 = med[1];
+    for (size_t i = 0; i < methods.size(); ++i) {
+      const double ms = med[i];
+      rows.push_back({n, methods[i].name, ms, flops / (ms * 1e-3) / 1e12, methods[i].bytes / (ms * 1e-3) / 1e9,
+                      methods[i].extra, ms / t_bf16, ms / t_f32});
     }
     std::printf("N=%lld done\n", (long long)n);
     std::fflush(stdout);
