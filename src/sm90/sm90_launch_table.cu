@@ -178,7 +178,7 @@ BucketInfo coop_info(const char* name) {
           Cfg::kThreads, Cfg::kSmemBytes, false,        256};
 }
 template <class Cfg>
-BucketInfo pingpong_info(const char* name, int weight_promotion = 256) {
+BucketInfo pingpong_info(const char* name, int weight_promotion = 0) {
   return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true, weight_promotion};
 }
 
@@ -266,20 +266,20 @@ BucketInfo bucket_info(Bucket b) {
       return coop_info<Coop256Cfg>("coop128x256");
     case Bucket::decode_n192:
       return pingpong_info<Decode192Cfg>("decode_n192");
-    // Weight bytes stream once at N <= 8: no L2 promotion (the 256-byte default measured ~2.5 %
-    // slower at N = 1 and 8 on the H200: it pulls the next K block early and crowds the L2).
+    // Weight loads carry no L2 promotion (pingpong_info's default): interleaved H200 runs measured
+    // the 256-byte promotion 2.5 % slower at N = 1 and 8, 1 % at N = 64 and 1024, 7 % at 4096.
     case Bucket::decode8_n128:
-      return pingpong_info<Decode8x128Cfg>("decode8_n128", 0);
+      return pingpong_info<Decode8x128Cfg>("decode8_n128");
     case Bucket::decode8_n192:
-      return pingpong_info<Decode8x192Cfg>("decode8_n192", 0);
+      return pingpong_info<Decode8x192Cfg>("decode8_n192");
     case Bucket::decode8_n256:
-      return pingpong_info<Decode8x256Cfg>("decode8_n256", 0);
+      return pingpong_info<Decode8x256Cfg>("decode8_n256");
     case Bucket::decode8_n128_promote256:
       return pingpong_info<Decode8x128Cfg>("decode8_n128_promote256", 256);
-    case Bucket::decode_nopromote:
-      return pingpong_info<DecodeCfg>("decode_nopromote", 0);
-    case Bucket::prefill_nopromote:
-      return pingpong_info<PrefillCfg>("prefill_nopromote", 0);
+    case Bucket::decode_promote256:
+      return pingpong_info<DecodeCfg>("decode_promote256", 256);
+    case Bucket::prefill_promote256:
+      return pingpong_info<PrefillCfg>("prefill_promote256", 256);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -325,9 +325,9 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_pingpong<Decode8x256Cfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::decode8_n128_promote256:
       return launch_pingpong<Decode8x128Cfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::decode_nopromote:
+    case Bucket::decode_promote256:
       return launch_pingpong<DecodeCfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::prefill_nopromote:
+    case Bucket::prefill_promote256:
       return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));

@@ -28,10 +28,10 @@ enum class Bucket : int {
   decode8_n128 = 7,
   decode8_n192 = 8,
   decode8_n256 = 9,
-  // Same kernels, other L2 promotion of the weight loads (free-axis points for the benchmark):
+  // Same kernels, weight loads with 256-byte L2 promotion (the default is none; benchmark points):
   decode8_n128_promote256 = 10,
-  decode_nopromote = 11,
-  prefill_nopromote = 12
+  decode_promote256 = 11,
+  prefill_promote256 = 12
 };
 inline constexpr int kBucketCount = 13;
 
