@@ -2,7 +2,6 @@
 #include "core/grad_logits.hpp"
 
 #include <initializer_list>
-#include <sstream>
 
 #include "core/backend.hpp"
 #include "core/validate.hpp"
@@ -11,36 +10,11 @@
 namespace detlogp::detail {
 namespace {
 
-void check_same_memory(const TensorView& t, const char* name, Memory mem, int device) {
-  DETLOGP_CHECK(t.memory == mem, name << " is in " << (t.memory == Memory::host ? "host" : "CUDA")
-                                      << " memory but hidden is in " << (mem == Memory::host ? "host" : "CUDA")
-                                      << " memory; all tensors of a call must live together");
-  DETLOGP_CHECK(mem == Memory::host || t.device == device,
-                name << " is on CUDA device " << t.device << " but hidden is on device " << device);
-}
-
-void check_matrix(const TensorView& t, const char* name, DType dtype) {
-  DETLOGP_CHECK(t.ndim == 2, name << " must be 2-D, got ndim=" << t.ndim);
-  DETLOGP_CHECK(t.dtype == dtype, name << " must be " << dtype_name(dtype) << ", got " << dtype_name(t.dtype));
-  DETLOGP_CHECK(t.rows >= 0 && t.cols >= 0, name << " has a negative extent [" << t.rows << ", " << t.cols << "]");
-  DETLOGP_CHECK(t.row_stride >= t.cols, name << " row_stride=" << t.row_stride << " is smaller than its " << t.cols
-                                             << " columns (overlapping rows are not supported)");
-}
-
 // An [n] vector of one of `dtypes`, with hidden's memory.
 const void* checked_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes,
                            Memory mem, int device) {
-  DETLOGP_CHECK(t.ndim == 1, name << " must be 1-D, got ndim=" << t.ndim);
-  bool ok = false;
-  for (DType d : dtypes) ok = ok || t.dtype == d;
-  if (!ok) {
-    std::ostringstream allowed;
-    for (DType d : dtypes) allowed << (allowed.tellp() > 0 ? " or " : "") << dtype_name(d);
-    DETLOGP_FAIL(name << " must be " << allowed.str() << ", got " << dtype_name(t.dtype));
-  }
-  DETLOGP_CHECK(t.rows == n, name << " has " << t.rows << " elements, expected " << n);
-  DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
-  check_same_memory(t, name, mem, device);
+  check_vector(t, name, n, dtypes);
+  check_memory(t, name, mem, device);
   return t.data;
 }
 
@@ -61,7 +35,7 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
   DETLOGP_CHECK(in.weight.cols == p.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
   DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
   DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
-  check_same_memory(in.weight, "weight", mem, dev);
+  check_memory(in.weight, "weight", mem, dev);
 
   const void* targets = checked_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64}, mem, dev);
   if (in.bias.present())
@@ -88,7 +62,7 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
   check_matrix(dz, "dz", DType::bf16);
   DETLOGP_CHECK(dz.rows == p.rows && dz.cols == p.cols,
                 "dz must be [N=" << p.rows << ", C=" << p.cols << "], got [" << dz.rows << ", " << dz.cols << "]");
-  check_same_memory(dz, "dz", mem, dev);
+  check_memory(dz, "dz", mem, dev);
   DETLOGP_CHECK(p.rows == 0 || dz.data != nullptr, "dz data pointer is null");
 
   p.hidden = static_cast<const uint16_t*>(in.hidden.data);

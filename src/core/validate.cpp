@@ -3,7 +3,6 @@
 #include <cmath>
 
 namespace detlogp::detail {
-namespace {
 
 void check_memory(const TensorView& t, const char* name, Memory expected, int device) {
   DETLOGP_CHECK(t.memory == expected, name << " is in " << (t.memory == Memory::host ? "host" : "CUDA")
@@ -34,6 +33,8 @@ void check_vector(const TensorView& t, const char* name, int64_t n, std::initial
   DETLOGP_CHECK(t.rows == n, name << " has " << t.rows << " elements, expected " << n);
   DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
 }
+
+namespace {
 
 // The serving entry's logits: [N, V_local] f32, contiguous, with the other tensors.
 float* checked_logits(const MutableTensorView& logits, const LogpProblem& p, Memory mem, int dev) {

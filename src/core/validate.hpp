@@ -2,6 +2,8 @@
 // argument and its value, before anything is written.
 #pragma once
 
+#include <initializer_list>
+
 #include "core/problem.hpp"
 #include "detlogp/detlogp.hpp"
 
@@ -12,6 +14,14 @@ enum class EntryMode { full, partials };
 // Checks shapes, dtypes, memory, strides and (for host memory) target and temperature values;
 // returns the backend params struct. Output pointers are filled from `out` (full mode).
 LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials);
+
+// Tensor checks every entry point shares (messages name the argument and its value).
+// `t` must live in hidden's memory (`expected`, `device`).
+void check_memory(const TensorView& t, const char* name, Memory expected, int device);
+// 2-D, of `dtype`, non-negative extents, rows not overlapping.
+void check_matrix(const TensorView& t, const char* name, DType dtype);
+// 1-D of `n` elements and one of `dtypes`, non-null data when n > 0.
+void check_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes);
 
 // Host-side value checks, also used by reduce_logits.
 void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);

@@ -20,6 +20,7 @@
 #include "detlogp/config.hpp"
 #include "sm90/sm90_backend.hpp"
 #include "sm90/sm90_common.hpp"
+#include "sm90/sm90_host.hpp"
 #include "sm90/sm90_launch_table.hpp"
 
 namespace detlogp::sm90 {
@@ -42,10 +43,10 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-// Row-major bf16 matrix [rows][cols] with a row stride in elements, tiled into boxes of
-// 64 columns (one 128-byte swizzle row) x box_rows rows. Out-of-range elements read as zero.
+}  // namespace
+
 CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, int64_t stride, int box_rows,
-                            const char* name, int promotion = 256) {
+                            const char* name, int promotion) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * 2};
@@ -80,36 +81,15 @@ void check_alignment(const void* ptr, size_t align, const char* name) {
                 name << " pointer " << ptr << " is not " << align << "-byte aligned");
 }
 
-int64_t workspace_mib() {
-  const char* v = std::getenv(kWorkspaceEnv);
-  if (v == nullptr || *v == '\0') return kDefaultWorkspaceMiB;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
-                kWorkspaceEnv << "=" << v << " must be an integer in [1, 1048576] (MiB)");
-  return n;
+void check_sm90_device(int device) {
+  // Attribute queries are cheap; cudaGetDeviceProperties is not (it showed in N=1 latency).
+  int major = 0, minor = 0;
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  DETLOGP_CHECK(major == 9 && minor == 0, "CUDA device " << device << " has compute capability " << major << "."
+                                                         << minor << "; the SM90 backend needs 9.0");
 }
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    DETLOGP_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) DETLOGP_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
-// The backend's own stream-ordered memory pool per device. Its release threshold keeps freed
-// workspace mapped, so a call does not pay to map the pages again (the default pool returns them
-// at every synchronization). The pool holds at most the largest workspace of a call.
 cudaMemPool_t workspace_pool(int device) {
   static std::mutex mu;
   static std::map<int, cudaMemPool_t> pools;
@@ -127,30 +107,93 @@ cudaMemPool_t workspace_pool(int device) {
   return pool;
 }
 
-// Stream-ordered workspace, freed on the same stream even when a launch throws.
-class StreamBuffer {
- public:
-  StreamBuffer(size_t bytes, cudaStream_t stream, int device, const char* what) : stream_(stream), bytes_(bytes) {
-    const cudaError_t e = cudaMallocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      DETLOGP_FAIL("could not allocate " << bytes << " bytes of device memory for the SM90 " << what << ": "
-                                         << cudaGetErrorName(e) << " (lower " << kWorkspaceEnv
-                                         << " to chunk N into smaller pieces)");
+StreamBuffer::StreamBuffer(size_t bytes, cudaStream_t stream, int device, const char* what, const char* hint)
+    : stream_(stream) {
+  const cudaError_t e = cudaMallocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    ptr_ = nullptr;
+    DETLOGP_FAIL("could not allocate " << bytes << " bytes of device memory for the SM90 " << what << ": "
+                                       << cudaGetErrorName(e) << (hint != nullptr ? " (" : "")
+                                       << (hint != nullptr ? hint : "") << (hint != nullptr ? ")" : ""));
+  }
+}
+
+namespace {
+// Host-mapped status slots of this host thread (pinned, portable, mapped), a ring indexed by the
+// call's sequence number, so a late write of an abandoned call never lands in a live slot.
+struct MappedStatus {
+  static constexpr uint64_t kSlots = 16;
+  HostStatusSlot* host = nullptr;
+  uint64_t next_seq = 0;
+  ~MappedStatus() {
+    if (host != nullptr) (void)cudaFreeHost(host);
+  }
+};
+
+MappedStatus& mapped_status() {
+  thread_local MappedStatus slots;
+  if (slots.host == nullptr) {
+    void* ptr = nullptr;
+    DETLOGP_CUDA_CHECK(cudaHostAlloc(&ptr, sizeof(HostStatusSlot) * MappedStatus::kSlots,
+                                     cudaHostAllocPortable | cudaHostAllocMapped));
+    slots.host = static_cast<HostStatusSlot*>(ptr);
+    for (uint64_t i = 0; i < MappedStatus::kSlots; ++i) new (&slots.host[i]) HostStatusSlot{};
+  }
+  return slots;
+}
+
+DeviceStatus wait_for_validation(HostStatusSlot* slot, uint64_t seq, cudaStream_t stream) {
+  const volatile uint64_t* flag = &slot->seq;
+  for (uint32_t spin = 1;; ++spin) {
+    if (*flag == seq) break;
+    if (spin % 256 == 0) {
+      const cudaError_t e = cudaStreamQuery(stream);
+      if (e != cudaSuccess && e != cudaErrorNotReady) DETLOGP_CUDA_CHECK(e);
+      DETLOGP_CHECK(e != cudaSuccess || *flag == seq,
+                    "internal error: the SM90 validation kernel finished without reporting its status");
+      std::this_thread::yield();
     }
   }
-  ~StreamBuffer() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-  }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(ptr_); }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  DeviceStatus status;
+  std::memcpy(&status, const_cast<const DeviceStatus*>(&static_cast<volatile HostStatusSlot*>(slot)->status),
+              sizeof status);
+  return status;
+}
 
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-  size_t bytes_;
-};
+}  // namespace
+
+Verdict prepare_verdict(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DETLOGP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  Verdict v;
+  if (capture != cudaStreamCaptureStatusNone) return v;
+  MappedStatus& slots = mapped_status();
+  v.seq = ++slots.next_seq;
+  v.host = &slots.host[v.seq % MappedStatus::kSlots];
+  void* device_ptr = nullptr;
+  DETLOGP_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr, v.host, 0));
+  v.device = static_cast<HostStatusSlot*>(device_ptr);
+  return v;
+}
+
+DeviceStatus await_verdict(const Verdict& v, cudaStream_t stream) {
+  DETLOGP_CHECK(v.host != nullptr, "internal error: no validation verdict to wait for (stream capture)");
+  return wait_for_validation(v.host, v.seq, stream);
+}
+
+namespace {
+
+int64_t workspace_mib() {
+  const char* v = std::getenv(kWorkspaceEnv);
+  if (v == nullptr || *v == '\0') return kDefaultWorkspaceMiB;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
+                kWorkspaceEnv << "=" << v << " must be an integer in [1, 1048576] (MiB)");
+  return n;
+}
 
 // Plain device buffer of the host-staging path.
 class DeviceBuffer {
@@ -192,51 +235,6 @@ struct WorkspaceLayout {
   size_t target_offset = 0;
   size_t bytes = 0;
 };
-
-// Host-mapped status slots of this host thread (pinned, portable, mapped), a ring indexed by the
-// call's sequence number, so a late write of an abandoned call never lands in a live slot.
-struct MappedStatus {
-  static constexpr uint64_t kSlots = 16;
-  HostStatusSlot* host = nullptr;
-  uint64_t next_seq = 0;
-  ~MappedStatus() {
-    if (host != nullptr) (void)cudaFreeHost(host);
-  }
-};
-
-MappedStatus& mapped_status() {
-  thread_local MappedStatus slots;
-  if (slots.host == nullptr) {
-    void* ptr = nullptr;
-    DETLOGP_CUDA_CHECK(cudaHostAlloc(&ptr, sizeof(HostStatusSlot) * MappedStatus::kSlots,
-                                     cudaHostAllocPortable | cudaHostAllocMapped));
-    slots.host = static_cast<HostStatusSlot*>(ptr);
-    for (uint64_t i = 0; i < MappedStatus::kSlots; ++i) new (&slots.host[i]) HostStatusSlot{};
-  }
-  return slots;
-}
-
-// Waits until the validation kernel of call `seq` has reported through its mapped slot: that is
-// the only wait of a call (it returns while the fused kernels still run, in stream order). A fault
-// of earlier work on the stream surfaces as its CUDA error instead of a hang.
-DeviceStatus wait_for_validation(HostStatusSlot* slot, uint64_t seq, cudaStream_t stream) {
-  const volatile uint64_t* flag = &slot->seq;
-  for (uint32_t spin = 1;; ++spin) {
-    if (*flag == seq) break;
-    if (spin % 256 == 0) {
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e != cudaSuccess && e != cudaErrorNotReady) DETLOGP_CUDA_CHECK(e);
-      DETLOGP_CHECK(e != cudaSuccess || *flag == seq,
-                    "internal error: the SM90 validation kernel finished without reporting its status");
-      std::this_thread::yield();
-    }
-  }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  DeviceStatus status;
-  std::memcpy(&status, const_cast<const DeviceStatus*>(&static_cast<volatile HostStatusSlot*>(slot)->status),
-              sizeof status);
-  return status;
-}
 
 WorkspaceLayout layout_for(const detail::LogpProblem& p) {
   WorkspaceLayout w;
@@ -307,13 +305,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
-  {  // attribute queries are cheap; cudaGetDeviceProperties is not (it showed in N=1 latency)
-    int major = 0, minor = 0;
-    DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device));
-    DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device));
-    DETLOGP_CHECK(major == 9 && minor == 0, "CUDA device " << p.device << " has compute capability " << major << "."
-                                                           << minor << "; the SM90 backend needs 9.0");
-  }
+  check_sm90_device(p.device);
   // What TMA and the kernels need beyond the API's checks.
   check_tma_operand(p.hidden, p.hidden_stride, "hidden");
   check_tma_operand(p.weight, p.weight_stride, "weight");
@@ -391,26 +383,14 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
 
   // Under stream capture no host wait is possible (and replays must not touch a live slot): the
   // kernels still write nothing on invalid input, but the error cannot be raised from here.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DETLOGP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
-  HostStatusSlot* slot = nullptr;
-  HostStatusSlot* slot_device = nullptr;
-  uint64_t seq = 0;
-  if (!capturing) {
-    MappedStatus& slots = mapped_status();
-    seq = ++slots.next_seq;
-    slot = &slots.host[seq % MappedStatus::kSlots];
-    void* device_ptr = nullptr;
-    DETLOGP_CUDA_CHECK(cudaHostGetDevicePointer(&device_ptr, slot, 0));
-    slot_device = static_cast<HostStatusSlot*>(device_ptr);
-  }
+  const Verdict verdict = prepare_verdict(stream);
 
-  StreamBuffer ws(lay.bytes, stream, p.device, "workspace");
+  StreamBuffer ws(lay.bytes, stream, p.device, "workspace",
+                  "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
   const ValidateParams validate{p.rows,       p.targets,      p.targets_i64 ? 1 : 0,
                                 p.real_vocab, p.ignore_index, p.temperature_rows,
-                                status,       slot_device,    seq};
+                                status,       verdict.device, verdict.seq};
   // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
   // at decode sizes its first fused launch validates the inputs itself and the combine is a
   // programmatic dependent launch (together ~7 us less at N = 1 on the H200); the other entries,
@@ -447,9 +427,9 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     }
   }
 
-  if (capturing) return;
-  const DeviceStatus verdict = wait_for_validation(slot, seq, stream);
-  if (verdict.code != kStatusOk) throw_status(verdict, p);
+  if (verdict.host == nullptr) return;  // capturing
+  const DeviceStatus status_seen = await_verdict(verdict, stream);
+  if (status_seen.code != kStatusOk) throw_status(status_seen, p);
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {

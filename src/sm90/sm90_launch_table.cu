@@ -14,37 +14,6 @@
 
 namespace detlogp::sm90 {
 
-// The dynamic shared memory of both schedules: kStages A tiles, kStages B tiles, then the
-// full/empty barrier ring (a schedule's own barriers follow it), 1024-byte aligned for the
-// 128-byte swizzle.
-template <class Cfg>
-struct RingSmem {
-  uint8_t* a;
-  uint8_t* b;
-  uint64_t* full;
-  uint64_t* empty;
-
-  __device__ static RingSmem carve(uint8_t* raw) {
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
-    RingSmem r;
-    r.a = base;
-    r.b = base + Cfg::kStages * Cfg::kABytes;
-    r.full = reinterpret_cast<uint64_t*>(r.b + Cfg::kStages * Cfg::kBBytes);
-    r.empty = r.full + Cfg::kStages;
-    return r;
-  }
-  // Thread 0 only, before fence_barrier_init: tensor-map prefetch and the ring's barriers
-  // (one TMA arrival fills a stage; `consumer_arrivals` warps release it).
-  __device__ void init(const CUtensorMap* map_hidden, const CUtensorMap* map_weight, uint32_t consumer_arrivals) const {
-    ptx::prefetch_tensormap(map_hidden);
-    ptx::prefetch_tensormap(map_weight);
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(&full[s], 1);
-      ptx::mbar_init(&empty[s], consumer_arrivals);
-    }
-  }
-};
-
 // Warpgroup 0 produces (one TMA thread), warpgroups 1.. consume 64 rows each.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)

@@ -52,6 +52,37 @@ struct PingpongConfig {
   static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kEntryRegs * kThreads, "setmaxnreg budget");
 };
 
+// The dynamic shared memory of every schedule (forward cooperative and ping-pong, grad-logits):
+// kStages A tiles, kStages B tiles, then the full/empty barrier ring (a schedule's own barriers follow it), 1024-byte
+// aligned for the 128-byte swizzle.
+template <class Cfg>
+struct RingSmem {
+  uint8_t* a;
+  uint8_t* b;
+  uint64_t* full;
+  uint64_t* empty;
+
+  __device__ static RingSmem carve(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
+    RingSmem r;
+    r.a = base;
+    r.b = base + Cfg::kStages * Cfg::kABytes;
+    r.full = reinterpret_cast<uint64_t*>(r.b + Cfg::kStages * Cfg::kBBytes);
+    r.empty = r.full + Cfg::kStages;
+    return r;
+  }
+  // Thread 0 only, before fence_barrier_init: tensor-map prefetch and the ring's barriers
+  // (one TMA arrival fills a stage; `consumer_arrivals` warps release it).
+  __device__ void init(const CUtensorMap* map_hidden, const CUtensorMap* map_weight, uint32_t consumer_arrivals) const {
+    ptx::prefetch_tensormap(map_hidden);
+    ptx::prefetch_tensormap(map_weight);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(&full[s], 1);
+      ptx::mbar_init(&empty[s], consumer_arrivals);
+    }
+  }
+};
+
 // Grouped rasterization of a linear tile index: group_m M tiles walk each weight tile together.
 __device__ __forceinline__ void raster_tile(int tile, int m_tiles, int n_tiles, int group_m, int& m_tile, int& n_tile) {
   const int group_size = group_m * n_tiles;
