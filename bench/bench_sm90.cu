@@ -1,7 +1,7 @@
 // SM90 benchmark: detlogp trainer and serving entries against cuBLAS bf16 GEMM alone (fp32 and
 // bf16 output) and cuBLAS GEMM + an fp32 log-softmax kernel (the materializing path), in one run.
 // CUDA-event timing, median of many, L2 flushed before every timed launch, random data; at each N
-// all methods are timed round-robin, so clock or temperature drift reaches each of them alike.
+// all methods are timed round-robin in a shuffled order per repetition.
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 //
 //   bench_sm90 [--n 1,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
@@ -16,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -117,17 +118,23 @@ struct Timer {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   }
-  // Medians of several methods timed round-robin (rep r runs them in an order rotated by r), so a
-  // drift of clocks or temperature during the run reaches every method alike.
+  // Medians of several methods timed round-robin, each repetition in a fresh random order (fixed
+  // seed): clock or temperature drift reaches every method alike, and no method always follows
+  // the same predecessor (a rotation would keep each one's predecessor fixed; run 17-18 of
+  // docs/perf-notes.md showed the predecessor moving a large-N result by ~6 %).
   std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int reps, int warmup = 2) {
     const size_t k = fns.size();
     for (const auto& fn : fns)
       for (int i = 0; i < warmup; ++i) fn();
     CK(cudaDeviceSynchronize());
     std::vector<std::vector<double>> t(k);
-    for (int r = 0; r < reps; ++r)
+    std::vector<size_t> order(k);
+    for (size_t j = 0; j < k; ++j) order[j] = j;
+    std::mt19937_64 rng(12345);
+    for (int r = 0; r < reps; ++r) {
+      std::shuffle(order.begin(), order.end(), rng);
       for (size_t j = 0; j < k; ++j) {
-        const size_t m = (j + static_cast<size_t>(r)) % k;
+        const size_t m = order[j];
         CK(cudaMemsetAsync(flush, (r + static_cast<int>(j)) & 0xFF, flush_bytes));
         CK(cudaEventRecord(a));
         fns[m]();
@@ -137,6 +144,7 @@ struct Timer {
         CK(cudaEventElapsedTime(&ms, a, b));
         t[m].push_back(ms);
       }
+    }
     std::vector<double> med(k);
     for (size_t m = 0; m < k; ++m) {
       std::sort(t[m].begin(), t[m].end());

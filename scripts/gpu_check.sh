@@ -4,7 +4,9 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile] (default: all but profile)
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes] (default: all
+#   but profile and shapes). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
+#   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
 #   BENCH_ARGS="--n 1,4096". The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
@@ -112,6 +114,27 @@ if has bench; then
   else
     (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
     say "bench: rc=$? (bench.log, bench_sm90.csv)"
+  fi
+fi
+
+if has shapes; then
+  bench="$(find_bin bench_sm90)"
+  if [[ -z "$bench" ]]; then
+    say "shapes: bench_sm90 not built"
+  else
+    : >"$OUT/bench_shapes.log"
+    rm -f "$OUT/bench_shapes.csv"
+    for spec in ${BENCH_SHAPES:-4096:76032:1,64,1024,4096 4096:128256:1,64,1024,4096 1024:151936:1,64,1024,4096 4096:151936:65536}; do
+      IFS=: read -r d v ns <<<"$spec"
+      echo "== bench_sm90 --d $d --v $v --n $ns" >>"$OUT/bench_shapes.log"
+      (cd "$OUT" && "$bench" --d "$d" --v "$v" --n "$ns" --csv "$OUT/shape.csv") >>"$OUT/bench_shapes.log" 2>&1
+      rc=$?
+      if [[ -f "$OUT/shape.csv" ]]; then
+        if [[ -f "$OUT/bench_shapes.csv" ]]; then tail -n +2 "$OUT/shape.csv" >>"$OUT/bench_shapes.csv"; else cp "$OUT/shape.csv" "$OUT/bench_shapes.csv"; fi
+        rm -f "$OUT/shape.csv"
+      fi
+      say "shapes D=$d V=$v N=$ns: rc=$rc"
+    done
   fi
 fi
 
