@@ -393,9 +393,9 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
                                 status,       verdict.device, verdict.seq};
   // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
   // at decode sizes its first fused launch validates the inputs itself and the combine is a
-  // programmatic dependent launch (together ~7 us less at N = 1 on the H200); the other entries,
-  // and larger N, validate first and launch the combine plainly (the H200 runs with both at every
-  // N measured the N = 1024 / 4096 trainer 7-13 % slower than without; not understood yet).
+  // programmatic dependent launch (together ~7 us less at N = 1 on the H200). The other entries,
+  // and larger N (where a few us do not show against the bench's order effect, docs/perf-notes.md
+  // runs 14-18), validate first and launch the combine plainly.
   const bool decode_sized = p.rows <= 64;
   const bool validate_in_kernel = !p.partial_mode() && p.logits == nullptr && decode_sized;
   if (!validate_in_kernel) launch_validate(validate, stream);
