@@ -23,19 +23,12 @@ const void* checked_vector(const TensorView& t, const char* name, int64_t n, std
 GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const GradLogitsArgs& args,
                                            const MutableTensorView& dz) {
   GradLogitsProblem p;
-  check_matrix(in.hidden, "hidden", DType::bf16);
-  check_matrix(in.weight, "weight", DType::bf16);
-  const Memory mem = in.hidden.memory;
-  const int dev = in.hidden.device;
-  p.rows = in.hidden.rows;
-  p.dim = in.hidden.cols;
-  p.cols = in.weight.rows;
-  DETLOGP_CHECK(p.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
-  DETLOGP_CHECK(p.cols > 0, "weight has C=0 rows; the vocabulary chunk must be non-empty");
-  DETLOGP_CHECK(in.weight.cols == p.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
-  DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
-  DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
-  check_memory(in.weight, "weight", mem, dev);
+  const HeadShape head = check_head(in, "C", "chunk");
+  const Memory mem = head.memory;
+  const int dev = head.device;
+  p.rows = head.rows;
+  p.dim = head.dim;
+  p.cols = head.vocab;
 
   const void* targets = checked_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64}, mem, dev);
   if (in.bias.present())

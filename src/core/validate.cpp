@@ -70,21 +70,28 @@ void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t 
   }
 }
 
-LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials) {
-  LogpProblem p;
+HeadShape check_head(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role) {
   check_matrix(in.hidden, "hidden", DType::bf16);
   check_matrix(in.weight, "weight", DType::bf16);
-  const Memory mem = in.hidden.memory;
-  const int dev = in.hidden.device;
-  p.rows = in.hidden.rows;
-  p.dim = in.hidden.cols;
-  p.vocab_local = in.weight.rows;
-  DETLOGP_CHECK(p.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
-  DETLOGP_CHECK(p.vocab_local > 0, "weight has V_local=0 rows; the vocabulary shard must be non-empty");
-  DETLOGP_CHECK(in.weight.cols == p.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << p.dim);
-  DETLOGP_CHECK(p.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
+  const HeadShape h{in.hidden.rows, in.hidden.cols, in.weight.rows, in.hidden.memory, in.hidden.device};
+  DETLOGP_CHECK(h.dim > 0, "hidden has D=0 columns; the hidden size must be >= 1");
+  DETLOGP_CHECK(h.vocab > 0,
+                "weight has " << vocab_name << "=0 rows; the vocabulary " << vocab_role << " must be non-empty");
+  DETLOGP_CHECK(in.weight.cols == h.dim, "weight has D=" << in.weight.cols << " columns but hidden has D=" << h.dim);
+  DETLOGP_CHECK(h.rows == 0 || in.hidden.data != nullptr, "hidden data pointer is null");
   DETLOGP_CHECK(in.weight.data != nullptr, "weight data pointer is null");
-  check_memory(in.weight, "weight", mem, dev);
+  check_memory(in.weight, "weight", h.memory, h.device);
+  return h;
+}
+
+LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials) {
+  LogpProblem p;
+  const HeadShape head = check_head(in, "V_local", "shard");
+  const Memory mem = head.memory;
+  const int dev = head.device;
+  p.rows = head.rows;
+  p.dim = head.dim;
+  p.vocab_local = head.vocab;
 
   check_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64});
   check_memory(in.targets, "targets", mem, dev);

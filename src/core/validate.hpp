@@ -23,6 +23,17 @@ void check_matrix(const TensorView& t, const char* name, DType dtype);
 // 1-D of `n` elements and one of `dtypes`, non-null data when n > 0.
 void check_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes);
 
+// hidden [N, D] and weight [rows, D], both bf16, in one memory: the checks every entry starts with.
+// `vocab_name` / `vocab_role` name the weight's rows in messages ("V_local" / "shard").
+struct HeadShape {
+  int64_t rows;
+  int64_t dim;
+  int64_t vocab;
+  Memory memory;
+  int device;
+};
+HeadShape check_head(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role);
+
 // Host-side value checks, also used by reduce_logits.
 void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);
 void check_temperature_value(float t, const char* what, int64_t row);
