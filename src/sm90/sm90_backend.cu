@@ -81,6 +81,19 @@ void check_alignment(const void* ptr, size_t align, const char* name) {
                 name << " pointer " << ptr << " is not " << align << "-byte aligned");
 }
 
+void check_head_operands(const uint16_t* hidden, int64_t hidden_stride, const uint16_t* weight, int64_t weight_stride,
+                         int64_t rows, int64_t vocab, const char* vocab_name, int64_t dim, const void* targets,
+                         bool targets_i64, const float* bias, const float* temperature_rows) {
+  check_tma_operand(hidden, hidden_stride, "hidden");
+  check_tma_operand(weight, weight_stride, "weight");
+  DETLOGP_CHECK(rows < (int64_t{1} << 31) - 256, "N=" << rows << " rows exceeds the SM90 backend's 2^31 limit");
+  DETLOGP_CHECK(vocab < (int64_t{1} << 31) - 256, vocab_name << "=" << vocab << " exceeds 2^31");
+  DETLOGP_CHECK(dim >= 1 && dim < (int64_t{1} << 31), "D=" << dim << " out of range");
+  check_alignment(targets, targets_i64 ? 8 : 4, "targets");
+  if (bias) check_alignment(bias, 4, "bias");
+  if (temperature_rows) check_alignment(temperature_rows, 4, "temperature_rows");
+}
+
 void check_sm90_device(int device) {
   // Attribute queries are cheap; cudaGetDeviceProperties is not (it showed in N=1 latency).
   int major = 0, minor = 0;
@@ -307,14 +320,8 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   DeviceGuard guard(p.device);
   check_sm90_device(p.device);
   // What TMA and the kernels need beyond the API's checks.
-  check_tma_operand(p.hidden, p.hidden_stride, "hidden");
-  check_tma_operand(p.weight, p.weight_stride, "weight");
-  DETLOGP_CHECK(p.rows < (int64_t{1} << 31) - 256, "N=" << p.rows << " rows exceeds the SM90 backend's 2^31 limit");
-  DETLOGP_CHECK(p.vocab_local < (int64_t{1} << 31) - 256, "V_local=" << p.vocab_local << " exceeds 2^31");
-  DETLOGP_CHECK(p.dim >= 1 && p.dim < (int64_t{1} << 31), "D=" << p.dim << " out of range");
-  check_alignment(p.targets, p.targets_i64 ? 8 : 4, "targets");
-  if (p.bias) check_alignment(p.bias, 4, "bias");
-  if (p.temperature_rows) check_alignment(p.temperature_rows, 4, "temperature_rows");
+  check_head_operands(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.rows, p.vocab_local, "V_local", p.dim,
+                      p.targets, p.targets_i64, p.bias, p.temperature_rows);
   if (p.logits) check_alignment(p.logits, 4, "logits");
   if (p.partial_mode()) {
     check_alignment(p.summaries, 8, "summaries");

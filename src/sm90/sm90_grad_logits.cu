@@ -90,14 +90,8 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
   check_sm90_device(p.device);
-  check_tma_operand(p.hidden, p.hidden_stride, "hidden");
-  check_tma_operand(p.weight, p.weight_stride, "weight");
-  DETLOGP_CHECK(p.rows < (int64_t{1} << 31) - 256, "N=" << p.rows << " rows exceeds the SM90 backend's 2^31 limit");
-  DETLOGP_CHECK(p.cols < (int64_t{1} << 31) - 256, "C=" << p.cols << " exceeds 2^31");
-  DETLOGP_CHECK(p.dim >= 1 && p.dim < (int64_t{1} << 31), "D=" << p.dim << " out of range");
-  check_alignment(p.targets, p.targets_i64 ? 8 : 4, "targets");
-  if (p.bias) check_alignment(p.bias, 4, "bias");
-  if (p.temperature_rows) check_alignment(p.temperature_rows, 4, "temperature_rows");
+  check_head_operands(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.rows, p.cols, "C", p.dim, p.targets,
+                      p.targets_i64, p.bias, p.temperature_rows);
   check_alignment(p.lse, 4, "lse");
   if (p.g_logp) check_alignment(p.g_logp, 4, "g_logp");
   if (p.g_lse) check_alignment(p.g_lse, 4, "g_lse");
