@@ -7,6 +7,7 @@
 //   bench_sm90 [--n 1,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -91,6 +92,65 @@ std::vector<int64_t> parse_list(const char* s) {
   return v;
 }
 
+// SM clock and board power read through NVML (dlopen'ed: the driver ships it, the toolkit need
+// not), sampled while a timed launch runs. Lets a run tell a slower kernel from a slower clock:
+// under a power cap the clock follows each kernel's energy per cycle.
+class ClockProbe {
+ public:
+  ClockProbe() {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
+    auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
+    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib_, "nvmlDeviceGetPowerUsage"));
+    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
+        dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
+    if (reasons_ == nullptr)
+      reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
+          dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+    char bus[32] = {};
+    if (init == nullptr || by_bus == nullptr || clock_ == nullptr || init() != 0 ||
+        cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess || by_bus(bus, &dev_) != 0)
+      dev_ = nullptr;
+  }
+  bool ok() const { return dev_ != nullptr; }
+  // One sample: SM clock (MHz), power (W), clock-event reasons (bit mask, NVML's definition).
+  void sample() {
+    if (!ok()) return;
+    unsigned mhz = 0, mw = 0;
+    unsigned long long why = 0;
+    if (clock_(dev_, 1 /* NVML_CLOCK_SM */, &mhz) == 0) mhz_.push_back(mhz);
+    if (power_ != nullptr && power_(dev_, &mw) == 0) watts_.push_back(mw / 1000.0);
+    if (reasons_ != nullptr && reasons_(dev_, &why) == 0) reasons_seen_ |= why;
+  }
+  void reset() {
+    mhz_.clear();
+    watts_.clear();
+    reasons_seen_ = 0;
+  }
+  double mean_mhz() const { return mean(mhz_); }
+  double mean_watts() const { return mean(watts_); }
+  unsigned long long reasons() const { return reasons_seen_; }
+
+ private:
+  template <class T>
+  static double mean(const std::vector<T>& v) {
+    if (v.empty()) return std::nan("");
+    double s = 0;
+    for (auto x : v) s += x;
+    return s / v.size();
+  }
+  void* lib_ = nullptr;
+  void* dev_ = nullptr;
+  int (*clock_)(void*, int, unsigned*) = nullptr;
+  int (*power_)(void*, unsigned*) = nullptr;
+  int (*reasons_)(void*, unsigned long long*) = nullptr;
+  std::vector<unsigned> mhz_;
+  std::vector<double> watts_;
+  unsigned long long reasons_seen_ = 0;
+};
+
 struct Timer {
   cudaEvent_t a, b;
   void* flush = nullptr;
@@ -122,8 +182,16 @@ struct Timer {
   // seed): clock or temperature drift reaches every method alike, and no method always follows
   // the same predecessor (a rotation would keep each one's predecessor fixed; run 17-18 of
   // docs/perf-notes.md showed the predecessor moving a large-N result by ~6 %).
+  // Also per method: the mean SM clock and power sampled (NVML) while its launches ran, the
+  // union of clock-event reasons seen (empty vectors without NVML).
+  ClockProbe probe;
+  std::vector<double> mhz, watts;
+  std::vector<unsigned long long> reasons;
   std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int reps, int warmup = 2) {
     const size_t k = fns.size();
+    std::vector<double> mhz_sum(k, 0.0), watt_sum(k, 0.0);
+    std::vector<int> samples(k, 0);
+    reasons.assign(k, 0);
     for (const auto& fn : fns)
       for (int i = 0; i < warmup; ++i) fn();
     CK(cudaDeviceSynchronize());
@@ -139,12 +207,29 @@ struct Timer {
         CK(cudaEventRecord(a));
         fns[m]();
         CK(cudaEventRecord(b));
+        probe.reset();
+        // Sample while the launches run (the host returns before they finish), then once more.
+        while (cudaEventQuery(b) == cudaErrorNotReady) probe.sample();
+        if (probe.ok() && std::isnan(probe.mean_mhz())) probe.sample();
         CK(cudaEventSynchronize(b));
         float ms = 0;
         CK(cudaEventElapsedTime(&ms, a, b));
         t[m].push_back(ms);
+        if (probe.ok()) {
+          mhz_sum[m] += probe.mean_mhz();
+          watt_sum[m] += std::isnan(probe.mean_watts()) ? 0.0 : probe.mean_watts();
+          ++samples[m];
+          reasons[m] |= probe.reasons();
+        }
       }
     }
+    mhz.assign(k, std::nan(""));
+    watts.assign(k, std::nan(""));
+    for (size_t m = 0; m < k; ++m)
+      if (samples[m] > 0) {
+        mhz[m] = mhz_sum[m] / samples[m];
+        watts[m] = watt_sum[m] / samples[m];
+      }
     std::vector<double> med(k);
     for (size_t m = 0; m < k; ++m) {
       std::sort(t[m].begin(), t[m].end());
@@ -160,6 +245,8 @@ struct Row {
   double ms, tflops, gbps;
   int64_t extra_bytes;
   double ratio_bf16, ratio_f32;
+  double sm_mhz, watts;
+  unsigned long long clock_reasons;
 };
 
 }  // namespace
@@ -323,7 +410,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < methods.size(); ++i) {
       const double ms = med[i];
       rows.push_back({n, methods[i].name, ms, flops / (ms * 1e-3) / 1e12, methods[i].bytes / (ms * 1e-3) / 1e9,
-                      methods[i].extra, ms / t_bf16, ms / t_f32});
+                      methods[i].extra, ms / t_bf16, ms / t_f32, timer.mhz[i], timer.watts[i], timer.reasons[i]});
     }
     std::printf("N=%lld done\n", (long long)n);
     std::fflush(stdout);
@@ -333,19 +420,20 @@ int main(int argc, char** argv) {
   if (f) {
     std::fprintf(f,
                  "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
-                 "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms\n");
+                 "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons\n");
     for (const auto& r : rows)
-      std::fprintf(f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f\n",
+      std::fprintf(f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx\n",
                    prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d,
                    (long long)v, r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16,
-                   r.ratio_f32, copy_gbps, floor_ms);
+                   r.ratio_f32, copy_gbps, floor_ms, r.sm_mhz, r.watts, r.clock_reasons);
     std::fclose(f);
   }
-  std::printf("\n%-7s %-30s %10s %9s %9s %12s %10s %10s\n", "N", "method", "ms", "TFLOP/s", "GB/s", "extra_MB",
-              "vs_bf16", "vs_f32");
+  std::printf("\n%-7s %-36s %10s %9s %9s %12s %10s %10s %7s %6s %8s\n", "N", "method", "ms", "TFLOP/s", "GB/s",
+              "extra_MB", "vs_bf16", "vs_f32", "SM_MHz", "W", "reasons");
   for (const auto& r : rows)
-    std::printf("%-7lld %-30s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f\n", (long long)r.n, r.method.c_str(), r.ms,
-                r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.ratio_f32);
+    std::printf("%-7lld %-36s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f %7.0f %6.0f %8llx\n", (long long)r.n,
+                r.method.c_str(), r.ms, r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.ratio_f32,
+                r.sm_mhz, r.watts, r.clock_reasons);
   for (const auto& r : rows)
     if (r.n == 1 && r.method == "detlogp_trainer")
       std::printf("N=1 trainer vs HBM floor (%.4f ms at %.0f GB/s copy): %.3fx\n", floor_ms, copy_gbps,

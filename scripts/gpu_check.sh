@@ -7,7 +7,10 @@
 #   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes] (default: all
 #   but profile and shapes). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
 #   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
-#   BENCH_ARGS="--n 1,4096". The python step runs scripts/gpu_python_check.sh on this build tree
+#   BENCH_ARGS="--n 1,4096". GPU_CHECK_BUDGET_S=N: a step that would start after N seconds is
+#   skipped (and says so), so a call stays inside the device limit. GPU_CHECK_PACK=1: "$OUT" gets
+#   only summary.txt, the CSVs and logs.tgz (all logs), refreshed after every step (the device
+#   tool returns at most 8 files). Every step's duration goes to the summary. The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
 # NVLink multicast stays off on shared multi-GPU hosts (it can take the host's GPUs down).
@@ -15,13 +18,40 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
+FINAL_OUT="$OUT"
+if [[ "${GPU_CHECK_PACK:-0}" == 1 ]]; then OUT="$(mktemp -d)"; fi
 STEPS="${GPU_CHECK_STEPS:-build,tests,sanitizer,sass,bench,python,golden}"
+BUDGET="${GPU_CHECK_BUDGET_S:-0}"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 JOBS="${JOBS:-16}"
-has() { [[ ",$STEPS," == *",$1,"* ]]; }
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
+# Copies the summary and CSVs out and packs every log (GPU_CHECK_PACK=1 only).
+pack() {
+  [[ "$OUT" == "$FINAL_OUT" ]] && return 0
+  cp -f "$OUT"/summary.txt "$OUT"/*.csv "$FINAL_OUT"/ 2>/dev/null
+  tar czf "$FINAL_OUT/logs.tgz.part" -C "$OUT" . 2>/dev/null && mv -f "$FINAL_OUT/logs.tgz.part" "$FINAL_OUT/logs.tgz"
+}
+# has STEP: the step was asked for and the time budget allows starting it; records its start.
+STEP_NAME=""
+STEP_T0=0
+has() {
+  [[ ",$STEPS," == *",$1,"* ]] || return 1
+  if [[ "$BUDGET" -gt 0 && "$SECONDS" -gt "$BUDGET" ]]; then
+    say "$1: skipped (${SECONDS} s elapsed, budget ${BUDGET} s)"
+    return 1
+  fi
+  STEP_NAME="$1"
+  STEP_T0=$SECONDS
+  return 0
+}
+# done_step: the duration of the step has() last started, then a refreshed pack.
+done_step() {
+  [[ -n "$STEP_NAME" ]] && say "  ($STEP_NAME: $((SECONDS - STEP_T0)) s)"
+  STEP_NAME=""
+  pack
+}
 
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
@@ -37,7 +67,7 @@ if has build; then
      cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
     mode="top-level"
   else
-    say "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; exit 1
+    say "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; pack; exit 1
   fi
   say "build: $mode ($BUILD)"
   # Resources of every SM90 kernel (-Xptxas -v): registers, static shared memory, stack, spills.
@@ -49,6 +79,7 @@ if has build; then
          printf "  kernel %-72s regs=%-4s static_smem=%-6s stack=%-3s spill_bytes=%s\n", k, $5, sm, st, sp; n = "" }' \
     "$OUT/build.log" | sort -u | tee -a "$SUMMARY" >/dev/null
 fi
+done_step
 
 find_bin() { find "$BUILD" -type f -name "$1" -perm -u+x 2>/dev/null | head -1; }
 
@@ -61,7 +92,7 @@ if [[ -n "$small_bin" ]]; then
   say "smoke (test_sm90_small, 120 s limit): rc=$rc"
   if [[ $rc -ne 0 && $rc -ne 77 ]]; then
     tail -30 "$OUT/tests.log"
-    [[ "${GPU_CHECK_CONTINUE:-0}" == 1 ]] || { cat "$SUMMARY"; exit 1; }
+    [[ "${GPU_CHECK_CONTINUE:-0}" == 1 ]] || { cat "$SUMMARY"; pack; exit 1; }
   fi
 fi
 
@@ -78,6 +109,63 @@ if has tests; then
     grep -E "tests passed|tests failed" "$OUT/tests.log" | tail -1 >>"$SUMMARY"
   fi
 fi
+done_step
+
+if has sass; then
+  lib="$(find "$BUILD" -name 'libdetlogp.a' | head -1)"
+  "$ROOT/scripts/check_sass.sh" ${lib:+"$lib"} >"$OUT/sass.log" 2>&1
+  say "sass: $(tail -1 "$OUT/sass.log")"
+fi
+done_step
+
+if has bench; then
+  bench="$(find_bin bench_sm90)"
+  if [[ -z "$bench" ]]; then
+    say "bench: bench_sm90 not built"
+  else
+    (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
+    say "bench: rc=$? (bench.log, bench_sm90.csv)"
+  fi
+fi
+done_step
+
+if has shapes; then
+  bench="$(find_bin bench_sm90)"
+  if [[ -z "$bench" ]]; then
+    say "shapes: bench_sm90 not built"
+  else
+    : >"$OUT/bench_shapes.log"
+    rm -f "$OUT/bench_shapes.csv"
+    for spec in ${BENCH_SHAPES:-4096:76032:1,64,1024,4096 4096:128256:1,64,1024,4096 1024:151936:1,64,1024,4096 4096:151936:65536}; do
+      IFS=: read -r d v ns <<<"$spec"
+      echo "== bench_sm90 --d $d --v $v --n $ns" >>"$OUT/bench_shapes.log"
+      (cd "$OUT" && "$bench" --d "$d" --v "$v" --n "$ns" --csv "$OUT/shape.csv") >>"$OUT/bench_shapes.log" 2>&1
+      rc=$?
+      if [[ -f "$OUT/shape.csv" ]]; then
+        if [[ -f "$OUT/bench_shapes.csv" ]]; then tail -n +2 "$OUT/shape.csv" >>"$OUT/bench_shapes.csv"; else cp "$OUT/shape.csv" "$OUT/bench_shapes.csv"; fi
+        rm -f "$OUT/shape.csv"
+      fi
+      say "shapes D=$d V=$v N=$ns: rc=$rc"
+    done
+  fi
+fi
+done_step
+
+if has python; then
+  OUT="$OUT/python" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_python_check.sh" >"$OUT/python_check.log" 2>&1
+  rc=$?
+  say "python: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (python_check.log, python/)"
+  grep -E "passed|failed|TP_|PASS|FAIL|backward|peak|ms" "$OUT/python_check.log" | cut -c1-200 | head -40 >>"$SUMMARY"
+fi
+done_step
+
+if has golden; then
+  OUT="$OUT" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_golden_check.sh" >"$OUT/golden_check.log" 2>&1
+  rc=$?
+  say "golden/L3/L4-L5: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (golden_check.log, golden/)"
+  sed -n '/summary =/,$p' "$OUT/golden_check.log" | cut -c1-220 | head -60 >>"$SUMMARY"
+fi
+done_step
 
 if has sanitizer; then
   : >"$OUT/sanitizer.log"
@@ -100,57 +188,7 @@ if has sanitizer; then
     done
   fi
 fi
-
-if has sass; then
-  lib="$(find "$BUILD" -name 'libdetlogp.a' | head -1)"
-  "$ROOT/scripts/check_sass.sh" ${lib:+"$lib"} >"$OUT/sass.log" 2>&1
-  say "sass: $(tail -1 "$OUT/sass.log")"
-fi
-
-if has bench; then
-  bench="$(find_bin bench_sm90)"
-  if [[ -z "$bench" ]]; then
-    say "bench: bench_sm90 not built"
-  else
-    (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
-    say "bench: rc=$? (bench.log, bench_sm90.csv)"
-  fi
-fi
-
-if has shapes; then
-  bench="$(find_bin bench_sm90)"
-  if [[ -z "$bench" ]]; then
-    say "shapes: bench_sm90 not built"
-  else
-    : >"$OUT/bench_shapes.log"
-    rm -f "$OUT/bench_shapes.csv"
-    for spec in ${BENCH_SHAPES:-4096:76032:1,64,1024,4096 4096:128256:1,64,1024,4096 1024:151936:1,64,1024,4096 4096:151936:65536}; do
-      IFS=: read -r d v ns <<<"$spec"
-      echo "== bench_sm90 --d $d --v $v --n $ns" >>"$OUT/bench_shapes.log"
-      (cd "$OUT" && "$bench" --d "$d" --v "$v" --n "$ns" --csv "$OUT/shape.csv") >>"$OUT/bench_shapes.log" 2>&1
-      rc=$?
-      if [[ -f "$OUT/shape.csv" ]]; then
-        if [[ -f "$OUT/bench_shapes.csv" ]]; then tail -n +2 "$OUT/shape.csv" >>"$OUT/bench_shapes.csv"; else cp "$OUT/shape.csv" "$OUT/bench_shapes.csv"; fi
-        rm -f "$OUT/shape.csv"
-      fi
-      say "shapes D=$d V=$v N=$ns: rc=$rc"
-    done
-  fi
-fi
-
-if has python; then
-  OUT="$OUT/python" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_python_check.sh" >"$OUT/python_check.log" 2>&1
-  rc=$?
-  say "python: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (python_check.log, python/)"
-  grep -E "passed|failed|TP_|PASS|FAIL|backward|peak|ms" "$OUT/python_check.log" | cut -c1-200 | head -40 >>"$SUMMARY"
-fi
-
-if has golden; then
-  OUT="$OUT" BUILD_DIR="$BUILD" "$ROOT/scripts/gpu_golden_check.sh" >"$OUT/golden_check.log" 2>&1
-  rc=$?
-  say "golden/L3/L4-L5: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (golden_check.log, golden/)"
-  sed -n '/summary =/,$p' "$OUT/golden_check.log" | cut -c1-220 | head -60 >>"$SUMMARY"
-fi
+done_step
 
 # Optional: hardware counters (ncu, clocks left alone). PROFILE_JOBS: space-separated
 # N:bucket:kernel-regex entries, each profiling the first matching launch of a bench run at N with
@@ -175,6 +213,7 @@ if has profile; then
     say "profile: skipped (ncu or bench missing)"
   fi
 fi
+done_step
 
 echo
 echo "================ summary ================"
@@ -184,3 +223,4 @@ if [[ -f "$OUT/bench.log" ]]; then
   sed -n '/^N  *method/,$p' "$OUT/bench.log"
   grep -E "copy:|HBM floor" "$OUT/bench.log" | head -2
 fi
+pack
