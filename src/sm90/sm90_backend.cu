@@ -368,7 +368,8 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     if (launches.empty() || launches.back().bucket != b) {
       launches.push_back(
           {b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
-           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.block_n, "weight", bi.weight_promotion),
+           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(), "weight",
+                           bi.weight_promotion),
            f});
     } else {
       const ChunkLaunch same_maps = launches.back();

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/grad_logits.hpp"
@@ -14,17 +16,20 @@
 #include "sm90/sm90_common.hpp"
 #include "sm90/sm90_epilogue_grad_logits.cuh"
 #include "sm90/sm90_host.hpp"
+#include "sm90/sm90_launch_persistent.cuh"
 #include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
 
 namespace detlogp::sm90 {
 namespace {
 
-// One m64n256 wgmma per k16 step, 5-stage ring: the forward's prefill shape.
+// One m64n256 wgmma per k16 step, 5-stage ring: the forward's prefill shape, alone or in clusters
+// of two CTAs along M sharing (multicasting) each weight stage (the forward's prefill_c2).
 using GradCfg = PingpongConfig<64, 256, 5>;
+using GradC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 
 // Persistent ping-pong: warpgroup 0 produces (one TMA thread), warpgroups 1 and 2 take alternate
-// tiles of this CTA (local tile j is tile blockIdx.x + j * gridDim.x); mainloops run in local tile
-// order, so one consumer's epilogue overlaps the other's mainloop.
+// tiles of this CTA (local tile j is work unit walk.first + j * walk.stride, see TileWalk);
+// mainloops run in local tile order, so one consumer's epilogue overlaps the other's mainloop.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     grad_logits_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap map_hidden,
@@ -39,12 +44,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 4);  // one arrival per warp of the consuming warpgroup
+    ring.init(&map_hidden, &map_weight, 4 * Cfg::kClusterM);  // each consuming warp of every cluster CTA
     ptx::mbar_init(&mainloop_done[0], 4);
     ptx::mbar_init(&mainloop_done[1], 4);
     ptx::fence_barrier_init();
   }
   __syncthreads();
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();  // peers' barriers exist before any multicast
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -55,15 +61,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int c = warpgroup - 1;
     const int lane = threadIdx.x % 32;
-    const int total = p.m_tiles * p.n_tiles;
+    const auto walk = TileWalk<Cfg>::make(p.m_tiles, p.n_tiles, p.group_m);
     uint32_t n = 0;  // tiles this warpgroup has taken so far
-    for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < total; j += 2, tile += 2 * gridDim.x, ++n) {
+    for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
       if (j >= 1) {  // wait for the other warpgroup's mainloop of local tile j - 1
         const uint32_t completion = c == 1 ? n : n - 1;
         ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
       }
       int m_tile, n_tile;
-      raster_tile(tile, p.m_tiles, p.n_tiles, p.group_m, m_tile, n_tile);
+      walk.coords(unit, m_tile, n_tile);
       const int64_t row0 = int64_t{m_tile} * Cfg::kWgM;
       const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
       float acc[Cfg::kFragments][Cfg::kAccRegs];
@@ -75,7 +81,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         epilogue_grad_logits<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, col0, dz_vec2 != 0);
     }
   }
+  // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
 #endif
+}
+
+// Cluster size of the grad-logits kernel: DETLOGP_SM90_GRAD_CLUSTER=1 or 2 (default 1).
+int grad_cluster_m() {
+  const char* v = std::getenv("DETLOGP_SM90_GRAD_CLUSTER");
+  if (v == nullptr || *v == '\0') return 1;
+  DETLOGP_CHECK(std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0,
+                "DETLOGP_SM90_GRAD_CLUSTER=" << v << " is not a grad-logits cluster size; use 1 or 2");
+  return v[0] - '0';
+}
+
+template <class Cfg>
+void launch_grad_logits(const detail::GradLogitsProblem& p, GradLogitsParams g, bool vec2, cudaStream_t stream) {
+  const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
+  const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  g.k_blocks = static_cast<int32_t>((p.dim + Cfg::kBlockK - 1) / Cfg::kBlockK);
+  g.m_tiles = static_cast<int32_t>(m_tiles);
+  g.n_tiles = static_cast<int32_t>(n_tiles);
+  g.group_m = std::max(1, 2048 / Cfg::kWgM);  // ~2048 rows of hidden stay in L2 per weight pass
+  const CUtensorMap map_h = encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, Cfg::kWgM, "hidden");
+  const CUtensorMap map_w = encode_bf16_map(p.weight, p.cols, p.dim, p.weight_stride, Cfg::kBSliceRows, "weight");
+  int sms = 0;
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+  const int64_t units = (m_tiles + Cfg::kClusterM - 1) / Cfg::kClusterM * n_tiles;
+  launch_persistent<grad_logits_sm90_pingpong_kernel<Cfg>, Cfg>(units, sms, stream, map_h, map_w, g, vec2 ? 1 : 0);
 }
 
 }  // namespace
@@ -85,7 +118,7 @@ namespace detlogp::detail {
 
 void sm90_grad_logits(const GradLogitsProblem& p) {
   using namespace detlogp::sm90;
-  using Cfg = GradCfg;
+  using Cfg = GradCfg;  // tile shape; GradC2Cfg has the same
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 logit gradient needs tensors in CUDA memory");
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
@@ -98,9 +131,9 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   check_alignment(p.dz, 2, "dz");
   const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
   const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const int64_t tiles = m_tiles * n_tiles;
-  DETLOGP_CHECK(tiles < (int64_t{1} << 31),
+  DETLOGP_CHECK(m_tiles * n_tiles < (int64_t{1} << 31),
                 "the grad-logits grid of " << m_tiles << " x " << n_tiles << " tiles is out of range");
+  const int cluster_m = grad_cluster_m();
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const Verdict verdict = prepare_verdict(stream);  // none under stream capture
@@ -116,10 +149,6 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   g.real_cols = p.real_cols();
   g.vocab_start = p.vocab_start;
   g.ignore_index = p.ignore_index;
-  g.k_blocks = static_cast<int32_t>((p.dim + Cfg::kBlockK - 1) / Cfg::kBlockK);
-  g.m_tiles = static_cast<int32_t>(m_tiles);
-  g.n_tiles = static_cast<int32_t>(n_tiles);
-  g.group_m = std::max(1, 2048 / Cfg::kWgM);  // ~2048 rows of hidden stay in L2 per weight pass
   g.bias = p.bias;
   g.targets = p.targets;
   g.targets_i64 = p.targets_i64 ? 1 : 0;
@@ -132,16 +161,10 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   g.dz_stride = p.dz_stride;
   g.status = status;
   const bool vec2 = reinterpret_cast<uintptr_t>(p.dz) % 4 == 0 && p.dz_stride % 2 == 0;
-
-  const CUtensorMap map_h = encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, Cfg::kWgM, "hidden");
-  const CUtensorMap map_w = encode_bf16_map(p.weight, p.cols, p.dim, p.weight_stride, Cfg::kBlockN, "weight");
-  auto kernel = grad_logits_sm90_pingpong_kernel<Cfg>;
-  DETLOGP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  int sms = 0;
-  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
-  const int64_t blocks = std::min<int64_t>(tiles, sms);  // persistent: one CTA per SM
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(map_h, map_w, g, vec2 ? 1 : 0);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  if (cluster_m == 2)
+    launch_grad_logits<GradC2Cfg>(p, g, vec2, stream);
+  else
+    launch_grad_logits<GradCfg>(p, g, vec2, stream);
 
   // The verdict (the call returns while the kernel runs, in stream order). Under stream capture
   // no host wait is possible: the kernel still writes nothing on invalid input, but the error

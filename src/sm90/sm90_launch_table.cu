@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sm90/sm90_epilogue_tile_summary.cuh"
+#include "sm90/sm90_launch_persistent.cuh"
 #include "sm90/sm90_launch_table.hpp"
 #include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
 #include "sm90/sm90_mainloop_tma_wgmma.cuh"
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
 }
 
 // Persistent ping-pong: warpgroup 0 produces, warpgroups 1 and 2 take alternate tiles of this
-// CTA (local tile j = 0, 1, 2, ... is tile blockIdx.x + j * gridDim.x).
+// CTA (local tile j = 0, 1, 2, ... is work unit walk.first + j * walk.stride; see TileWalk).
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fused_linear_logp_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap map_hidden,
@@ -84,12 +85,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 4);
+    ring.init(&map_hidden, &map_weight, 4 * Cfg::kClusterM);  // each consuming warp of every cluster CTA
     ptx::mbar_init(&mainloop_done[0], 4);
     ptx::mbar_init(&mainloop_done[1], 4);
     ptx::fence_barrier_init();
   }
   __syncthreads();
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();  // peers' barriers exist before any multicast
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
@@ -101,16 +103,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int c = warpgroup - 1;
     const int lane = threadIdx.x % 32;
-    const int total = p.m_tiles * p.n_tiles;
+    const auto walk = TileWalk<Cfg>::make(p.m_tiles, p.n_tiles, p.group_m);
     uint32_t n = 0;  // tiles this warpgroup has taken so far
-    for (int j = c, tile = blockIdx.x + c * gridDim.x; tile < total; j += 2, tile += 2 * gridDim.x, ++n) {
+    for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
       // Mainloops run in local tile order: wait for the other warpgroup's mainloop of tile j - 1.
       if (j >= 1) {
         const uint32_t completion = c == 1 ? n : n - 1;
         ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
       }
       int m_tile, n_tile;
-      raster_tile(tile, p.m_tiles, p.n_tiles, p.group_m, m_tile, n_tile);
+      walk.coords(unit, m_tile, n_tile);
       const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
       const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
       const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
@@ -125,6 +127,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
     }
   }
+  // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
 #endif
 }
 
@@ -136,6 +140,8 @@ using Decode8x128Cfg = PingpongConfig<64, 128, 13, 8>;  // N <= 8: 8-row tiles, 
 using Decode8x192Cfg = PingpongConfig<64, 192, 9, 8>;
 using Decode8x256Cfg = PingpongConfig<64, 256, 6, 8>;
 using PrefillCfg = PingpongConfig<64, 256, 5>;       // many rows: one m64n256 wgmma per k16 step
+using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
+using PrefillC4Cfg = PingpongConfig<64, 256, 5, 64, 4>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
@@ -148,24 +154,12 @@ BucketInfo coop_info(const char* name) {
 }
 template <class Cfg>
 BucketInfo pingpong_info(const char* name, int weight_promotion = 0) {
-  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, 1, Cfg::kThreads, Cfg::kSmemBytes, true, weight_promotion};
+  return {name,          Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages,     1, Cfg::kThreads,
+          Cfg::kSmemBytes, true,           weight_promotion, Cfg::kClusterM};
 }
 
 void check_grid(int64_t blocks) {
   DETLOGP_CHECK(blocks > 0 && blocks < (int64_t{1} << 31), "fused kernel grid of " << blocks << " CTAs out of range");
-}
-
-// The shared-memory opt-in is a host-side attribute of (kernel, device): set once per device.
-// Keyed by the kernel itself (a template argument), not by its type, which all kernels share.
-template <auto Kernel>
-void allow_smem_once(int smem_bytes) {
-  static std::atomic<uint64_t> done{0};
-  int device = 0;
-  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-  DETLOGP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 template <class Cfg>
@@ -181,13 +175,9 @@ void launch_coop(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams
 template <class Cfg>
 void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
                      cudaStream_t stream) {
-  auto kernel = fused_linear_logp_sm90_pingpong_kernel<Cfg>;
-  allow_smem_once<fused_linear_logp_sm90_pingpong_kernel<Cfg>>(Cfg::kSmemBytes);
-  const int64_t tiles = int64_t{p.m_tiles} * p.n_tiles;
-  check_grid(tiles);
-  const int64_t blocks = std::min<int64_t>(tiles, std::max(sms, 1));  // persistent: one CTA per SM
-  kernel<<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(mh, mw, p, vec2 ? 1 : 0);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
+  launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw, p,
+                                                                      vec2 ? 1 : 0);
 }
 
 // Per-SM share of the weight columns a persistent launch streams: whole waves of tiles times the
@@ -249,6 +239,10 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<DecodeCfg>("decode_promote256", 256);
     case Bucket::prefill_promote256:
       return pingpong_info<PrefillCfg>("prefill_promote256", 256);
+    case Bucket::prefill_c2:
+      return pingpong_info<PrefillC2Cfg>("prefill_c2");
+    case Bucket::prefill_c4:
+      return pingpong_info<PrefillC4Cfg>("prefill_c4");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -298,6 +292,10 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_pingpong<DecodeCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::prefill_promote256:
       return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::prefill_c2:
+      return launch_pingpong<PrefillC2Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::prefill_c4:
+      return launch_pingpong<PrefillC4Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

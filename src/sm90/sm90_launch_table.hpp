@@ -31,9 +31,13 @@ enum class Bucket : int {
   // Same kernels, weight loads with 256-byte L2 promotion (the default is none; benchmark points):
   decode8_n128_promote256 = 10,
   decode_promote256 = 11,
-  prefill_promote256 = 12
+  prefill_promote256 = 12,
+  // prefill's tile in clusters of 2 or 4 CTAs along M, the weight stage multicast (one L2 read a
+  // cluster):
+  prefill_c2 = 13,
+  prefill_c4 = 14
 };
-inline constexpr int kBucketCount = 13;
+inline constexpr int kBucketCount = 15;
 
 struct BucketInfo {
   const char* name;
@@ -45,6 +49,8 @@ struct BucketInfo {
   int smem_bytes;
   bool persistent;
   int weight_promotion;  // L2 promotion of the weight map's TMA loads: 0, 128 or 256 bytes
+  int cluster_m = 1;     // CTAs per cluster along M; each loads block_n / cluster_m weight rows
+  int weight_box_rows() const { return block_n / cluster_m; }
 };
 
 BucketInfo bucket_info(Bucket b);
@@ -54,7 +60,7 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms);
 const char* bucket_env_name();
 
 // Launches the fused kernel of bucket b over p's row chunk. The tensor maps must have been
-// encoded with box rows = block_m (hidden) and block_n (weight).
+// encoded with box rows = block_m (hidden) and weight_box_rows() (weight).
 // `sms`: the persistent grid size.
 void launch_fused(Bucket b, const CUtensorMap& map_hidden, const CUtensorMap& map_weight, const FusedParams& p,
                   bool logits_vec2, int sms, cudaStream_t stream);

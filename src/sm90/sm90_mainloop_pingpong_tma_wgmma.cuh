@@ -15,10 +15,22 @@
 
 namespace detlogp::sm90 {
 
+// Grouped rasterization of a linear tile index: group_m M tiles walk each weight tile together.
+__device__ __forceinline__ void raster_tile(int tile, int m_tiles, int n_tiles, int group_m, int& m_tile, int& n_tile) {
+  const int group_size = group_m * n_tiles;
+  const int first_m = (tile / group_size) * group_m;
+  const int rows_in_group = min(m_tiles - first_m, group_m);
+  m_tile = first_m + (tile % group_size) % rows_in_group;
+  n_tile = (tile % group_size) / rows_in_group;
+}
+
 // WgM rows x BlockN columns per consumer-warpgroup tile (WgM/64 wgmma m64 fragments). TileRows
 // hidden rows per tile: WgM, or 8 for decode (an 8-row TMA box, replicated over the m64 operand
 // by a zero group stride, so the ring spends its shared memory on weight bytes in flight).
-template <int WgM, int BlockN, int Stages, int TileRows = WgM>
+// ClusterM > 1: a cluster of ClusterM CTAs along M walks the same weight tiles in lockstep (tile
+// rows m = ClusterM * g + rank); each CTA loads 1/ClusterM of every weight stage and multicasts it
+// to all, so L2 serves each weight byte once per cluster instead of once per CTA.
+template <int WgM, int BlockN, int Stages, int TileRows = WgM, int ClusterM = 1>
 struct PingpongConfig {
   static constexpr int kWgM = WgM;
   static constexpr int kTileRows = TileRows;
@@ -32,6 +44,9 @@ struct PingpongConfig {
   static constexpr uint32_t kAGroupStride = TileRows == 8 ? 0 : 1024;
   static constexpr uint32_t kBBytes = uint32_t(BlockN) * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kClusterM = ClusterM;
+  static constexpr int kBSliceRows = BlockN / ClusterM;  // weight rows each CTA loads (the TMA box)
+  static constexpr uint32_t kBSliceBytes = uint32_t(kBSliceRows) * kBlockK * 2;
   static constexpr int kBarriers = 2 * Stages + 2;  // full, empty, mainloop-done x2
   static constexpr int kSmemBytes = int(Stages * kStageBytes) + kBarriers * 8 + 1024;
   static constexpr int kEntryRegs = 168;  // 65536 / 384, multiple of 8
@@ -50,6 +65,37 @@ struct PingpongConfig {
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
   static_assert(kEntryRegs * kThreads <= 65536, "one CTA per SM");
   static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kEntryRegs * kThreads, "setmaxnreg budget");
+  static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "cluster of 1, 2 or 4 CTAs along M");
+  static_assert(ClusterM == 1 || TileRows == WgM, "8-row decode tiles have one M tile: nothing to share");
+  static_assert(BlockN % ClusterM == 0 && kBSliceBytes % 1024 == 0,
+                "each CTA's weight slice keeps the 1024-byte swizzle atoms whole");
+};
+
+// The persistent walk of one CTA over work units: unit u = first, first + stride, ... < count.
+// ClusterM = 1: a unit is a tile. ClusterM > 1: a unit is a cluster tile (ClusterM M tiles sharing
+// one weight tile); the cluster's CTAs walk the same units, CTA `rank` takes M tile ClusterM*g + rank
+// (past m_tiles for the last group of an odd count: zero-filled rows the epilogue skips).
+template <class Cfg>
+struct TileWalk {
+  int first, stride, count, m_groups, n_tiles, group_m;
+  uint32_t rank;
+
+  __device__ static TileWalk make(int m_tiles, int n_tiles, int group_m) {
+    TileWalk w;
+    w.m_groups = (m_tiles + Cfg::kClusterM - 1) / Cfg::kClusterM;
+    w.n_tiles = n_tiles;
+    w.group_m = max(1, group_m / Cfg::kClusterM);
+    w.count = w.m_groups * n_tiles;
+    w.first = static_cast<int>(blockIdx.x) / Cfg::kClusterM;
+    w.stride = static_cast<int>(gridDim.x) / Cfg::kClusterM;
+    w.rank = Cfg::kClusterM > 1 ? ptx::cluster_ctarank() : 0u;
+    return w;
+  }
+  __device__ void coords(int unit, int& m_tile, int& n_tile) const {
+    int g;
+    raster_tile(unit, m_groups, n_tiles, group_m, g, n_tile);
+    m_tile = g * Cfg::kClusterM + static_cast<int>(rank);
+  }
 };
 
 // The dynamic shared memory of every schedule (forward cooperative and ping-pong, grad-logits):
@@ -83,35 +129,46 @@ struct RingSmem {
   }
 };
 
-// Grouped rasterization of a linear tile index: group_m M tiles walk each weight tile together.
-__device__ __forceinline__ void raster_tile(int tile, int m_tiles, int n_tiles, int group_m, int& m_tile, int& n_tile) {
-  const int group_size = group_m * n_tiles;
-  const int first_m = (tile / group_size) * group_m;
-  const int rows_in_group = min(m_tiles - first_m, group_m);
-  m_tile = first_m + (tile % group_size) % rows_in_group;
-  n_tile = (tile % group_size) / rows_in_group;
-}
-
 template <class Cfg>
 __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, const CUtensorMap* map_weight,
                                                  uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, uint64_t* empty,
                                                  int k_blocks, int64_t row_begin, int m_tiles, int n_tiles,
                                                  int group_m) {
-  const int total = m_tiles * n_tiles;
+  const auto walk = TileWalk<Cfg>::make(m_tiles, n_tiles, group_m);
+  constexpr uint16_t kAllCtas = static_cast<uint16_t>((1u << Cfg::kClusterM) - 1u);
   uint32_t it = 0;
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+  for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
     int m_tile, n_tile;
-    raster_tile(tile, m_tiles, n_tiles, group_m, m_tile, n_tile);
+    walk.coords(unit, m_tile, n_tile);
     const int32_t row0 = static_cast<int32_t>(row_begin + int64_t{m_tile} * Cfg::kTileRows);
     const int32_t col0 = n_tile * Cfg::kBlockN;
     for (int kb = 0; kb < k_blocks; ++kb, ++it) {
       const uint32_t s = it % Cfg::kStages;
       const uint32_t round = it / Cfg::kStages;
+      // ClusterM > 1: every cluster CTA's consumers have released stage s (they arrive on all).
       ptx::mbar_wait(&empty[s], (round & 1u) ^ 1u);
       ptx::mbar_arrive_expect_tx(&full[s], Cfg::kStageBytes);
       ptx::tma_load_2d(smem_a + s * Cfg::kABytes, map_hidden, &full[s], kb * Cfg::kBlockK, row0);
-      ptx::tma_load_2d(smem_b + s * Cfg::kBBytes, map_weight, &full[s], kb * Cfg::kBlockK, col0);
+      if constexpr (Cfg::kClusterM == 1) {
+        ptx::tma_load_2d(smem_b + s * Cfg::kBBytes, map_weight, &full[s], kb * Cfg::kBlockK, col0);
+      } else {
+        const int32_t slice = static_cast<int32_t>(walk.rank) * Cfg::kBSliceRows;
+        ptx::tma_load_2d_multicast(smem_b + s * Cfg::kBBytes + walk.rank * Cfg::kBSliceBytes, map_weight, &full[s],
+                                   kb * Cfg::kBlockK, col0 + slice, kAllCtas);
+      }
     }
+  }
+}
+
+// Releases ring stage s: one arrival per warp on this CTA's empty barrier, or with ClusterM > 1
+// on every cluster CTA's (lane r arrives on CTA r's), as each CTA's producer refills the stage in
+// all of them.
+template <class Cfg>
+__device__ __forceinline__ void release_stage(uint64_t* empty, uint32_t s, int lane) {
+  if constexpr (Cfg::kClusterM == 1) {
+    if (lane == 0) ptx::mbar_arrive(&empty[s]);
+  } else {
+    if (lane < Cfg::kClusterM) ptx::mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(lane));
   }
 }
 
@@ -155,7 +212,7 @@ __device__ __forceinline__ void pingpong_consume_issue(float (&acc)[Cfg::kFragme
     for (int f = 0; f < Cfg::kFragments; ++f)
 #pragma unroll
       for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
-    if (kb > 0 && lane == 0) ptx::mbar_arrive(&empty[(it - 1) % Cfg::kStages]);  // one arrival per warp
+    if (kb > 0) release_stage<Cfg>(empty, (it - 1) % Cfg::kStages, lane);
   }
 }
 
@@ -169,7 +226,7 @@ __device__ __forceinline__ void pingpong_consume_tail(float (&acc)[Cfg::kFragmen
   for (int f = 0; f < Cfg::kFragments; ++f)
 #pragma unroll
     for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[f][i]);
-  if (k_blocks > 0 && lane == 0) ptx::mbar_arrive(&empty[(it0 + k_blocks - 1) % Cfg::kStages]);
+  if (k_blocks > 0) release_stage<Cfg>(empty, (it0 + k_blocks - 1) % Cfg::kStages, lane);
 }
 
 // A whole tile's mainloop, accumulators complete on return.
