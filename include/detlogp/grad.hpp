@@ -40,13 +40,18 @@ struct GradRow {
 //   p = expc(fl(y - lse))
 //   d = fl(fl(gs - gl) * p);  d = fl(d + gl) at the target column only
 //   g = fl(d * inv_t)
-DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
-  if (!real) return 0.0f;
-  const float y = scale_logit(z, r.inv_t);
-  const float p = expc(fp::sub(y, r.lse));
+// The two halves of grad_logit around its exponential, for a backend that evaluates many
+// exponentials at once (the SM90 epilogue: expc_normal where the argument allows, same bits).
+DETLOGP_HD float grad_exp_arg(float z, const GradRow& r) { return fp::sub(scale_logit(z, r.inv_t), r.lse); }
+DETLOGP_HD float grad_from_p(float p, const GradRow& r, bool is_target) {
   float d = fp::mul(fp::sub(r.gs, r.gl), p);
   if (is_target) d = fp::add(d, r.gl);
   return fp::mul(d, r.inv_t);
+}
+
+DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
+  if (!real) return 0.0f;
+  return grad_from_p(expc(grad_exp_arg(z, r)), r, is_target);
 }
 
 // The stored gradient: bf16_round(grad_logit(...)).

@@ -49,6 +49,31 @@ DETLOGP_HD float expc(float x) {
   return fp::mul(p, 0x1p-64f);
 }
 
+// The lower end of expc_normal's domain: every x >= kExpcNormalMin has k = rint(x * log2e) >= -126,
+// so expc takes its normal (non-subnormal) path.
+inline constexpr float kExpcNormalMin = -87.0f;
+
+// expc(x) for kExpcNormalMin <= x <= kOverflow, bit for bit (exhaustively tested): the same fp32
+// operations as expc's normal path with no range branches, and the scale 2^k read off the bits of
+// `shifted` (= 0x4B400000 + k, so bits << 23 = k << 23 mod 2^32) instead of a float-to-int
+// conversion. Straight-line, so a caller can interleave many of them; the SM90 epilogue uses it
+// when a warp's whole vocab tile lies in the domain (warp-uniform test) and expc otherwise.
+DETLOGP_HD float expc_normal(float x) {
+  using namespace expc_constants;
+  const float shifted = fp::fma(x, kLog2e, kRoundMagic);
+  const float kf = fp::sub(shifted, kRoundMagic);
+  float r = fp::fma(kf, -kLn2Hi, x);
+  r = fp::fma(kf, -kLn2Lo, r);
+  float p = kC6;
+  p = fp::fma(p, r, kC5);
+  p = fp::fma(p, r, kC4);
+  p = fp::fma(p, r, kC3);
+  p = fp::fma(p, r, kC2);
+  p = fp::fma(p, r, 1.0f);
+  p = fp::fma(p, r, 1.0f);
+  return fp::mul(p, fp::from_bits((fp::bits(shifted) << 23) + (127u << 23)));
+}
+
 namespace logc_constants {
 inline constexpr float kLn2Hi = 0x1.62e4p-1f;  // 16 significant bits: e * hi exact
 inline constexpr float kLn2Lo = 0x1.7f7d1cp-20f;

@@ -80,26 +80,62 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
     }
   }
 
+  // Blocks of kJB column groups (4 kJB values a thread): the exponent arguments first, then one
+  // warp vote: if every real element's argument lies in expc_normal's domain (NaN fails), all
+  // exponentials of the block are straight-line code (same bits as expc there), else expc.
+  constexpr int kJB = 4;
+  static_assert((BlockN / 8) % kJB == 0, "whole blocks of column groups");
 #pragma unroll
-  for (int j = 0; j < BlockN / 8; ++j) {
-    const int c = 8 * j + 2 * q;  // tile column of e = 0
-    if (c < cols) {
-      float b0 = 0.0f, b1 = 0.0f;
+  for (int j0 = 0; j0 < BlockN / 8; j0 += kJB) {
+    float x[kJB][2][2];
+    bool normal = true;
+#pragma unroll
+    for (int jj = 0; jj < kJB; ++jj) {
+      const int c = 8 * (j0 + jj) + 2 * q;  // tile column of e = 0
+      float b[2] = {0.0f, 0.0f};
       if (p.bias != nullptr) {
-        b0 = p.bias[col0 + c];
-        if (c + 1 < cols) b1 = p.bias[col0 + c + 1];
+        if (c < cols) b[0] = p.bias[col0 + c];
+        if (c + 1 < cols) b[1] = p.bias[col0 + c + 1];
       }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float z = acc[4 * (j0 + jj) + 2 * h + e];
+          if (p.bias != nullptr) z = add_bias(z, b[e]);
+          x[jj][h][e] = grad_exp_arg(z, r[h]);
+          const bool needed = row_ok[h] && c + e < real;
+          normal = normal && (!needed || (x[jj][h][e] >= kExpcNormalMin && x[jj][h][e] <= expc_constants::kOverflow));
+        }
+    }
+    float pe[kJB][2][2];
+    if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+      for (int jj = 0; jj < kJB; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) pe[jj][h][e] = expc_normal(x[jj][h][e]);
+    } else {
+#pragma unroll
+      for (int jj = 0; jj < kJB; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) pe[jj][h][e] = expc(x[jj][h][e]);
+    }
+#pragma unroll
+    for (int jj = 0; jj < kJB; ++jj) {
+      const int c = 8 * (j0 + jj) + 2 * q;
+      if (c >= cols) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!row_ok[h]) continue;
-        float z0 = acc[4 * j + 2 * h];
-        float z1 = acc[4 * j + 2 * h + 1];
-        if (p.bias != nullptr) {
-          z0 = add_bias(z0, b0);
-          z1 = add_bias(z1, b1);
-        }
-        const uint16_t g0 = grad_logit_bf16(z0, r[h], c < real, c == target[h]);
-        const uint16_t g1 = grad_logit_bf16(z1, r[h], c + 1 < real, c + 1 == target[h]);
+        // grad_logit: +0 exactly for padding (no arithmetic), else the pinned formula.
+        const float g0f = c < real ? grad_from_p(pe[jj][h][0], r[h], c == target[h]) : 0.0f;
+        const float g1f = c + 1 < real ? grad_from_p(pe[jj][h][1], r[h], c + 1 == target[h]) : 0.0f;
+        const uint16_t g0 = bf16_round(g0f);
+        const uint16_t g1 = bf16_round(g1f);
         if (vec2 && c + 1 < cols) {
           *reinterpret_cast<uint32_t*>(out[h] + c) = static_cast<uint32_t>(g0) | (static_cast<uint32_t>(g1) << 16);
         } else {

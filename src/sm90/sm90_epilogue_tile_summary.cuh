@@ -130,12 +130,27 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
       m = normalize_zero(m);
 
       float level[8];
+      // Fast path, same bits: every lane real and every y - m in expc_normal's domain (NaN fails
+      // the test) across the warp, so all 16 exponentials of this thread are straight-line code the
+      // compiler can interleave; otherwise expc with its range branches, lane by lane.
+      float x[16];
+      bool normal = real == kVocabTile;
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int lane_col = 8 * jj + 2 * q;
-        const float e0 = lane_col < real ? expc(fp::sub(y[2 * jj], m)) : 0.0f;
-        const float e1 = lane_col + 1 < real ? expc(fp::sub(y[2 * jj + 1], m)) : 0.0f;
-        level[jj] = tree_add(e0, e1);  // level 1
+      for (int i = 0; i < 16; ++i) {
+        x[i] = fp::sub(y[i], m);
+        normal = normal && x[i] >= kExpcNormalMin;
+      }
+      if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int lane_col = 8 * jj + 2 * q;
+          const float e0 = lane_col < real ? expc(x[2 * jj]) : 0.0f;
+          const float e1 = lane_col + 1 < real ? expc(x[2 * jj + 1]) : 0.0f;
+          level[jj] = tree_add(e0, e1);  // level 1
+        }
       }
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));

@@ -141,7 +141,6 @@ using Decode8x192Cfg = PingpongConfig<64, 192, 9, 8>;
 using Decode8x256Cfg = PingpongConfig<64, 256, 6, 8>;
 using PrefillCfg = PingpongConfig<64, 256, 5>;       // many rows: one m64n256 wgmma per k16 step
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
-using PrefillC4Cfg = PingpongConfig<64, 256, 5, 64, 4>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
@@ -241,8 +240,6 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<PrefillCfg>("prefill_promote256", 256);
     case Bucket::prefill_c2:
       return pingpong_info<PrefillC2Cfg>("prefill_c2");
-    case Bucket::prefill_c4:
-      return pingpong_info<PrefillC4Cfg>("prefill_c4");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -294,8 +291,6 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::prefill_c2:
       return launch_pingpong<PrefillC2Cfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::prefill_c4:
-      return launch_pingpong<PrefillC4Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

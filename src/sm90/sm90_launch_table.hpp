@@ -32,12 +32,11 @@ enum class Bucket : int {
   decode8_n128_promote256 = 10,
   decode_promote256 = 11,
   prefill_promote256 = 12,
-  // prefill's tile in clusters of 2 or 4 CTAs along M, the weight stage multicast (one L2 read a
-  // cluster):
-  prefill_c2 = 13,
-  prefill_c4 = 14
+  // prefill's tile in clusters of 2 CTAs along M, the weight stage multicast (one L2 read a
+  // cluster; measured slower, kept as a free-axis point):
+  prefill_c2 = 13
 };
-inline constexpr int kBucketCount = 15;
+inline constexpr int kBucketCount = 14;
 
 struct BucketInfo {
   const char* name;
