@@ -49,11 +49,15 @@ def detlogp_torch_lane(h, w, t):
 METHODS = {
     "torch F.linear+log_softmax+autograd": torch_reference,
     "detlogp (contract fwd, chunked bwd)": detlogp_contract,
+    "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": detlogp_contract,
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
 }
 # Environment set around a method's steps.
-METHOD_ENV = {"detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"}}
+METHOD_ENV = {
+    "detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"},
+    "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": {"DETLOGP_SM90_GRAD_CLUSTER": "1"},
+}
 
 
 def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False):

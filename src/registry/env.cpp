@@ -24,6 +24,7 @@ constexpr FreeKnob kFreeKnobs[] = {
     {"DETLOGP_CPU_THREADS", "worker threads of the CPU backend"},
     {"DETLOGP_SM90_BUCKET", "force an SM90 launch bucket (free axis)"},
     {"DETLOGP_SM90_WORKSPACE_MB", "cap of the SM90 summary workspace in MiB (chunks N)"},
+    {"DETLOGP_SM90_GRAD_CLUSTER", "1 or 2: CTAs per cluster of the SM90 grad-logits kernel (free axis)"},
     {"DETLOGP_TP_WORKSPACE_MB", "cap of the tensor-parallel gather buffer in MiB (chunks N)"},
     {"DETLOGP_TORCH_FUSED_BACKWARD", "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)"},
 };

@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/grad_logits.hpp"
@@ -20,9 +22,10 @@
 namespace detlogp::sm90 {
 namespace {
 
-// One m64n256 wgmma per k16 step, 5-stage ring: the forward's prefill shape. (Its 2-CTA cluster
-// form, prefill_c2, measured 10 % slower in the forward: docs/perf-notes.md run 20.)
+// One m64n256 wgmma per k16 step, 5-stage ring: the forward's prefill shape, by default in clusters
+// of two CTAs along M that share (multicast) each weight stage, as the forward's prefill_c2.
 using GradCfg = PingpongConfig<64, 256, 5>;
+using GradC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 
 // Persistent ping-pong: warpgroup 0 produces (one TMA thread), warpgroups 1 and 2 take alternate
 // tiles of this CTA (local tile j is work unit walk.first + j * walk.stride, see TileWalk);
@@ -83,6 +86,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
+// Cluster size of the grad-logits kernel: DETLOGP_SM90_GRAD_CLUSTER=1 or 2 (default 2).
+int grad_cluster_m() {
+  const char* v = std::getenv("DETLOGP_SM90_GRAD_CLUSTER");
+  if (v == nullptr || *v == '\0') return 2;
+  DETLOGP_CHECK(std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0,
+                "DETLOGP_SM90_GRAD_CLUSTER=" << v << " is not a grad-logits cluster size; use 1 or 2");
+  return v[0] - '0';
+}
+
 template <class Cfg>
 void launch_grad_logits(const detail::GradLogitsProblem& p, GradLogitsParams g, bool vec2, cudaStream_t stream) {
   const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
@@ -106,7 +118,7 @@ namespace detlogp::detail {
 
 void sm90_grad_logits(const GradLogitsProblem& p) {
   using namespace detlogp::sm90;
-  using Cfg = GradCfg;
+  using Cfg = GradCfg;  // the tile shape (GradC2Cfg has the same)
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 logit gradient needs tensors in CUDA memory");
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
@@ -121,6 +133,7 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
   DETLOGP_CHECK(m_tiles * n_tiles < (int64_t{1} << 31),
                 "the grad-logits grid of " << m_tiles << " x " << n_tiles << " tiles is out of range");
+  const int cluster_m = grad_cluster_m();
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const Verdict verdict = prepare_verdict(stream);  // none under stream capture
@@ -148,7 +161,10 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   g.dz_stride = p.dz_stride;
   g.status = status;
   const bool vec2 = reinterpret_cast<uintptr_t>(p.dz) % 4 == 0 && p.dz_stride % 2 == 0;
-  launch_grad_logits<Cfg>(p, g, vec2, stream);
+  if (cluster_m == 2)
+    launch_grad_logits<GradC2Cfg>(p, g, vec2, stream);
+  else
+    launch_grad_logits<GradCfg>(p, g, vec2, stream);
 
   // The verdict (the call returns while the kernel runs, in stream order). Under stream capture
   // no host wait is possible: the kernel still writes nothing on invalid input, but the error

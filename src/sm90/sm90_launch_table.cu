@@ -257,7 +257,7 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms) {
   if (rows <= 8)
     return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
   if (rows <= 64) return most_even({Bucket::decode, Bucket::decode_n192, Bucket::prefill}, rows, vocab_local, sms);
-  return Bucket::prefill;
+  return Bucket::prefill_c2;
 }
 
 void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,

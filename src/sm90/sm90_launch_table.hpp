@@ -14,7 +14,8 @@ namespace detlogp::sm90 {
 
 // Persistent ping-pong buckets, picked by rows and by how evenly the weight tiles fill the SMs:
 //   decode8_n{128,192,256}: N <= 8, 8-row tiles (the ring holds weight, not replicated rows);
-//   decode (n128), decode_n192, prefill (n256): N <= 64; prefill also every larger N.
+//   decode (n128), decode_n192, prefill (n256): N <= 64;
+//   prefill_c2 (prefill's tile, 2-CTA clusters sharing the weight stage): every larger N.
 // pingpong128x128 and coop*: further free-axis points reachable only through the knob; every
 // bucket runs any N (the tests run each one).
 enum class Bucket : int {
@@ -33,7 +34,7 @@ enum class Bucket : int {
   decode_promote256 = 11,
   prefill_promote256 = 12,
   // prefill's tile in clusters of 2 CTAs along M, the weight stage multicast (one L2 read a
-  // cluster; measured slower, kept as a free-axis point):
+  // cluster): the default above N = 64
   prefill_c2 = 13
 };
 inline constexpr int kBucketCount = 14;

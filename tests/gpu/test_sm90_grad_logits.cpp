@@ -295,12 +295,30 @@ int main(int argc, char** argv) {
           g.run();
           expect_bits(got, g.dz_host(), s, g.dz_stride, "second run");
         }
+        {  // the other free-axis schedule: one CTA per weight stage instead of a 2-CTA cluster
+          EnvGuard env("DETLOGP_SM90_GRAD_CLUSTER", "1");
+          g.dz.poison();
+          g.run();
+          expect_bits(got, g.dz_host(), s, g.dz_stride, "DETLOGP_SM90_GRAD_CLUSTER=1 vs the default 2");
+        }
         if (g.s.offset_dz) {  // the element before dz stays untouched
           GPU_EXPECT(g.dz.to_host()[0] == kPoison, "the element before dz was written " << describe(s));
         }
         ++idx;
       }
-  std::printf("   %d shapes checked\n", idx);
+  std::printf("   %d shapes checked (each also with DETLOGP_SM90_GRAD_CLUSTER=1: same bits)\n", idx);
+
+  {  // a bad cluster knob is refused by name
+    EnvGuard env("DETLOGP_SM90_GRAD_CLUSTER", "3");
+    Spec s{77, 123, 64, 0, 123, 123, false, false, true, false, false, false, 0};
+    GradCase g(s, 11);
+    try {
+      g.run();
+      GPU_EXPECT(false, "DETLOGP_SM90_GRAD_CLUSTER=3 was not refused");
+    } catch (const detlogp::Error& e) {
+      GPU_EXPECT(std::string(e.what()).find("DETLOGP_SM90_GRAD_CLUSTER=3") != std::string::npos, "message: " << e.what());
+    }
+  }
 
   // Bad device-resident inputs: refused with the row and value named, nothing written.
   {
