@@ -10,7 +10,8 @@
 #   BENCH_ARGS="--n 1,4096". GPU_CHECK_BUDGET_S=N: a step that would start after N seconds is
 #   skipped (and says so), so a call stays inside the device limit. GPU_CHECK_PACK=1: "$OUT" gets
 #   only summary.txt, the CSVs and logs.tgz (all logs), refreshed after every step (the device
-#   tool returns at most 8 files). Every step's duration goes to the summary. The python step runs scripts/gpu_python_check.sh on this build tree
+#   tool returns at most 8 files). Every step's duration goes to the summary. DETLOGP_BENCH_SHA=<sha>:
+#   the commit the CSV rows name (a device copy's .git can lag its files). The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
 # NVLink multicast stays off on shared multi-GPU hosts (it can take the host's GPUs down).
