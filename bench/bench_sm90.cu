@@ -104,8 +104,8 @@ class ClockProbe {
     auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
     clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
     power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib_, "nvmlDeviceGetPowerUsage"));
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-        dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
+    reasons_ =
+        reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
     if (reasons_ == nullptr)
       reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
           dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
@@ -418,14 +418,16 @@ int main(int argc, char** argv) {
 
   FILE* f = std::fopen(csv.c_str(), "w");
   if (f) {
-    std::fprintf(f,
-                 "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
-                 "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons\n");
+    std::fprintf(
+        f,
+        "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
+        "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons\n");
     for (const auto& r : rows)
-      std::fprintf(f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx\n",
-                   prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d,
-                   (long long)v, r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16,
-                   r.ratio_f32, copy_gbps, floor_ms, r.sm_mhz, r.watts, r.clock_reasons);
+      std::fprintf(
+          f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx\n",
+          prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d, (long long)v,
+          r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16, r.ratio_f32, copy_gbps,
+          floor_ms, r.sm_mhz, r.watts, r.clock_reasons);
     std::fclose(f);
   }
   std::printf("\n%-7s %-36s %10s %9s %9s %12s %10s %10s %7s %6s %8s\n", "N", "method", "ms", "TFLOP/s", "GB/s",

@@ -77,7 +77,7 @@ TEST(Expc, NormalPathVariantGivesTheSameBitsOnSamples) {
   for (int i = 0; i < 1000000; ++i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     const float u = static_cast<float>(state >> 40) * 0x1p-24f;  // [0, 1)
-    const float x = detlogp::kExpcNormalMin * u;                // [-87, 0]
+    const float x = detlogp::kExpcNormalMin * u;                 // [-87, 0]
     differ += detlogp::fp::bits(detlogp::expc_normal(x)) != detlogp::fp::bits(expc(x));
   }
   EXPECT_EQ(differ, 0);

@@ -366,11 +366,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     const Bucket b = select_bucket(rows, p.vocab_local, sms);
     const BucketInfo bi = bucket_info(b);
     if (launches.empty() || launches.back().bucket != b) {
-      launches.push_back(
-          {b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
-           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(), "weight",
-                           bi.weight_promotion),
-           f});
+      launches.push_back({b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
+                          encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(),
+                                          "weight", bi.weight_promotion),
+                          f});
     } else {
       const ChunkLaunch same_maps = launches.back();
       launches.push_back(same_maps);

@@ -139,7 +139,7 @@ using Decode192Cfg = PingpongConfig<64, 192, 7>;        // 3 vocab tiles a tile:
 using Decode8x128Cfg = PingpongConfig<64, 128, 13, 8>;  // N <= 8: 8-row tiles, the ring holds weight bytes
 using Decode8x192Cfg = PingpongConfig<64, 192, 9, 8>;
 using Decode8x256Cfg = PingpongConfig<64, 256, 6, 8>;
-using PrefillCfg = PingpongConfig<64, 256, 5>;       // many rows: one m64n256 wgmma per k16 step
+using PrefillCfg = PingpongConfig<64, 256, 5>;  // many rows: one m64n256 wgmma per k16 step
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
@@ -153,8 +153,8 @@ BucketInfo coop_info(const char* name) {
 }
 template <class Cfg>
 BucketInfo pingpong_info(const char* name, int weight_promotion = 0) {
-  return {name,          Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages,     1, Cfg::kThreads,
-          Cfg::kSmemBytes, true,           weight_promotion, Cfg::kClusterM};
+  return {name,          Cfg::kTileRows,  Cfg::kBlockN, Cfg::kStages,     1,
+          Cfg::kThreads, Cfg::kSmemBytes, true,         weight_promotion, Cfg::kClusterM};
 }
 
 void check_grid(int64_t blocks) {

@@ -316,7 +316,8 @@ int main(int argc, char** argv) {
       g.run();
       GPU_EXPECT(false, "DETLOGP_SM90_GRAD_CLUSTER=3 was not refused");
     } catch (const detlogp::Error& e) {
-      GPU_EXPECT(std::string(e.what()).find("DETLOGP_SM90_GRAD_CLUSTER=3") != std::string::npos, "message: " << e.what());
+      GPU_EXPECT(std::string(e.what()).find("DETLOGP_SM90_GRAD_CLUSTER=3") != std::string::npos,
+                 "message: " << e.what());
     }
   }
 
