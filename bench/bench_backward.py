@@ -50,8 +50,15 @@ METHODS = {
     "torch F.linear+log_softmax+autograd": torch_reference,
     "detlogp (contract fwd, chunked bwd)": detlogp_contract,
     "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": detlogp_contract,
+    "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": detlogp_contract,
+    "detlogp (contract fwd, chunked bwd, fp32 product + add)": detlogp_contract,
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
+}
+# Module settings of detlogp.torch set around a method's steps (free choices of the backward).
+METHOD_MODULE = {
+    "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": {"BACKWARD_FUSED_CHUNK_BYTES": 1 << 30},
+    "detlogp (contract fwd, chunked bwd, fp32 product + add)": {"_ADDMM_OUT_DTYPE": False},
 }
 # Environment set around a method's steps.
 METHOD_ENV = {
@@ -60,7 +67,7 @@ METHOD_ENV = {
 }
 
 
-def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False):
+def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False, module=None):
     hh = h.clone().requires_grad_()
     ww = w.clone().requires_grad_()
 
@@ -69,11 +76,16 @@ def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False):
         ww.grad = None
         saved = {k: os.environ.get(k) for k in (env or {})}
         os.environ.update(env or {})
+        saved_module = {k: getattr(dt, k) for k in (module or {})}
+        for k, val in (module or {}).items():
+            setattr(dt, k, val)
         try:
             logp = fn(hh, ww, t)
             if not forward_only:
                 (logp * g).sum().backward()
         finally:
+            for k, val in saved_module.items():
+                setattr(dt, k, val)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -117,8 +129,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
-        "--methods", default="all", help="comma-separated subset of: ref, contract, contract-torchloop, lane"
-    )
+        "--methods", default="all",
+        help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-mmadd, "
+        "contract-torchloop, lane",
+    )  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -130,7 +144,8 @@ def main():
     t[15::16] = -100
     t = t.to(args.device)
     g = torch.rand(n, generator=gen).to(args.device)
-    keys = dict(zip(("ref", "contract", "contract-torchloop", "lane"), METHODS))
+    keys = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-mmadd", "contract-torchloop",
+                     "lane"), METHODS))  # fmt: skip
     chosen = list(METHODS) if args.methods == "all" else [keys[k] for k in args.methods.split(",")]
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "
@@ -148,10 +163,11 @@ def main():
     for name in chosen:
         try:
             dt._last_backward["path"] = None
-            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name))
+            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name),
+                                      module=METHOD_MODULE.get(name))  # fmt: skip
             path = dt.last_backward_path() or "-"
             fwd, _, _, _ = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name),
-                               forward_only=True)  # fmt: skip
+                               forward_only=True, module=METHOD_MODULE.get(name))  # fmt: skip
         except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
             print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
             results.append({"method": name, "error": "out of memory"})

@@ -205,6 +205,24 @@ def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
+# torch.addmm(..., out_dtype=float32) with bf16 operands: one GEMM that adds into the fp32
+# accumulator (beta = 1) instead of an fp32 product plus a separate add. Cleared on the first
+# refusal (an older torch, or one whose CUDA addmm lacks the overload for these dtypes).
+_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype")
+
+
+def _addmm_fp32(acc: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """acc + a @ b in fp32 (acc fp32; the sum rounds once per element either way)."""
+    global _ADDMM_OUT_DTYPE
+    if acc.is_cuda and acc.dtype == torch.float32 and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        if _ADDMM_OUT_DTYPE:
+            try:
+                return torch.addmm(acc, a, b, out_dtype=torch.float32)
+            except (TypeError, RuntimeError, NotImplementedError):
+                _ADDMM_OUT_DTYPE = False
+    return acc.add_(_mm_fp32(a, b))
+
+
 _SM90_AVAILABLE: Optional[bool] = None
 
 
@@ -251,8 +269,14 @@ def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: O
 
 
 def _fused_chunk_rows(n: int, v: int) -> int:
-    c = BACKWARD_FUSED_CHUNK_BYTES // max(1, 2 * n)
-    return min(v, max(256, c // 256 * 256))
+    """Vocabulary rows per fused chunk: at most BACKWARD_FUSED_CHUNK_BYTES of bf16 dz (a multiple of
+    256, at least 256), then evened out over the chunks that takes (no small tail chunk)."""
+    c_max = min(v, max(256, BACKWARD_FUSED_CHUNK_BYTES // max(1, 2 * n) // 256 * 256))
+    chunks = (v + c_max - 1) // c_max
+    if chunks == 1:
+        return c_max
+    even = (v + chunks - 1) // chunks
+    return min(c_max, (even + 255) // 256 * 256)
 
 
 def grad_logits(
@@ -334,7 +358,8 @@ def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 
 def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse,
                          vocab_start, real_vocab, ignore_index, need):  # fmt: skip
     """The fused backward of a vocabulary shard: per chunk, the SM90 kernel writes dz [N, C] bf16,
-    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
+    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order; one GEMM adding into
+    the accumulator where torch has addmm with out_dtype), grad_weight chunk
     = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
     need_h, need_w, need_b, _ = need
     n, d = hidden.shape
@@ -356,7 +381,7 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
             int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse,
         )  # fmt: skip
         if need_h:
-            grad_h += _mm_fp32(dz, w_c)
+            grad_h = _addmm_fp32(grad_h, dz, w_c)
         if need_w:
             torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
         if need_b:
