@@ -13,7 +13,9 @@ On a CPU (--device cpu, small shapes) the script only times, to check that it ru
 
 The detlogp backward is fused on an SM90 GPU (grad-logits kernel + two GEMMs per vocabulary
 chunk); "contract-torchloop" runs the same forward with DETLOGP_TORCH_FUSED_BACKWARD=0, the
-torch chunk loop, for comparison (setting that variable for the whole run forces it everywhere).
+torch chunk loop, for comparison (setting that variable for the whole run forces it everywhere);
+"contract-nocluster" runs the grad-logits kernel one CTA per weight stage
+(DETLOGP_SM90_GRAD_CLUSTER=1) and "contract-1gib" with 1 GiB dz chunks instead of 256 MiB.
 The "bwd path" column says which backward served each method. "fwd ms" times the forward alone
 in the same harness, "bwd ms" is the difference of the two medians, and "bwd/GEMM" divides it by
 the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (issue 6's target: <= 3.3).
@@ -51,14 +53,12 @@ METHODS = {
     "detlogp (contract fwd, chunked bwd)": detlogp_contract,
     "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": detlogp_contract,
     "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": detlogp_contract,
-    "detlogp (contract fwd, chunked bwd, fp32 product + add)": detlogp_contract,
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
 }
 # Module settings of detlogp.torch set around a method's steps (free choices of the backward).
 METHOD_MODULE = {
     "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": {"BACKWARD_FUSED_CHUNK_BYTES": 1 << 30},
-    "detlogp (contract fwd, chunked bwd, fp32 product + add)": {"_ADDMM_OUT_DTYPE": False},
 }
 # Environment set around a method's steps.
 METHOD_ENV = {
@@ -130,8 +130,7 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--methods", default="all",
-        help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-mmadd, "
-        "contract-torchloop, lane",
+        help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-torchloop, lane",
     )  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -144,8 +143,8 @@ def main():
     t[15::16] = -100
     t = t.to(args.device)
     g = torch.rand(n, generator=gen).to(args.device)
-    keys = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-mmadd", "contract-torchloop",
-                     "lane"), METHODS))  # fmt: skip
+    keys = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane"),
+                    METHODS))  # fmt: skip
     chosen = list(METHODS) if args.methods == "all" else [keys[k] for k in args.methods.split(",")]
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "

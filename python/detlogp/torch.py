@@ -205,24 +205,6 @@ def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
     return torch.mm(a.float(), b.float())
 
 
-# torch.addmm(..., out_dtype=float32) with bf16 operands: one GEMM that adds into the fp32
-# accumulator (beta = 1) instead of an fp32 product plus a separate add. Cleared on the first
-# refusal (an older torch, or one whose CUDA addmm lacks the overload for these dtypes).
-_ADDMM_OUT_DTYPE = hasattr(torch.ops.aten.addmm, "dtype")
-
-
-def _addmm_fp32(acc: Tensor, a: Tensor, b: Tensor) -> Tensor:
-    """acc + a @ b in fp32 (acc fp32; the sum rounds once per element either way)."""
-    global _ADDMM_OUT_DTYPE
-    if acc.is_cuda and acc.dtype == torch.float32 and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
-        if _ADDMM_OUT_DTYPE:
-            try:
-                return torch.addmm(acc, a, b, out_dtype=torch.float32)
-            except (TypeError, RuntimeError, NotImplementedError):
-                _ADDMM_OUT_DTYPE = False
-    return acc.add_(_mm_fp32(a, b))
-
-
 _SM90_AVAILABLE: Optional[bool] = None
 
 
@@ -358,8 +340,7 @@ def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 
 def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse,
                          vocab_start, real_vocab, ignore_index, need):  # fmt: skip
     """The fused backward of a vocabulary shard: per chunk, the SM90 kernel writes dz [N, C] bf16,
-    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order; one GEMM adding into
-    the accumulator where torch has addmm with out_dtype), grad_weight chunk
+    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
     = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
     need_h, need_w, need_b, _ = need
     n, d = hidden.shape
@@ -381,7 +362,7 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
             int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse,
         )  # fmt: skip
         if need_h:
-            grad_h = _addmm_fp32(grad_h, dz, w_c)
+            grad_h += _mm_fp32(dz, w_c)
         if need_w:
             torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
         if need_b:
