@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int c = warpgroup - 1;
     const int lane = threadIdx.x % 32;
-    const auto walk = TileWalk<Cfg>::make(p.m_tiles, p.n_tiles, p.group_m);
+    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
     uint32_t n = 0;  // tiles this warpgroup has taken so far
     for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
       if (j >= 1) {  // wait for the other warpgroup's mainloop of local tile j - 1

@@ -12,17 +12,9 @@
 #include "detlogp/config.hpp"
 #include "sm90/ptx.cuh"
 #include "sm90/ptx_wgmma_bf16.cuh"
+#include "sm90/sm90_tile_schedule.hpp"
 
 namespace detlogp::sm90 {
-
-// Grouped rasterization of a linear tile index: group_m M tiles walk each weight tile together.
-__device__ __forceinline__ void raster_tile(int tile, int m_tiles, int n_tiles, int group_m, int& m_tile, int& n_tile) {
-  const int group_size = group_m * n_tiles;
-  const int first_m = (tile / group_size) * group_m;
-  const int rows_in_group = min(m_tiles - first_m, group_m);
-  m_tile = first_m + (tile % group_size) % rows_in_group;
-  n_tile = (tile % group_size) / rows_in_group;
-}
 
 // WgM rows x BlockN columns per consumer-warpgroup tile (WgM/64 wgmma m64 fragments). TileRows
 // hidden rows per tile: WgM, or 8 for decode (an 8-row TMA box, replicated over the m64 operand
@@ -71,32 +63,13 @@ struct PingpongConfig {
                 "each CTA's weight slice keeps the 1024-byte swizzle atoms whole");
 };
 
-// The persistent walk of one CTA over work units: unit u = first, first + stride, ... < count.
-// ClusterM = 1: a unit is a tile. ClusterM > 1: a unit is a cluster tile (ClusterM M tiles sharing
-// one weight tile); the cluster's CTAs walk the same units, CTA `rank` takes M tile ClusterM*g + rank
-// (past m_tiles for the last group of an odd count: zero-filled rows the epilogue skips).
+// This CTA's walk (sm90_tile_schedule.hpp) for a Cfg::kClusterM-CTA cluster along M.
 template <class Cfg>
-struct TileWalk {
-  int first, stride, count, m_groups, n_tiles, group_m;
-  uint32_t rank;
-
-  __device__ static TileWalk make(int m_tiles, int n_tiles, int group_m) {
-    TileWalk w;
-    w.m_groups = (m_tiles + Cfg::kClusterM - 1) / Cfg::kClusterM;
-    w.n_tiles = n_tiles;
-    w.group_m = max(1, group_m / Cfg::kClusterM);
-    w.count = w.m_groups * n_tiles;
-    w.first = static_cast<int>(blockIdx.x) / Cfg::kClusterM;
-    w.stride = static_cast<int>(gridDim.x) / Cfg::kClusterM;
-    w.rank = Cfg::kClusterM > 1 ? ptx::cluster_ctarank() : 0u;
-    return w;
-  }
-  __device__ void coords(int unit, int& m_tile, int& n_tile) const {
-    int g;
-    raster_tile(unit, m_groups, n_tiles, group_m, g, n_tile);
-    m_tile = g * Cfg::kClusterM + static_cast<int>(rank);
-  }
-};
+__device__ __forceinline__ TileWalk make_tile_walk(int m_tiles, int n_tiles, int group_m) {
+  const int rank = Cfg::kClusterM > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  return TileWalk::make(m_tiles, n_tiles, group_m, Cfg::kClusterM, static_cast<int>(blockIdx.x),
+                        static_cast<int>(gridDim.x), rank);
+}
 
 // The dynamic shared memory of every schedule (forward cooperative and ping-pong, grad-logits):
 // kStages A tiles, kStages B tiles, then the full/empty barrier ring (a schedule's own barriers follow it), 1024-byte
@@ -134,7 +107,7 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
                                                  uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, uint64_t* empty,
                                                  int k_blocks, int64_t row_begin, int m_tiles, int n_tiles,
                                                  int group_m) {
-  const auto walk = TileWalk<Cfg>::make(m_tiles, n_tiles, group_m);
+  const TileWalk walk = make_tile_walk<Cfg>(m_tiles, n_tiles, group_m);
   constexpr uint16_t kAllCtas = static_cast<uint16_t>((1u << Cfg::kClusterM) - 1u);
   uint32_t it = 0;
   for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
@@ -152,9 +125,9 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
       if constexpr (Cfg::kClusterM == 1) {
         ptx::tma_load_2d(smem_b + s * Cfg::kBBytes, map_weight, &full[s], kb * Cfg::kBlockK, col0);
       } else {
-        const int32_t slice = static_cast<int32_t>(walk.rank) * Cfg::kBSliceRows;
-        ptx::tma_load_2d_multicast(smem_b + s * Cfg::kBBytes + walk.rank * Cfg::kBSliceBytes, map_weight, &full[s],
-                                   kb * Cfg::kBlockK, col0 + slice, kAllCtas);
+        const int32_t slice = walk.rank * Cfg::kBSliceRows;
+        ptx::tma_load_2d_multicast(smem_b + s * Cfg::kBBytes + uint32_t(walk.rank) * Cfg::kBSliceBytes, map_weight,
+                                   &full[s], kb * Cfg::kBlockK, col0 + slice, kAllCtas);
       }
     }
   }

@@ -1,0 +1,73 @@
+// The persistent SM90 kernels' tile order (src/sm90/sm90_tile_schedule.hpp), checked on the host:
+// over every CTA of a grid, each (M tile, weight tile) is computed exactly once; with 2-CTA
+// clusters the two CTAs of a cluster walk the same weight tiles in the same order and the same
+// number of units (their shared ring requires it), and tiles past m_tiles appear only as the
+// second half of the last M group. Shapes include odd counts, partial raster groups and grids
+// larger than the work.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "sm90/sm90_tile_schedule.hpp"
+
+using detlogp::sm90::TileWalk;
+
+namespace {
+
+// Runs every CTA's walk; fails the test at the first broken property.
+void check_grid(int m_tiles, int n_tiles, int group_m, int cluster, int grid) {
+  SCOPED_TRACE(testing::Message() << "m_tiles=" << m_tiles << " n_tiles=" << n_tiles << " group_m=" << group_m
+                                  << " cluster=" << cluster << " grid=" << grid);
+  std::vector<int> seen(static_cast<size_t>(m_tiles) * n_tiles, 0);
+  std::vector<std::vector<int>> n_seq(grid);
+  for (int block = 0; block < grid; ++block) {
+    const TileWalk w = TileWalk::make(m_tiles, n_tiles, group_m, cluster, block, grid, block % cluster);
+    for (int unit = w.first; unit < w.count; unit += w.stride) {
+      int m, n;
+      w.coords(unit, m, n);
+      ASSERT_GE(n, 0);
+      ASSERT_LT(n, n_tiles);
+      ASSERT_GE(m, 0);
+      n_seq[block].push_back(n);
+      if (m >= m_tiles) {  // a phantom row tile: only rank > 0 of the last, partial M group
+        ASSERT_GT(block % cluster, 0);
+        ASSERT_GE(m, (m_tiles / cluster) * cluster);
+        continue;
+      }
+      ++seen[static_cast<size_t>(m) * n_tiles + n];
+    }
+  }
+  for (int m = 0; m < m_tiles; ++m)
+    for (int n = 0; n < n_tiles; ++n)
+      ASSERT_EQ(seen[static_cast<size_t>(m) * n_tiles + n], 1) << "tile (" << m << ", " << n << ")";
+  for (int block = 0; block < grid; block += cluster)
+    for (int r = 1; r < cluster; ++r) ASSERT_EQ(n_seq[block], n_seq[block + r]) << "cluster of block " << block;
+}
+
+TEST(TileSchedule, EveryTileExactlyOnceWithoutClusters) {
+  for (int m_tiles : {1, 2, 3, 7, 16, 33, 64})
+    for (int n_tiles : {1, 5, 17, 594})
+      for (int group_m : {1, 8, 32})
+        for (int grid : {1, 3, 132, 1000}) check_grid(m_tiles, n_tiles, group_m, 1, grid);
+}
+
+TEST(TileSchedule, TwoCtaClustersShareWeightTilesInLockstep) {
+  for (int m_tiles : {1, 2, 3, 7, 16, 33, 64, 65})
+    for (int n_tiles : {1, 5, 17, 594})
+      for (int group_m : {1, 2, 8, 32})
+        for (int grid : {2, 6, 132, 1000}) check_grid(m_tiles, n_tiles, group_m, 2, grid);
+}
+
+TEST(TileSchedule, RasterGroupsKeepWeightTilesTogether) {
+  // Within one raster group the M tiles of a weight tile are consecutive units.
+  const TileWalk w = TileWalk::make(64, 10, 32, 1, 0, 1, 0);
+  for (int unit = 0; unit + 1 < 32; ++unit) {
+    int m0, n0, m1, n1;
+    w.coords(unit, m0, n0);
+    w.coords(unit + 1, m1, n1);
+    EXPECT_EQ(n0, n1);
+    EXPECT_EQ(m1, m0 + 1);
+  }
+}
+
+}  // namespace
