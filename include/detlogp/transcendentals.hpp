@@ -25,6 +25,21 @@ inline constexpr float kUnderflow = -104.0f;        // e^x < 2^-150 below: round
 inline constexpr float kOverflow = 0x1.62e42ep+6f;  // e^x > FLT_MAX above: +inf
 }  // namespace expc_constants
 
+// e^r for the reduced argument r = x - kf * ln 2 (kf = rint(x * log2e), ln 2 in two parts): the
+// degree-6 polynomial that expc and expc_normal both scale by 2^k.
+DETLOGP_HD float expc_reduced(float x, float kf) {
+  using namespace expc_constants;
+  float r = fp::fma(kf, -kLn2Hi, x);
+  r = fp::fma(kf, -kLn2Lo, r);
+  float p = kC6;
+  p = fp::fma(p, r, kC5);
+  p = fp::fma(p, r, kC4);
+  p = fp::fma(p, r, kC3);
+  p = fp::fma(p, r, kC2);
+  p = fp::fma(p, r, 1.0f);
+  return fp::fma(p, r, 1.0f);
+}
+
 // e^x in fp32. Contract domain: x <= 0 (arguments y - m_g and m_g - M), NaN passes through.
 // Also defined for 0 < x: overflow gives +inf.
 DETLOGP_HD float expc(float x) {
@@ -34,15 +49,7 @@ DETLOGP_HD float expc(float x) {
   const float shifted = fp::fma(x, kLog2e, kRoundMagic);
   const float kf = fp::sub(shifted, kRoundMagic);
   const int k = static_cast<int>(kf);
-  float r = fp::fma(kf, -kLn2Hi, x);
-  r = fp::fma(kf, -kLn2Lo, r);
-  float p = kC6;
-  p = fp::fma(p, r, kC5);
-  p = fp::fma(p, r, kC4);
-  p = fp::fma(p, r, kC3);
-  p = fp::fma(p, r, kC2);
-  p = fp::fma(p, r, 1.0f);
-  p = fp::fma(p, r, 1.0f);
+  float p = expc_reduced(x, kf);
   if (k >= -126) return fp::mul(p, fp::from_bits(static_cast<uint32_t>(k + 127) << 23));
   // Subnormal result: the first scaling is exact, the second rounds once.
   p = fp::mul(p, fp::from_bits(static_cast<uint32_t>(k + 127 + 64) << 23));
@@ -62,16 +69,7 @@ DETLOGP_HD float expc_normal(float x) {
   using namespace expc_constants;
   const float shifted = fp::fma(x, kLog2e, kRoundMagic);
   const float kf = fp::sub(shifted, kRoundMagic);
-  float r = fp::fma(kf, -kLn2Hi, x);
-  r = fp::fma(kf, -kLn2Lo, r);
-  float p = kC6;
-  p = fp::fma(p, r, kC5);
-  p = fp::fma(p, r, kC4);
-  p = fp::fma(p, r, kC3);
-  p = fp::fma(p, r, kC2);
-  p = fp::fma(p, r, 1.0f);
-  p = fp::fma(p, r, 1.0f);
-  return fp::mul(p, fp::from_bits((fp::bits(shifted) << 23) + (127u << 23)));
+  return fp::mul(expc_reduced(x, kf), fp::from_bits((fp::bits(shifted) << 23) + (127u << 23)));
 }
 
 namespace logc_constants {

@@ -27,6 +27,17 @@ void allow_smem_once(int smem_bytes) {
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+// The launch attribute of a Cfg::kClusterM x 1 x 1 cluster.
+template <class Cfg>
+cudaLaunchAttribute cluster_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = Cfg::kClusterM;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // Co-resident clusters of Cfg::kClusterM CTAs of Kernel on the current device (cached per device).
 template <auto Kernel, class Cfg>
 int max_active_clusters() {
@@ -40,11 +51,7 @@ int max_active_clusters() {
   cfg.gridDim = dim3(Cfg::kClusterM, 1, 1);
   cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
   cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = Cfg::kClusterM;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = cluster_attribute<Cfg>();
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   int n = 0;
@@ -73,10 +80,7 @@ void launch_persistent(int64_t units, int sms, cudaStream_t stream, Args... args
   } else {
     const int64_t clusters = std::min<int64_t>(units, max_active_clusters<Kernel, Cfg>());
     cfg.gridDim = dim3(static_cast<unsigned>(clusters * Cfg::kClusterM), 1, 1);
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = Cfg::kClusterM;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
+    attr = cluster_attribute<Cfg>();
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
   }
