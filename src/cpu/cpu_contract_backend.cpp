@@ -12,15 +12,8 @@
 namespace detlogp::detail {
 namespace {
 
-constexpr int kRowGroup = 32;                               // rows per GEMM call (z scratch of kRowGroup x 64)
-constexpr int kRowsPerTask = 256;                           // rows that share one widened weight panel
-constexpr int64_t kWidenRows = 4096;                        // rows of hidden widened to fp32 at a time
 constexpr int64_t kSummaryBudgetBytes = int64_t{64} << 20;  // bounded workspace: chunk rows
-
-struct WorkerScratch {
-  std::vector<float> z;  // [kRowGroup][kVocabTile]
-  cpu::WeightPanel panel;
-};
+static_assert(cpu::kPanelCols == kVocabTile, "one GEMM panel is one vocab tile");
 
 float row_inverse_temperature(const LogpProblem& p, int64_t row) {
   return inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
@@ -47,44 +40,17 @@ void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, fl
 }
 
 // Computes tile summaries (and logits, y_t) for rows [row0, row0 + rows), writing summaries to
-// summaries[(r - row0) * tiles + j] and the owned scaled target logit to target_logit[r - row0].
-// Hidden rows are widened to fp32 once; a task is (tile, up to kRowsPerTask rows), so each
-// widened weight panel serves many rows.
+// summaries[(r - row0) * tiles + j] and the owned scaled target logit to target_logit[r - row0]
+// (cpu::for_each_z_panel: one GEMM panel is one vocab tile).
 void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, TileSummary* summaries,
                             float* target_logit, uint8_t* target_owned) {
   const int64_t tiles = p.local_tiles();
-  const int workers = cpu::cpu_threads();
-  std::vector<WorkerScratch> scratch(static_cast<size_t>(std::max(1, workers)));
-  std::vector<float> hidden_f32;
-  for (int64_t w0 = row0; w0 < row0 + rows; w0 += kWidenRows) {
-    const int64_t w_rows = std::min(kWidenRows, row0 + rows - w0);
-    hidden_f32.resize(static_cast<size_t>(w_rows * p.dim));
-    cpu::parallel_for(w_rows, workers, [&](int64_t r, int) {
-      const uint16_t* h = p.hidden + (w0 + r) * p.hidden_stride;
-      float* dst = hidden_f32.data() + r * p.dim;
-      for (int64_t k = 0; k < p.dim; ++k) dst[k] = fp::bf16_to_float(h[k]);
-    });
-    const int64_t blocks = (w_rows + kRowsPerTask - 1) / kRowsPerTask;
-    cpu::parallel_for(blocks * tiles, workers, [&](int64_t task, int worker) {
-      const int64_t tile = task % tiles;
-      const int64_t b_row0 = (task / tiles) * kRowsPerTask;  // relative to w0
-      const int64_t b_rows = std::min<int64_t>(kRowsPerTask, w_rows - b_row0);
-      const int64_t col0 = tile * kVocabTile;
-      const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab_local - col0));
-      WorkerScratch& s = scratch[static_cast<size_t>(worker)];
-      cpu::load_weight_panel(p.weight, p.weight_stride, col0, cols, p.dim, s.panel);
-      s.z.resize(static_cast<size_t>(kRowGroup) * kVocabTile);
-      for (int64_t g0 = b_row0; g0 < b_row0 + b_rows; g0 += kRowGroup) {
-        const int g_rows = static_cast<int>(std::min<int64_t>(kRowGroup, b_row0 + b_rows - g0));
-        cpu::gemm_rows_panel(hidden_f32.data() + g0 * p.dim, g_rows, p.dim, s.panel, s.z.data(), kVocabTile);
-        for (int r = 0; r < g_rows; ++r) {
-          const int64_t out = w0 + g0 + r - row0;
-          tile_epilogue(p, w0 + g0 + r, tile, cols, s.z.data() + static_cast<int64_t>(r) * kVocabTile,
-                        summaries[out * tiles + tile], target_logit[out], target_owned[out]);
-        }
-      }
-    });
-  }
+  cpu::for_each_z_panel(
+      p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, row0, rows, p.vocab_local, [](int64_t, int64_t) {},
+      [&](int64_t row, int64_t tile, int cols, float* z) {
+        const int64_t out = row - row0;
+        tile_epilogue(p, row, tile, cols, z, summaries[out * tiles + tile], target_logit[out], target_owned[out]);
+      });
 }
 
 class CpuContractBackend final : public Backend {
@@ -105,7 +71,7 @@ class CpuContractBackend final : public Backend {
       return;
     }
     int64_t chunk = kSummaryBudgetBytes / (tiles * static_cast<int64_t>(sizeof(TileSummary)));
-    chunk = std::max<int64_t>(kRowGroup, chunk / kRowGroup * kRowGroup);
+    chunk = std::max<int64_t>(cpu::kRowGroup, chunk / cpu::kRowGroup * cpu::kRowGroup);
     chunk = std::min(chunk, p.rows);
     std::vector<TileSummary> summaries(static_cast<size_t>(chunk * tiles));
     std::vector<float> target_logit(static_cast<size_t>(chunk));
