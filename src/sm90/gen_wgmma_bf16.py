@@ -22,6 +22,7 @@ for n in SHAPES:
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    wcons = ", ".join(f'"=f"(d[{i}])' for i in range(regs))
     print(f"""template <>
 struct WgmmaBf16<{n}> {{
   static constexpr int kAccRegs = {regs};
@@ -34,6 +35,20 @@ struct WgmmaBf16<{n}> {{
         "{{{outs}}}, %{regs}, %{regs+1}, p, 1, 1, 0, 0;\\n"
         "}}\\n"
         : {cons}
+        : "l"(desc_a), "l"(desc_b));
+  }}
+  // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
+  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
+  static __device__ __forceinline__ void mma_overwrite(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b) {{
+    asm volatile(
+        "{{\\n"
+        ".reg .pred p;\\n"
+        "setp.ne.b32 p, 0, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "
+        "{{{outs}}}, %{regs}, %{regs+1}, p, 1, 1, 0, 0;\\n"
+        "}}\\n"
+        : {wcons}
         : "l"(desc_a), "l"(desc_b));
   }}
 }};

@@ -168,4 +168,101 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
 }
 
+// One slice of epilogue_tile_summaries: vocab tile `tt` of the fragment, row half `h` (rows
+// lane/4 + 8h of each warp's 16), with the same operations in the same order, so a schedule can
+// spread a fragment's 2 * BlockN / 64 slices between the wgmma groups of its next tile (the
+// cooperative overlap schedule). The target logit is stored by its owner in the slice that holds it.
+template <int BlockN, int tt, int h>
+__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&acc)[BlockN / 2], const FusedParams& p,
+                                                            int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                            bool logits_vec2) {
+  static_assert(tt >= 0 && tt < BlockN / kVocabTile && (h == 0 || h == 1), "a slice of this fragment");
+  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
+  // The slice's accumulators first, before any branch, copied into registers of their own: the
+  // schedule calls this while the next tile's wgmma group is in flight, and ptxas serializes every
+  // wgmma of the kernel when a non-wgmma instruction redefines (or a divergent path reads) a
+  // register that a wgmma also uses as accumulator.
+  float v[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm("mov.b32 %0, %1;" : "=f"(v[i]) : "f"(acc[(tt * 8 + i / 2) * 4 + 2 * h + i % 2]));
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  const int64_t tile_col0 = col0 + tt * kVocabTile;
+  const int64_t local_tile = tile_col0 / kVocabTile;
+  const int64_t row = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+  // No early return (a branch around code that follows a read of wgmma registers): rows past the
+  // tile or tiles past the shard only switch the stores off.
+  const bool tile_ok = local_tile < p.local_tiles;
+  const bool row_ok = row < row_limit && tile_ok;
+  float inv_t = 1.0f;
+  int64_t target_col = -1;
+  if (row_ok) {
+    inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+    const int64_t tgt = load_target(p.targets, p.targets_i64, row);
+    if (tgt != p.ignore_index) target_col = tgt - p.vocab_start;
+  }
+  const int real = tile_ok ? tile_real_lanes(p, local_tile) : 0;
+  const int64_t left = p.vocab_local - tile_col0;
+  const int cols = left >= kVocabTile ? kVocabTile : static_cast<int>(left);
+  const int64_t rel = target_col - tile_col0;
+  const int rel_target = (target_col >= 0 && rel >= 0 && rel < kVocabTile) ? static_cast<int>(rel) : -1;
+
+  float y[16];
+  float m = fp::neg_inf();
+  float* logit_tile = p.logits != nullptr && row_ok ? p.logits + row * p.vocab_local + tile_col0 : nullptr;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int lane_col = 8 * jj + 2 * q;  // column of e = 0 inside the tile
+    float z[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      z[e] = v[2 * jj + e];
+      if (p.bias != nullptr) z[e] = add_bias(z[e], lane_col + e < cols ? p.bias[tile_col0 + lane_col + e] : 0.0f);
+    }
+    if (logit_tile != nullptr) store_logit_pair(logit_tile, lane_col, cols, z[0], z[1], logits_vec2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float yv = scale_logit(z[e], inv_t);
+      y[2 * jj + e] = yv;
+      if (lane_col + e == rel_target) p.target_logit[row - p.row_begin] = yv;  // the single owner in the grid
+      if (lane_col + e < real) m = fp::max_nan(m, yv);
+    }
+  }
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  m = normalize_zero(m);
+
+  float level[8];
+  float x[16];
+  bool normal = real == kVocabTile;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    x[i] = fp::sub(y[i], m);
+    normal = normal && x[i] >= kExpcNormalMin;
+  }
+  if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+  } else {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int lane_col = 8 * jj + 2 * q;
+      const float e0 = lane_col < real ? expc(x[2 * jj]) : 0.0f;
+      const float e1 = lane_col + 1 < real ? expc(x[2 * jj + 1]) : 0.0f;
+      level[jj] = tree_add(e0, e1);  // level 1
+    }
+  }
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
+  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
+  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
+  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+  if (m == fp::neg_inf()) s = 0.0f;  // no real lane, or all real lanes -inf
+  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+}
+
 }  // namespace detlogp::sm90

@@ -9,6 +9,7 @@
 #include "sm90/sm90_epilogue_tile_summary.cuh"
 #include "sm90/sm90_launch_persistent.cuh"
 #include "sm90/sm90_launch_table.hpp"
+#include "sm90/sm90_mainloop_coop_overlap.cuh"
 #include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
 #include "sm90/sm90_mainloop_tma_wgmma.cuh"
 #include "sm90/sm90_validate.cuh"
@@ -141,6 +142,8 @@ using Decode8x192Cfg = PingpongConfig<64, 192, 9, 8>;
 using Decode8x256Cfg = PingpongConfig<64, 256, 6, 8>;
 using PrefillCfg = PingpongConfig<64, 256, 5>;  // many rows: one m64n256 wgmma per k16 step
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
+using CoopOverlapCfg = CoopOverlapConfig<192, 5, 1>;  // work in progress: 128 x 192 CTA tile, hidden epilogue
+using CoopOverlapC2Cfg = CoopOverlapConfig<192, 5, 2>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
@@ -177,6 +180,14 @@ void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedPa
   const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
   launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw, p,
                                                                       vec2 ? 1 : 0);
+}
+
+template <class Cfg>
+void launch_coop_overlap(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
+                         cudaStream_t stream) {
+  const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
+  launch_persistent<fused_linear_logp_sm90_coop_overlap_kernel<Cfg>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw, p,
+                                                                          vec2 ? 1 : 0);
 }
 
 // Per-SM share of the weight columns a persistent launch streams: whole waves of tiles times the
@@ -240,6 +251,10 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<PrefillCfg>("prefill_promote256", 256);
     case Bucket::prefill_c2:
       return pingpong_info<PrefillC2Cfg>("prefill_c2");
+    case Bucket::coop_overlap_n192:
+      return pingpong_info<CoopOverlapCfg>("coop_overlap_n192");
+    case Bucket::coop_overlap_n192_c2:
+      return pingpong_info<CoopOverlapC2Cfg>("coop_overlap_n192_c2");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -291,6 +306,10 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_pingpong<PrefillCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::prefill_c2:
       return launch_pingpong<PrefillC2Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::coop_overlap_n192:
+      return launch_coop_overlap<CoopOverlapCfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::coop_overlap_n192_c2:
+      return launch_coop_overlap<CoopOverlapC2Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

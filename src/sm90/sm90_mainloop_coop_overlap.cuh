@@ -1,0 +1,232 @@
+// SM90 persistent cooperative-overlap schedule (work in progress; docs/perf-notes.md, "What the
+// numbers say"): both consumer warpgroups work on one 128-row CTA tile (64 rows each) and read
+// the same weight stage, which halves the weight bytes TMA writes into shared memory per FLOP
+// against the 64-row ping-pong tile; the epilogue stays hidden because each warpgroup keeps two
+// accumulator sets and runs the previous tile's epilogue in slices (epilogue_tile_summary_slice)
+// between the asynchronous wgmma groups of the next tile. Optional 2-CTA clusters along M share the
+// weight stage further (multicast), as the ping-pong's ClusterM.
+// Bit-relevant facts are those of every schedule: BLOCK_K = 64, one fp32 accumulator per output for
+// the whole K walk, k16 steps ascending, no split-K; the epilogue slices are the ping-pong
+// epilogue's operations in the same order.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/config.hpp"
+#include "sm90/ptx.cuh"
+#include "sm90/ptx_wgmma_bf16.cuh"
+#include "sm90/sm90_epilogue_tile_summary.cuh"
+#include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
+#include "sm90/sm90_validate.cuh"
+
+namespace detlogp::sm90 {
+
+// BlockN columns per CTA tile, 128 rows (two consumer warpgroups of 64), Stages ring stages.
+// The member names follow PingpongConfig so pingpong_produce and RingSmem serve this schedule.
+template <int BlockN, int Stages, int ClusterM = 1>
+struct CoopOverlapConfig {
+  static constexpr int kWgM = 64;
+  static constexpr int kTileRows = 128;  // hidden rows per CTA tile (the TMA box)
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kBlockK = 64;
+  static constexpr int kStages = Stages;
+  static constexpr int kFragments = 1;
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kAccRegs = BlockN / 2;
+  static constexpr uint32_t kABytes = uint32_t(kTileRows) * kBlockK * 2;
+  static constexpr uint32_t kAGroupStride = 1024;
+  static constexpr uint32_t kBBytes = uint32_t(BlockN) * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kClusterM = ClusterM;
+  static constexpr int kBSliceRows = BlockN / ClusterM;
+  static constexpr uint32_t kBSliceBytes = uint32_t(kBSliceRows) * kBlockK * 2;
+  static constexpr int kBarriers = 2 * Stages;
+  static constexpr int kSmemBytes = int(Stages * kStageBytes) + kBarriers * 8 + 1024;
+  static constexpr int kProducerRegs = 32;         // 32 * 128 + 2 * 240 * 128 = 65536: the whole file
+  static constexpr int kConsumerRegs = 240;        // two accumulator sets + one epilogue slice
+  static constexpr int kSlices = 2 * BlockN / 64;  // epilogue slices of one tile: vocab tiles x row halves
+
+  static_assert(BlockN % kVocabTile == 0 && BlockN <= 256 && BlockN % 64 == 0, "whole vocab tiles, wgmma n <= 256");
+  static_assert(2 * kAccRegs <= 192, "two accumulator sets must leave registers for the epilogue");
+  static_assert(kBlockK * 2 == 128, "BLOCK_K must fill exactly one 128-byte swizzle row");
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage tiles keep 1024-byte swizzle alignment");
+  static_assert(ClusterM == 1 || ClusterM == 2, "one CTA or a 2-CTA cluster along M");
+  static_assert(BlockN % ClusterM == 0 && kBSliceBytes % 1024 == 0, "whole swizzle atoms per weight slice");
+  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
+  static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
+};
+
+// The previous tile of a consumer warpgroup whose epilogue is still due (cooperative overlap).
+struct PendingTile {
+  int64_t row0, row_limit, col0;
+  bool valid;
+};
+
+// Epilogue slice S (vocab tile S / 2, row half S % 2) of a pending tile.
+template <class Cfg, int S>
+__device__ __forceinline__ void overlap_slice(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
+                                              const FusedParams& p, bool vec2) {
+  if (t.valid) epilogue_tile_summary_slice<Cfg::kBlockN, S / 2, S % 2>(acc, p, t.row0, t.row_limit, t.col0, vec2);
+}
+
+// All slices of a pending tile (the last tile of a walk).
+template <class Cfg, int S = 0>
+__device__ __forceinline__ void overlap_flush(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
+                                              const FusedParams& p, bool vec2) {
+  if constexpr (S < Cfg::kSlices) {
+    overlap_slice<Cfg, S>(acc, t, p, vec2);
+    overlap_flush<Cfg, S + 1>(acc, t, p, vec2);
+  }
+}
+
+// The ring position and operands of one consumer warpgroup's mainloop.
+struct OverlapRing {
+  const uint8_t* a;
+  const uint8_t* b;
+  uint64_t* full;
+  uint64_t* empty;
+  int c;  // consumer warpgroup: A rows 64c..64c+63 of each stage
+};
+
+// Issues K block kb's wgmma group into acc (stage `it`).
+template <class Cfg>
+__device__ __forceinline__ void overlap_issue(float (&acc)[Cfg::kAccRegs], const OverlapRing& r, uint32_t it,
+                                              bool first) {
+  using Mma = ptx::WgmmaBf16<Cfg::kBlockN>;
+  static_assert(Mma::kAccRegs == Cfg::kAccRegs, "accumulator fragment size");
+  const uint32_t s = it % Cfg::kStages;
+  ptx::mbar_wait(&r.full[s], (it / Cfg::kStages) & 1u);
+  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(r.a + s * Cfg::kABytes + r.c * (64 * 128));
+  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(r.b + s * Cfg::kBBytes);
+  ptx::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < Cfg::kBlockK / 16; ++k) {
+    if (k == 0 && first)
+      Mma::mma_overwrite(acc, desc_a, desc_b);  // the tile's first k16 step: no zeroed registers
+    else
+      Mma::mma(acc, desc_a + 2 * k, desc_b + 2 * k);
+  }
+  ptx::wgmma_commit();
+}
+
+// Waits for the previous K block's group and releases its stage (kb > 0).
+template <class Cfg>
+__device__ __forceinline__ void overlap_retire(float (&acc)[Cfg::kAccRegs], const OverlapRing& r, uint32_t it, int kb) {
+  ptx::wgmma_wait<1>();
+  if (kb > 0) release_stage<Cfg>(r.empty, (it - 1) % Cfg::kStages, threadIdx.x % 32);
+}
+
+// Segment S of the K walk: its first K block carries epilogue slice S of the pending tile between
+// issue and retire; segments are `spacing` K blocks long. Static S keeps every accumulator index a
+// constant and lets the registers of finished slices go.
+template <class Cfg, int S>
+__device__ __forceinline__ void overlap_segments(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
+                                                 const PendingTile& pending, const FusedParams& p, bool vec2,
+                                                 const OverlapRing& r, uint32_t& it, int& kb, int spacing) {
+  if constexpr (S < Cfg::kSlices) {
+    if (kb < p.k_blocks) {
+      overlap_issue<Cfg>(acc, r, it, kb == 0);
+      overlap_slice<Cfg, S>(prev, pending, p, vec2);
+      overlap_retire<Cfg>(acc, r, it, kb);
+      ++kb;
+      ++it;
+    } else {
+      overlap_slice<Cfg, S>(prev, pending, p, vec2);
+    }
+    const int seg_end = min(p.k_blocks, (S + 1) * spacing);
+    for (; kb < seg_end; ++kb, ++it) {
+      overlap_issue<Cfg>(acc, r, it, false);
+      overlap_retire<Cfg>(acc, r, it, kb);
+    }
+    overlap_segments<Cfg, S + 1>(acc, prev, pending, p, vec2, r, it, kb, spacing);
+  }
+}
+
+// One tile's mainloop into `acc` with the pending tile's epilogue slices (from `prev`) spread over
+// its K walk; on return `pending` is this tile.
+template <class Cfg>
+__device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
+                                                  PendingTile& pending, const PendingTile& current,
+                                                  const FusedParams& p, bool vec2, const OverlapRing& r, uint32_t& it) {
+  const int spacing = max(1, p.k_blocks / Cfg::kSlices);
+  int kb = 0;
+  overlap_segments<Cfg, 0>(acc, prev, pending, p, vec2, r, it, kb, spacing);
+  for (; kb < p.k_blocks; ++kb, ++it) {
+    overlap_issue<Cfg>(acc, r, it, false);
+    overlap_retire<Cfg>(acc, r, it, kb);
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
+  if (p.k_blocks > 0) release_stage<Cfg>(r.empty, (it - 1) % Cfg::kStages, threadIdx.x % 32);
+  pending = current;
+}
+
+template <class Cfg>
+__device__ __forceinline__ PendingTile overlap_tile_of(const TileWalk& walk, int unit, const FusedParams& p, int c) {
+  int m_tile, n_tile;
+  walk.coords(unit, m_tile, n_tile);
+  PendingTile t;
+  t.row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows + 64 * c;
+  t.row_limit = min(p.row_end, t.row0 + 64);
+  t.col0 = int64_t{n_tile} * Cfg::kBlockN;
+  t.valid = true;
+  return t;
+}
+
+// Persistent cooperative overlap: warpgroup 0 produces (pingpong_produce over 128-row tiles), both
+// consumer warpgroups consume every stage (64 rows each), alternating two accumulator sets.
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fused_linear_logp_sm90_coop_overlap_kernel(const __grid_constant__ CUtensorMap map_hidden,
+                                               const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
+                                               const int logits_vec2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.validate_in_kernel == 0 && p.status->code != kStatusOk) return;
+  asm volatile("griddepcontrol.launch_dependents;");
+
+  extern __shared__ uint8_t smem_raw[];
+  const auto ring = RingSmem<Cfg>::carve(smem_raw);
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    ring.init(&map_hidden, &map_weight, 8 * Cfg::kClusterM);  // every consuming warp of every cluster CTA
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
+    if (threadIdx.x == 0)
+      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, p.row_begin,
+                            p.m_tiles, p.n_tiles, p.group_m);
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    const int c = warpgroup - 1;
+    const bool vec2 = logits_vec2 != 0;
+    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+    const OverlapRing r{ring.a, ring.b, ring.full, ring.empty, c};
+    float acc0[Cfg::kAccRegs], acc1[Cfg::kAccRegs];
+    PendingTile pending{0, 0, 0, false};
+    uint32_t it = 0;
+    for (int unit = walk.first; unit < walk.count;) {
+      coop_overlap_tile<Cfg>(acc0, acc1, pending, overlap_tile_of<Cfg>(walk, unit, p, c), p, vec2, r, it);
+      unit += walk.stride;
+      if (unit >= walk.count) {
+        overlap_flush<Cfg>(acc0, pending, p, vec2);
+        break;
+      }
+      coop_overlap_tile<Cfg>(acc1, acc0, pending, overlap_tile_of<Cfg>(walk, unit, p, c), p, vec2, r, it);
+      unit += walk.stride;
+      if (unit >= walk.count) {
+        overlap_flush<Cfg>(acc1, pending, p, vec2);
+        break;
+      }
+    }
+  }
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+#endif
+}
+
+}  // namespace detlogp::sm90
