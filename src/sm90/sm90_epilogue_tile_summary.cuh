@@ -243,16 +243,25 @@ __device__ __forceinline__ void epilogue_tile_summary_slice(const float (&acc)[B
     normal = normal && x[i] >= kExpcNormalMin;
   }
   if (__all_sync(0xFFFFFFFFu, normal)) {
+    // Two batches of 8: the second batch's arguments are tied to the first batch's results, so
+    // at most 8 exponentials are in flight (registers: two accumulator sets are live here).
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+    for (int jj = 0; jj < 4; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+    asm volatile("" : "+f"(level[0]), "+f"(level[1]), "+f"(level[2]), "+f"(level[3]), "+f"(x[8]), "+f"(x[9]),
+                 "+f"(x[10]), "+f"(x[11]), "+f"(x[12]), "+f"(x[13]), "+f"(x[14]), "+f"(x[15]));
+#pragma unroll
+    for (int jj = 4; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
   } else {
+    // Rare (an argument below -87, a NaN, a partial tile): expc one value at a time through a
+    // local copy, so the 16 branchy exponentials do not all hold registers while the two
+    // accumulator sets are live.
+    float xs[16], es[16];
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const int lane_col = 8 * jj + 2 * q;
-      const float e0 = lane_col < real ? expc(x[2 * jj]) : 0.0f;
-      const float e1 = lane_col + 1 < real ? expc(x[2 * jj + 1]) : 0.0f;
-      level[jj] = tree_add(e0, e1);  // level 1
-    }
+    for (int i = 0; i < 16; ++i) xs[i] = x[i];
+#pragma unroll 1
+    for (int i = 0; i < 16; ++i) es[i] = 8 * (i / 2) + 2 * q + (i % 2) < real ? expc(xs[i]) : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(es[2 * jj], es[2 * jj + 1]);  // level 1
   }
 #pragma unroll
   for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
