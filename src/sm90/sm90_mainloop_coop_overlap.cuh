@@ -56,36 +56,70 @@ struct CoopOverlapConfig {
   static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
 };
 
-// The previous tile of a consumer warpgroup whose epilogue is still due (cooperative overlap).
+// The previous tile of a consumer warpgroup whose epilogue is still due (cooperative overlap):
+// only its work unit is carried across the K walk (registers are scarce there); the slices derive
+// the rows and columns from it.
 struct PendingTile {
-  int64_t row0, row_limit, col0;
-  bool valid;
+  int row0_unit;  // work unit of the pending tile, -1 when none
+  __device__ bool valid() const { return row0_unit >= 0; }
 };
+
+struct TileSpan {
+  int64_t row0, row_limit, col0;
+};
+
+template <class Cfg>
+__device__ __forceinline__ TileSpan overlap_span(const TileWalk& walk, int unit, const FusedParams& p, int c) {
+  int m_tile, n_tile;
+  walk.coords(unit, m_tile, n_tile);
+  TileSpan t;
+  t.row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows + 64 * c;
+  t.row_limit = min(p.row_end, t.row0 + 64);
+  t.col0 = int64_t{n_tile} * Cfg::kBlockN;
+  return t;
+}
 
 // Epilogue slice S (vocab tile S / 2, row half S % 2) of a pending tile.
 template <class Cfg, int S>
 __device__ __forceinline__ void overlap_slice(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
-                                              const FusedParams& p, bool vec2) {
-  if (t.valid) epilogue_tile_summary_slice<Cfg::kBlockN, S / 2, S % 2>(acc, p, t.row0, t.row_limit, t.col0, vec2);
+                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c) {
+  if (t.valid()) {
+    const TileSpan span = overlap_span<Cfg>(walk, t.row0_unit, p, c);
+    epilogue_tile_summary_slice<Cfg::kBlockN, S / 2, S % 2>(acc, p, span.row0, span.row_limit, span.col0, vec2);
+  }
 }
 
 // All slices of a pending tile (the last tile of a walk).
 template <class Cfg, int S = 0>
 __device__ __forceinline__ void overlap_flush(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
-                                              const FusedParams& p, bool vec2) {
+                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c) {
   if constexpr (S < Cfg::kSlices) {
-    overlap_slice<Cfg, S>(acc, t, p, vec2);
-    overlap_flush<Cfg, S + 1>(acc, t, p, vec2);
+    overlap_slice<Cfg, S>(acc, t, walk, p, vec2, c);
+    overlap_flush<Cfg, S + 1>(acc, t, walk, p, vec2, c);
   }
 }
 
 // The ring position and operands of one consumer warpgroup's mainloop.
+// One base pointer: the ring's parts sit at constant offsets from it (RingSmem's layout).
 struct OverlapRing {
-  const uint8_t* a;
-  const uint8_t* b;
-  uint64_t* full;
-  uint64_t* empty;
+  uint8_t* base;
   int c;  // consumer warpgroup: A rows 64c..64c+63 of each stage
+  template <class Cfg>
+  __device__ const uint8_t* a() const {
+    return base;
+  }
+  template <class Cfg>
+  __device__ const uint8_t* b() const {
+    return base + Cfg::kStages * Cfg::kABytes;
+  }
+  template <class Cfg>
+  __device__ uint64_t* full() const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kStages * (Cfg::kABytes + Cfg::kBBytes));
+  }
+  template <class Cfg>
+  __device__ uint64_t* empty() const {
+    return full<Cfg>() + Cfg::kStages;
+  }
 };
 
 // Issues K block kb's wgmma group into acc (stage `it`).
@@ -95,9 +129,9 @@ __device__ __forceinline__ void overlap_issue(float (&acc)[Cfg::kAccRegs], const
   using Mma = ptx::WgmmaBf16<Cfg::kBlockN>;
   static_assert(Mma::kAccRegs == Cfg::kAccRegs, "accumulator fragment size");
   const uint32_t s = it % Cfg::kStages;
-  ptx::mbar_wait(&r.full[s], (it / Cfg::kStages) & 1u);
-  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(r.a + s * Cfg::kABytes + r.c * (64 * 128));
-  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(r.b + s * Cfg::kBBytes);
+  ptx::mbar_wait(&r.full<Cfg>()[s], (it / Cfg::kStages) & 1u);
+  const uint64_t desc_a = ptx::smem_desc_k_major_sw128(r.a<Cfg>() + s * Cfg::kABytes + r.c * (64 * 128));
+  const uint64_t desc_b = ptx::smem_desc_k_major_sw128(r.b<Cfg>() + s * Cfg::kBBytes);
   ptx::wgmma_fence();
 #pragma unroll
   for (int k = 0; k < Cfg::kBlockK / 16; ++k) {
@@ -113,7 +147,7 @@ __device__ __forceinline__ void overlap_issue(float (&acc)[Cfg::kAccRegs], const
 template <class Cfg>
 __device__ __forceinline__ void overlap_retire(float (&acc)[Cfg::kAccRegs], const OverlapRing& r, uint32_t it, int kb) {
   ptx::wgmma_wait<1>();
-  if (kb > 0) release_stage<Cfg>(r.empty, (it - 1) % Cfg::kStages, threadIdx.x % 32);
+  if (kb > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
 }
 
 // Segment S of the K walk: its first K block carries epilogue slice S of the pending tile between
@@ -121,24 +155,24 @@ __device__ __forceinline__ void overlap_retire(float (&acc)[Cfg::kAccRegs], cons
 // constant and lets the registers of finished slices go.
 template <class Cfg, int S>
 __device__ __forceinline__ void overlap_segments(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
-                                                 const PendingTile& pending, const FusedParams& p, bool vec2,
-                                                 const OverlapRing& r, uint32_t& it, int& kb, int spacing) {
+                                                 const PendingTile& pending, const TileWalk& walk, const FusedParams& p,
+                                                 bool vec2, const OverlapRing& r, uint32_t& it, int& kb, int spacing) {
   if constexpr (S < Cfg::kSlices) {
     if (kb < p.k_blocks) {
       overlap_issue<Cfg>(acc, r, it, kb == 0);
-      overlap_slice<Cfg, S>(prev, pending, p, vec2);
+      overlap_slice<Cfg, S>(prev, pending, walk, p, vec2, r.c);
       overlap_retire<Cfg>(acc, r, it, kb);
       ++kb;
       ++it;
     } else {
-      overlap_slice<Cfg, S>(prev, pending, p, vec2);
+      overlap_slice<Cfg, S>(prev, pending, walk, p, vec2, r.c);
     }
     const int seg_end = min(p.k_blocks, (S + 1) * spacing);
     for (; kb < seg_end; ++kb, ++it) {
       overlap_issue<Cfg>(acc, r, it, false);
       overlap_retire<Cfg>(acc, r, it, kb);
     }
-    overlap_segments<Cfg, S + 1>(acc, prev, pending, p, vec2, r, it, kb, spacing);
+    overlap_segments<Cfg, S + 1>(acc, prev, pending, walk, p, vec2, r, it, kb, spacing);
   }
 }
 
@@ -146,11 +180,11 @@ __device__ __forceinline__ void overlap_segments(float (&acc)[Cfg::kAccRegs], co
 // its K walk; on return `pending` is this tile.
 template <class Cfg>
 __device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
-                                                  PendingTile& pending, const PendingTile& current,
+                                                  PendingTile& pending, int unit, const TileWalk& walk,
                                                   const FusedParams& p, bool vec2, const OverlapRing& r, uint32_t& it) {
   const int spacing = max(1, p.k_blocks / Cfg::kSlices);
   int kb = 0;
-  overlap_segments<Cfg, 0>(acc, prev, pending, p, vec2, r, it, kb, spacing);
+  overlap_segments<Cfg, 0>(acc, prev, pending, walk, p, vec2, r, it, kb, spacing);
   for (; kb < p.k_blocks; ++kb, ++it) {
     overlap_issue<Cfg>(acc, r, it, false);
     overlap_retire<Cfg>(acc, r, it, kb);
@@ -158,20 +192,8 @@ __device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], c
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
-  if (p.k_blocks > 0) release_stage<Cfg>(r.empty, (it - 1) % Cfg::kStages, threadIdx.x % 32);
-  pending = current;
-}
-
-template <class Cfg>
-__device__ __forceinline__ PendingTile overlap_tile_of(const TileWalk& walk, int unit, const FusedParams& p, int c) {
-  int m_tile, n_tile;
-  walk.coords(unit, m_tile, n_tile);
-  PendingTile t;
-  t.row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows + 64 * c;
-  t.row_limit = min(p.row_end, t.row0 + 64);
-  t.col0 = int64_t{n_tile} * Cfg::kBlockN;
-  t.valid = true;
-  return t;
+  if (p.k_blocks > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
+  pending.row0_unit = unit;
 }
 
 // Persistent cooperative overlap: warpgroup 0 produces (pingpong_produce over 128-row tiles), both
@@ -206,21 +228,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int c = warpgroup - 1;
     const bool vec2 = logits_vec2 != 0;
     const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-    const OverlapRing r{ring.a, ring.b, ring.full, ring.empty, c};
+    const OverlapRing r{ring.a, c};
     float acc0[Cfg::kAccRegs], acc1[Cfg::kAccRegs];
-    PendingTile pending{0, 0, 0, false};
+    PendingTile pending{-1};
     uint32_t it = 0;
     for (int unit = walk.first; unit < walk.count;) {
-      coop_overlap_tile<Cfg>(acc0, acc1, pending, overlap_tile_of<Cfg>(walk, unit, p, c), p, vec2, r, it);
+      coop_overlap_tile<Cfg>(acc0, acc1, pending, unit, walk, p, vec2, r, it);
       unit += walk.stride;
       if (unit >= walk.count) {
-        overlap_flush<Cfg>(acc0, pending, p, vec2);
+        overlap_flush<Cfg>(acc0, pending, walk, p, vec2, c);
         break;
       }
-      coop_overlap_tile<Cfg>(acc1, acc0, pending, overlap_tile_of<Cfg>(walk, unit, p, c), p, vec2, r, it);
+      coop_overlap_tile<Cfg>(acc1, acc0, pending, unit, walk, p, vec2, r, it);
       unit += walk.stride;
       if (unit >= walk.count) {
-        overlap_flush<Cfg>(acc1, pending, p, vec2);
+        overlap_flush<Cfg>(acc1, pending, walk, p, vec2, c);
         break;
       }
     }
