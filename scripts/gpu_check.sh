@@ -10,8 +10,12 @@
 #   BENCH_ARGS="--n 1,4096". GPU_CHECK_BUDGET_S=N: a step that would start after N seconds is
 #   skipped (and says so), so a call stays inside the device limit. GPU_CHECK_PACK=1: "$OUT" gets
 #   only summary.txt, the CSVs and logs.tgz (all logs), refreshed after every step (the device
-#   tool returns at most 8 files). Every step's duration goes to the summary. DETLOGP_BENCH_SHA=<sha>:
-#   the commit the CSV rows name (a device copy's .git can lag its files). The python step runs scripts/gpu_python_check.sh on this build tree
+#   tool returns at most 8 files). Every step's duration goes to the summary. BENCH_GIT_SHA=<sha>:
+#   the commit the CSV rows name (a device copy's .git can lag its files; not a DETLOGP_* name,
+#   because the library rejects unknown DETLOGP_* variables). GPU_CHECK_TARGETS="t1 t2": build only
+#   these targets (a quicker build for a focused run). GPU_CHECK_TESTS=regex: the GPU tests to run
+#   (ctest -R). GPU_CHECK_TEST_TIMEOUT_S: per-test limit (default 180 s), so a hang cannot eat the
+#   call. The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
 # NVLink multicast stays off on shared multi-GPU hosts (it can take the host's GPUs down).
@@ -65,7 +69,7 @@ if has build; then
   PYOPT=()
   python3 -c "import nanobind" >/dev/null 2>&1 && PYOPT=(-DDETLOGP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
   if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" "${PYOPT[@]}" >>"$OUT/build.log" 2>&1 &&
-     cmake --build "$BUILD" -j "$JOBS" >>"$OUT/build.log" 2>&1; then
+     cmake --build "$BUILD" -j "$JOBS" ${GPU_CHECK_TARGETS:+--target $GPU_CHECK_TARGETS} >>"$OUT/build.log" 2>&1; then
     mode="top-level"
   else
     say "BUILD FAILED (see build.log)"; tail -40 "$OUT/build.log"; pack; exit 1
@@ -91,6 +95,7 @@ if [[ -n "$small_bin" ]]; then
   timeout 120 "$small_bin" >>"$OUT/tests.log" 2>&1
   rc=$?
   say "smoke (test_sm90_small, 120 s limit): rc=$rc"
+  pack
   if [[ $rc -ne 0 && $rc -ne 77 ]]; then
     tail -30 "$OUT/tests.log"
     [[ "${GPU_CHECK_CONTINUE:-0}" == 1 ]] || { cat "$SUMMARY"; pack; exit 1; }
@@ -98,7 +103,7 @@ if [[ -n "$small_bin" ]]; then
 fi
 
 if has tests; then
-  (cd "$BUILD" && ctest -L gpu -V --timeout 300) >>"$OUT/tests.log" 2>&1
+  (cd "$BUILD" && ctest -L gpu -V --timeout "${GPU_CHECK_TEST_TIMEOUT_S:-180}" ${GPU_CHECK_TESTS:+-R "$GPU_CHECK_TESTS"}) >>"$OUT/tests.log" 2>&1
   rc_gpu=$?
   say "gpu tests: $([[ $rc_gpu -eq 0 ]] && echo PASS || echo FAIL) (ctest -L gpu rc=$rc_gpu)"
   grep -E "(^|: )(PASS|FAIL|FAILED|SKIP|INFO) |(^|: )-- |cross-backend|L1:|rel-L2|subset runs|chunked run|padded vs real|-> detlogp error|valid run after|tests passed|tests failed|simulated TP|NCCL TP|NCCL part|negative control" "$OUT/tests.log" |
