@@ -42,7 +42,11 @@ struct CoopOverlapConfig {
   static constexpr uint32_t kBSliceBytes = uint32_t(kBSliceRows) * kBlockK * 2;
   static constexpr int kBarriers = 2 * Stages;
   static constexpr int kSmemBytes = int(Stages * kStageBytes) + kBarriers * 8 + 1024;
-  static constexpr int kProducerRegs = 32;         // 32 * 128 + 2 * 240 * 128 = 65536: the whole file
+  // setmaxnreg moves registers inside the CTA's allocation at entry (kEntryRegs per thread, what
+  // __launch_bounds__(384, 1) gives), not the whole 65536-entry file: a consumer's .inc waits until
+  // the producer's .dec has freed enough, so asking for more than the entry allocation hangs.
+  static constexpr int kEntryRegs = 168;           // 65536 / 384, rounded down to a multiple of 8
+  static constexpr int kProducerRegs = 24;         // the TMA issue loop of one thread
   static constexpr int kConsumerRegs = 240;        // two accumulator sets + one epilogue slice
   static constexpr int kSlices = 2 * BlockN / 64;  // epilogue slices of one tile: vocab tiles x row halves
 
@@ -53,7 +57,9 @@ struct CoopOverlapConfig {
   static_assert(ClusterM == 1 || ClusterM == 2, "one CTA or a 2-CTA cluster along M");
   static_assert(BlockN % ClusterM == 0 && kBSliceBytes % 1024 == 0, "whole swizzle atoms per weight slice");
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
-  static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= 65536, "setmaxnreg budget");
+  static_assert(kEntryRegs * kThreads <= 65536, "one CTA per SM");
+  static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kEntryRegs * kThreads,
+                "setmaxnreg budget: the entry allocation, redistributed");
 };
 
 // The previous tile of a consumer warpgroup whose epilogue is still due (cooperative overlap):
