@@ -199,6 +199,8 @@ done_step
 # Optional: hardware counters (ncu, clocks left alone). PROFILE_JOBS: space-separated
 # N:bucket:kernel-regex entries, each profiling the first matching launch of a bench run at N with
 # DETLOGP_SM90_BUCKET=bucket ("auto" for the default); cuBLAS kernels match regex "nvjet|gemm".
+# PROFILE_SECTIONS="--section SourceCounters ...": more ncu sections; PROFILE_N1_KERNELS=0 skips the
+# per-kernel durations at N = 1.
 if has profile; then
   bench="$(find_bin bench_sm90)"
   NCU="$(command -v ncu || true)"
@@ -208,11 +210,11 @@ if has profile; then
       echo "== ncu N=$n bucket=$bucket kernel=$regex" >>"$OUT/profile.log"
       DETLOGP_SM90_BUCKET="$bucket" timeout 300 "$NCU" --clock-control none --kernel-name "regex:$regex" --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
-        --section WarpStateStats --section SchedulerStats --print-details all \
+        --section WarpStateStats --section SchedulerStats ${PROFILE_SECTIONS:-} --print-details all \
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
     done
     # Every kernel's duration at N=1 (validate, fused, combine; cuBLAS for comparison).
-    timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+    [[ "${PROFILE_N1_KERNELS:-1}" == 1 ]] && timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
       "$bench" --n 1 --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
     say "profile: ncu rc=$? (profile.log, profile_kernels.log)"
   else
