@@ -168,23 +168,55 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
 }
 
-// One slice of epilogue_tile_summaries: vocab tile `tt` of the fragment, row half `h` (rows
-// lane/4 + 8h of each warp's 16), with the same operations in the same order, so a schedule can
-// spread a fragment's 2 * BlockN / 64 slices between the wgmma groups of its next tile (the
-// cooperative overlap schedule). The target logit is stored by its owner in the slice that holds it.
-template <int BlockN, int tt, int h>
-__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&acc)[BlockN / 2], const FusedParams& p,
-                                                            int64_t row_tile0, int64_t row_limit, int64_t col0,
-                                                            bool logits_vec2) {
-  static_assert(tt >= 0 && tt < BlockN / kVocabTile && (h == 0 || h == 1), "a slice of this fragment");
-  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
-  // The slice's accumulators first, before any branch, copied into registers of their own: the
-  // schedule calls this while the next tile's wgmma group is in flight, and ptxas serializes every
-  // wgmma of the kernel when a non-wgmma instruction redefines (or a divergent path reads) a
-  // register that a wgmma also uses as accumulator.
-  float v[16];
+// The 16 accumulators of epilogue slice `slice` (vocab tile slice / 2, row half slice % 2) of a
+// BlockN-column fragment, chosen without a branch or a dynamic register index: a chain of selp
+// over the slices, all in inline PTX. The schedule calls this while the next tile's wgmma group is
+// in flight, and ptxas serializes every wgmma of the kernel when a non-wgmma instruction redefines
+// (or a divergent path reads) a register that a wgmma also uses as accumulator; a runtime slice
+// index keeps one copy of the slice code instead of one per slice (instruction-cache footprint).
+template <int BlockN, int S = 0>
+__device__ __forceinline__ void select_slice_values(const float (&acc)[BlockN / 2], int slice, float (&v)[16]) {
+  constexpr int kSlices = 2 * BlockN / 64;
+  if constexpr (S < kSlices) {
+    constexpr int tt = S / 2, h = S % 2;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) asm("mov.b32 %0, %1;" : "=f"(v[i]) : "f"(acc[(tt * 8 + i / 2) * 4 + 2 * h + i % 2]));
+    for (int half = 0; half < 2; ++half) {
+      // acc index of value i of this slice: (tt * 8 + i / 2) * 4 + 2 h + i % 2, i = 8 half + k
+#define DETLOGP_SLICE_ACC(k) acc[(tt * 8 + (8 * half + (k)) / 2) * 4 + 2 * h + (k) % 2]
+      if constexpr (S == 0) {
+        asm("mov.b32 %0, %8;\n\tmov.b32 %1, %9;\n\tmov.b32 %2, %10;\n\tmov.b32 %3, %11;\n\t"
+            "mov.b32 %4, %12;\n\tmov.b32 %5, %13;\n\tmov.b32 %6, %14;\n\tmov.b32 %7, %15;"
+            : "=f"(v[8 * half + 0]), "=f"(v[8 * half + 1]), "=f"(v[8 * half + 2]), "=f"(v[8 * half + 3]),
+              "=f"(v[8 * half + 4]), "=f"(v[8 * half + 5]), "=f"(v[8 * half + 6]), "=f"(v[8 * half + 7])
+            : "f"(DETLOGP_SLICE_ACC(0)), "f"(DETLOGP_SLICE_ACC(1)), "f"(DETLOGP_SLICE_ACC(2)),
+              "f"(DETLOGP_SLICE_ACC(3)), "f"(DETLOGP_SLICE_ACC(4)), "f"(DETLOGP_SLICE_ACC(5)),
+              "f"(DETLOGP_SLICE_ACC(6)), "f"(DETLOGP_SLICE_ACC(7)));
+      } else {
+        asm("{\n\t.reg .pred p;\n\tsetp.eq.s32 p, %16, %17;\n\t"
+            "selp.f32 %0, %8, %0, p;\n\tselp.f32 %1, %9, %1, p;\n\tselp.f32 %2, %10, %2, p;\n\t"
+            "selp.f32 %3, %11, %3, p;\n\tselp.f32 %4, %12, %4, p;\n\tselp.f32 %5, %13, %5, p;\n\t"
+            "selp.f32 %6, %14, %6, p;\n\tselp.f32 %7, %15, %7, p;\n\t}"
+            : "+f"(v[8 * half + 0]), "+f"(v[8 * half + 1]), "+f"(v[8 * half + 2]), "+f"(v[8 * half + 3]),
+              "+f"(v[8 * half + 4]), "+f"(v[8 * half + 5]), "+f"(v[8 * half + 6]), "+f"(v[8 * half + 7])
+            : "f"(DETLOGP_SLICE_ACC(0)), "f"(DETLOGP_SLICE_ACC(1)), "f"(DETLOGP_SLICE_ACC(2)),
+              "f"(DETLOGP_SLICE_ACC(3)), "f"(DETLOGP_SLICE_ACC(4)), "f"(DETLOGP_SLICE_ACC(5)),
+              "f"(DETLOGP_SLICE_ACC(6)), "f"(DETLOGP_SLICE_ACC(7)), "r"(slice), "n"(S));
+      }
+#undef DETLOGP_SLICE_ACC
+    }
+    select_slice_values<BlockN, S + 1>(acc, slice, v);
+  }
+}
+
+// One slice of epilogue_tile_summaries: vocab tile `tt` of the fragment, row half `h` (rows
+// lane/4 + 8h of each warp's 16), from its 16 values v (select_slice_values), with the same
+// operations in the same order, so a schedule can spread a fragment's 2 * BlockN / 64 slices between
+// the wgmma groups of its next tile (the cooperative overlap schedule). The target logit is stored
+// by its owner in the slice that holds it.
+__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16], int tt, int h,
+                                                            const FusedParams& p, int64_t row_tile0,
+                                                            int64_t row_limit, int64_t col0, bool logits_vec2) {
+  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
   const int lane = t % 32;

@@ -85,23 +85,17 @@ __device__ __forceinline__ TileSpan overlap_span(const TileWalk& walk, int unit,
   return t;
 }
 
-// Epilogue slice S (vocab tile S / 2, row half S % 2) of a pending tile.
-template <class Cfg, int S>
+// Epilogue slice `slice` (vocab tile slice / 2, row half slice % 2) of a pending tile. The slice
+// index is a runtime value, so the kernel holds one copy of the slice code per accumulator set.
+template <class Cfg>
 __device__ __forceinline__ void overlap_slice(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
-                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c) {
+                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c,
+                                              int slice) {
   if (t.valid()) {
+    float v[16];
+    select_slice_values<Cfg::kBlockN>(acc, slice, v);
     const TileSpan span = overlap_span<Cfg>(walk, t.row0_unit, p, c);
-    epilogue_tile_summary_slice<Cfg::kBlockN, S / 2, S % 2>(acc, p, span.row0, span.row_limit, span.col0, vec2);
-  }
-}
-
-// All slices of a pending tile (the last tile of a walk).
-template <class Cfg, int S = 0>
-__device__ __forceinline__ void overlap_flush(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
-                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c) {
-  if constexpr (S < Cfg::kSlices) {
-    overlap_slice<Cfg, S>(acc, t, walk, p, vec2, c);
-    overlap_flush<Cfg, S + 1>(acc, t, walk, p, vec2, c);
+    epilogue_tile_summary_slice(v, slice / 2, slice % 2, p, span.row0, span.row_limit, span.col0, vec2);
   }
 }
 
@@ -156,49 +150,50 @@ __device__ __forceinline__ void overlap_retire(float (&acc)[Cfg::kAccRegs], cons
   if (kb > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
 }
 
-// Segment S of the K walk: its first K block carries epilogue slice S of the pending tile between
-// issue and retire; segments are `spacing` K blocks long. Static S keeps every accumulator index a
-// constant and lets the registers of finished slices go.
-template <class Cfg, int S>
-__device__ __forceinline__ void overlap_segments(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
-                                                 const PendingTile& pending, const TileWalk& walk, const FusedParams& p,
-                                                 bool vec2, const OverlapRing& r, uint32_t& it, int& kb, int spacing) {
-  if constexpr (S < Cfg::kSlices) {
-    if (kb < p.k_blocks) {
-      overlap_issue<Cfg>(acc, r, it, kb == 0);
-      overlap_slice<Cfg, S>(prev, pending, walk, p, vec2, r.c);
+// One tile's mainloop (k_blocks K blocks, 0 to only flush) into `acc` with the pending tile's
+// epilogue slices (from `prev`) spread over its K walk: slice s runs between the issue and the
+// retire of the first K block of segment s (segments `spacing` K blocks long); on return `pending`
+// is this tile. Runtime loops keep the code small: a static unroll of the slices (one copy each)
+// made the kernel ~600 KB of SASS and its warps stalled on instruction fetch (ncu, run 24).
+template <class Cfg>
+__device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], float (&prev)[Cfg::kAccRegs],
+                                                  PendingTile& pending, int unit, const TileWalk& walk,
+                                                  const FusedParams& p, bool vec2, const OverlapRing& r, uint32_t& it,
+                                                  int k_blocks) {
+  // Nothing is in flight here (the previous tile ended with wait<0>); saying so again, with the
+  // pending accumulators fenced, keeps ptxas from inserting a wait<0> after this tile's first
+  // issue (C7517: it did not carry the retirement of `prev` around the loop).
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(prev[i]);
+  const int spacing = max(1, k_blocks / Cfg::kSlices);
+  int kb = 0;
+#pragma unroll 1
+  for (int s = 0; s < Cfg::kSlices; ++s) {
+    const bool issue = kb < k_blocks;
+    if (issue) overlap_issue<Cfg>(acc, r, it, kb == 0);
+    overlap_slice<Cfg>(prev, pending, walk, p, vec2, r.c, s);
+    if (issue) {
       overlap_retire<Cfg>(acc, r, it, kb);
       ++kb;
       ++it;
-    } else {
-      overlap_slice<Cfg, S>(prev, pending, walk, p, vec2, r.c);
     }
-    const int seg_end = min(p.k_blocks, (S + 1) * spacing);
+    const int seg_end = min(k_blocks, (s + 1) * spacing);
+#pragma unroll 1
     for (; kb < seg_end; ++kb, ++it) {
       overlap_issue<Cfg>(acc, r, it, false);
       overlap_retire<Cfg>(acc, r, it, kb);
     }
-    overlap_segments<Cfg, S + 1>(acc, prev, pending, walk, p, vec2, r, it, kb, spacing);
   }
-}
-
-// One tile's mainloop into `acc` with the pending tile's epilogue slices (from `prev`) spread over
-// its K walk; on return `pending` is this tile.
-template <class Cfg>
-__device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], const float (&prev)[Cfg::kAccRegs],
-                                                  PendingTile& pending, int unit, const TileWalk& walk,
-                                                  const FusedParams& p, bool vec2, const OverlapRing& r, uint32_t& it) {
-  const int spacing = max(1, p.k_blocks / Cfg::kSlices);
-  int kb = 0;
-  overlap_segments<Cfg, 0>(acc, prev, pending, walk, p, vec2, r, it, kb, spacing);
-  for (; kb < p.k_blocks; ++kb, ++it) {
+#pragma unroll 1
+  for (; kb < k_blocks; ++kb, ++it) {
     overlap_issue<Cfg>(acc, r, it, false);
     overlap_retire<Cfg>(acc, r, it, kb);
   }
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
-  if (p.k_blocks > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
+  if (k_blocks > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
   pending.row0_unit = unit;
 }
 
@@ -238,19 +233,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float acc0[Cfg::kAccRegs], acc1[Cfg::kAccRegs];
     PendingTile pending{-1};
     uint32_t it = 0;
-    for (int unit = walk.first; unit < walk.count;) {
-      coop_overlap_tile<Cfg>(acc0, acc1, pending, unit, walk, p, vec2, r, it);
+    // Two call sites in all: a tile with no K blocks left only flushes the pending tile's epilogue.
+    int unit = walk.first;
+    bool more = unit < walk.count;
+#pragma unroll 1
+    while (true) {
+      coop_overlap_tile<Cfg>(acc0, acc1, pending, unit, walk, p, vec2, r, it, more ? p.k_blocks : 0);
+      if (!more) break;
       unit += walk.stride;
-      if (unit >= walk.count) {
-        overlap_flush<Cfg>(acc0, pending, walk, p, vec2, c);
-        break;
-      }
-      coop_overlap_tile<Cfg>(acc1, acc0, pending, unit, walk, p, vec2, r, it);
+      more = unit < walk.count;
+      coop_overlap_tile<Cfg>(acc1, acc0, pending, unit, walk, p, vec2, r, it, more ? p.k_blocks : 0);
+      if (!more) break;
       unit += walk.stride;
-      if (unit >= walk.count) {
-        overlap_flush<Cfg>(acc1, pending, walk, p, vec2, c);
-        break;
-      }
+      more = unit < walk.count;
     }
   }
   if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
