@@ -144,9 +144,6 @@ using PrefillCfg = PingpongConfig<64, 256, 5>;  // many rows: one m64n256 wgmma 
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 using CoopOverlapCfg = CoopOverlapConfig<192, 5, 1>;  // work in progress: 128 x 192 CTA tile, hidden epilogue
 using CoopOverlapC2Cfg = CoopOverlapConfig<192, 5, 2>;
-using CoopOverlapC2A2Cfg = CoopOverlapConfig<192, 5, 2, 2>;
-using CoopOverlapC2StCfg = CoopOverlapConfig<192, 5, 2, 1, true>;
-using CoopOverlapC2A2StCfg = CoopOverlapConfig<192, 5, 2, 2, true>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
@@ -258,12 +255,6 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<CoopOverlapCfg>("coop_overlap_n192");
     case Bucket::coop_overlap_n192_c2:
       return pingpong_info<CoopOverlapC2Cfg>("coop_overlap_n192_c2");
-    case Bucket::coop_overlap_n192_c2_a2:
-      return pingpong_info<CoopOverlapC2A2Cfg>("coop_overlap_n192_c2_a2");
-    case Bucket::coop_overlap_n192_c2_st:
-      return pingpong_info<CoopOverlapC2StCfg>("coop_overlap_n192_c2_st");
-    case Bucket::coop_overlap_n192_c2_a2st:
-      return pingpong_info<CoopOverlapC2A2StCfg>("coop_overlap_n192_c2_a2st");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -319,12 +310,6 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_coop_overlap<CoopOverlapCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::coop_overlap_n192_c2:
       return launch_coop_overlap<CoopOverlapC2Cfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::coop_overlap_n192_c2_a2:
-      return launch_coop_overlap<CoopOverlapC2A2Cfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::coop_overlap_n192_c2_st:
-      return launch_coop_overlap<CoopOverlapC2StCfg>(mh, mw, p, vec2, sms, stream);
-    case Bucket::coop_overlap_n192_c2_a2st:
-      return launch_coop_overlap<CoopOverlapC2A2StCfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

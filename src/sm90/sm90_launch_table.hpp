@@ -39,14 +39,9 @@ enum class Bucket : int {
   // Work in progress (not yet run on a GPU): 128 x 192 CTA tiles, both consumer warpgroups on one
   // weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
   coop_overlap_n192 = 14,
-  coop_overlap_n192_c2 = 15,
-  // the same with two K blocks in flight over each slice (a2), warpgroup 1's slices half a
-  // segment later (st), both (a2st)
-  coop_overlap_n192_c2_a2 = 16,
-  coop_overlap_n192_c2_st = 17,
-  coop_overlap_n192_c2_a2st = 18
+  coop_overlap_n192_c2 = 15
 };
-inline constexpr int kBucketCount = 19;
+inline constexpr int kBucketCount = 16;
 
 struct BucketInfo {
   const char* name;

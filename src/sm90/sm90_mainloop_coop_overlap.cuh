@@ -23,10 +23,7 @@ namespace detlogp::sm90 {
 
 // BlockN columns per CTA tile, 128 rows (two consumer warpgroups of 64), Stages ring stages.
 // The member names follow PingpongConfig so pingpong_produce and RingSmem serve this schedule.
-// Ahead: K blocks issued before each epilogue slice (1, or 2 to give the tensor cores twice the
-// work while the slice runs). Stagger: consumer warpgroup 1 places its slices half a segment after
-// warpgroup 0's, so the two warpgroups' slices do not coincide.
-template <int BlockN, int Stages, int ClusterM = 1, int Ahead = 1, bool Stagger = false>
+template <int BlockN, int Stages, int ClusterM = 1>
 struct CoopOverlapConfig {
   static constexpr int kWgM = 64;
   static constexpr int kTileRows = 128;  // hidden rows per CTA tile (the TMA box)
@@ -52,16 +49,12 @@ struct CoopOverlapConfig {
   static constexpr int kProducerRegs = 24;         // the TMA issue loop of one thread
   static constexpr int kConsumerRegs = 240;        // two accumulator sets + one epilogue slice
   static constexpr int kSlices = 2 * BlockN / 64;  // epilogue slices of one tile: vocab tiles x row halves
-  static constexpr int kAhead = Ahead;
-  static constexpr bool kStagger = Stagger;
 
   static_assert(BlockN % kVocabTile == 0 && BlockN <= 256 && BlockN % 64 == 0, "whole vocab tiles, wgmma n <= 256");
   static_assert(2 * kAccRegs <= 192, "two accumulator sets must leave registers for the epilogue");
   static_assert(kBlockK * 2 == 128, "BLOCK_K must fill exactly one 128-byte swizzle row");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage tiles keep 1024-byte swizzle alignment");
   static_assert(ClusterM == 1 || ClusterM == 2, "one CTA or a 2-CTA cluster along M");
-  static_assert(Ahead == 1 || Ahead == 2, "one or two K blocks in flight over a slice");
-  static_assert(Ahead + 2 <= Stages, "the producer keeps at least two stages to refill");
   static_assert(BlockN % ClusterM == 0 && kBSliceBytes % 1024 == 0, "whole swizzle atoms per weight slice");
   static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
   static_assert(kEntryRegs * kThreads <= 65536, "one CTA per SM");
@@ -174,30 +167,18 @@ __device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], f
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(prev[i]);
   const int spacing = max(1, k_blocks / Cfg::kSlices);
-  // Stagger: warpgroup 1 starts its segments half a segment later.
-  const int offset = Cfg::kStagger && r.c == 1 ? min(k_blocks, spacing / 2) : 0;
   int kb = 0;
 #pragma unroll 1
-  for (; kb < offset; ++kb, ++it) {
-    overlap_issue<Cfg>(acc, r, it, kb == 0);
-    overlap_retire<Cfg>(acc, r, it, kb);
-  }
-#pragma unroll 1
   for (int s = 0; s < Cfg::kSlices; ++s) {
-    // Up to kAhead K blocks in flight while the slice runs; then all but the last are retired.
-    const int ahead = min(Cfg::kAhead, k_blocks - kb);
-    if (ahead > 0) overlap_issue<Cfg>(acc, r, it, kb == 0);
-    if (Cfg::kAhead > 1 && ahead > 1) overlap_issue<Cfg>(acc, r, it + 1, false);
+    const bool issue = kb < k_blocks;
+    if (issue) overlap_issue<Cfg>(acc, r, it, kb == 0);
     overlap_slice<Cfg>(prev, pending, walk, p, vec2, r.c, s);
-    if (ahead > 0) {
-      ptx::wgmma_wait<1>();
-      const int lane = static_cast<int>(threadIdx.x % 32);
-      if (kb > 0) release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, lane);
-      if (Cfg::kAhead > 1 && ahead > 1) release_stage<Cfg>(r.empty<Cfg>(), it % Cfg::kStages, lane);
-      kb += ahead;
-      it += static_cast<uint32_t>(ahead);
+    if (issue) {
+      overlap_retire<Cfg>(acc, r, it, kb);
+      ++kb;
+      ++it;
     }
-    const int seg_end = min(k_blocks, offset + (s + 1) * spacing);
+    const int seg_end = min(k_blocks, (s + 1) * spacing);
 #pragma unroll 1
     for (; kb < seg_end; ++kb, ++it) {
       overlap_issue<Cfg>(acc, r, it, false);
