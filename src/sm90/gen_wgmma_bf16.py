@@ -38,7 +38,7 @@ struct WgmmaBf16<{n}> {{
         : "l"(desc_a), "l"(desc_b));
   }}
   // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
-  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // so the first k16 step of a tile needs no zero-initialized registers. Open point (docs/sm90-coop-overlap.md): the
   // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
   static __device__ __forceinline__ void mma_overwrite(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b) {{
     asm volatile(

@@ -30,7 +30,7 @@ struct WgmmaBf16<64> {
         : "l"(desc_a), "l"(desc_b));
   }
   // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
-  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // so the first k16 step of a tile needs no zero-initialized registers. Open point (docs/sm90-coop-overlap.md): the
   // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
   static __device__ __forceinline__ void mma_overwrite(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
     asm volatile(
@@ -74,7 +74,7 @@ struct WgmmaBf16<128> {
         : "l"(desc_a), "l"(desc_b));
   }
   // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
-  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // so the first k16 step of a tile needs no zero-initialized registers. Open point (docs/sm90-coop-overlap.md): the
   // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
   static __device__ __forceinline__ void mma_overwrite(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
     asm volatile(
@@ -129,7 +129,7 @@ struct WgmmaBf16<192> {
         : "l"(desc_a), "l"(desc_b));
   }
   // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
-  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // so the first k16 step of a tile needs no zero-initialized registers. Open point (docs/sm90-coop-overlap.md): the
   // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
   static __device__ __forceinline__ void mma_overwrite(float (&d)[96], uint64_t desc_a, uint64_t desc_b) {
     asm volatile(
@@ -196,7 +196,7 @@ struct WgmmaBf16<256> {
         : "l"(desc_a), "l"(desc_b));
   }
   // scale-d = 0: D = A * B, the accumulator's old value ignored and not read (write-only operands),
-  // so the first k16 step of a tile needs no zero-initialized registers. Work in progress: the
+  // so the first k16 step of a tile needs no zero-initialized registers. Open point (docs/sm90-coop-overlap.md): the
   // tensor core's -0/+0 result for an all-zero first step may differ from 0 + A * B.
   static __device__ __forceinline__ void mma_overwrite(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
     asm volatile(

@@ -213,9 +213,9 @@ __device__ __forceinline__ void select_slice_values(const float (&acc)[BlockN / 
 // operations in the same order, so a schedule can spread a fragment's 2 * BlockN / 64 slices between
 // the wgmma groups of its next tile (the cooperative overlap schedule). The target logit is stored
 // by its owner in the slice that holds it.
-__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16], int tt, int h,
-                                                            const FusedParams& p, int64_t row_tile0,
-                                                            int64_t row_limit, int64_t col0, bool logits_vec2) {
+__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16], int tt, int h, const FusedParams& p,
+                                                            int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                            bool logits_vec2) {
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
@@ -279,8 +279,9 @@ __device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16]
     // at most 8 exponentials are in flight (registers: two accumulator sets are live here).
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
-    asm volatile("" : "+f"(level[0]), "+f"(level[1]), "+f"(level[2]), "+f"(level[3]), "+f"(x[8]), "+f"(x[9]),
-                 "+f"(x[10]), "+f"(x[11]), "+f"(x[12]), "+f"(x[13]), "+f"(x[14]), "+f"(x[15]));
+    asm volatile(""
+                 : "+f"(level[0]), "+f"(level[1]), "+f"(level[2]), "+f"(level[3]), "+f"(x[8]), "+f"(x[9]), "+f"(x[10]),
+                   "+f"(x[11]), "+f"(x[12]), "+f"(x[13]), "+f"(x[14]), "+f"(x[15]));
 #pragma unroll
     for (int jj = 4; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
   } else {

@@ -36,8 +36,8 @@ enum class Bucket : int {
   // prefill's tile in clusters of 2 CTAs along M, the weight stage multicast (one L2 read a
   // cluster): the default above N = 64
   prefill_c2 = 13,
-  // Work in progress (not yet run on a GPU): 128 x 192 CTA tiles, both consumer warpgroups on one
-  // weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
+  // Forced only, slower than prefill_c2 so far (docs/sm90-coop-overlap.md): 128 x 192 CTA tiles, both consumer
+  // warpgroups on one weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
   coop_overlap_n192 = 14,
   coop_overlap_n192_c2 = 15
 };

@@ -1,4 +1,5 @@
-// SM90 persistent cooperative-overlap schedule (work in progress; docs/perf-notes.md, "What the
+// SM90 persistent cooperative-overlap schedule (forced-only buckets, slower than the ping-pong so far:
+// docs/sm90-coop-overlap.md; docs/perf-notes.md, "What the
 // numbers say"): both consumer warpgroups work on one 128-row CTA tile (64 rows each) and read
 // the same weight stage, which halves the weight bytes TMA writes into shared memory per FLOP
 // against the 64-row ping-pong tile; the epilogue stays hidden because each warpgroup keeps two
@@ -89,8 +90,7 @@ __device__ __forceinline__ TileSpan overlap_span(const TileWalk& walk, int unit,
 // index is a runtime value, so the kernel holds one copy of the slice code per accumulator set.
 template <class Cfg>
 __device__ __forceinline__ void overlap_slice(const float (&acc)[Cfg::kAccRegs], const PendingTile& t,
-                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c,
-                                              int slice) {
+                                              const TileWalk& walk, const FusedParams& p, bool vec2, int c, int slice) {
   if (t.valid()) {
     float v[16];
     select_slice_values<Cfg::kBlockN>(acc, slice, v);
