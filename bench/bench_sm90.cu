@@ -21,41 +21,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "core/backend.hpp"
 #include "sm90/sm90_backend.hpp"
 #include "sm90/sm90_launch_table.hpp"
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorName(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-#define CB(x)                                                                                       \
-  do {                                                                                              \
-    cublasStatus_t s_ = (x);                                                                        \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
-      std::fprintf(stderr, "cuBLAS error %d at %s:%d\n", static_cast<int>(s_), __FILE__, __LINE__); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
 namespace {
 
-__global__ void fill_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    const float u = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;
-    uint32_t b = __float_as_uint(u * scale);
-    b += 0x7FFFu + ((b >> 16) & 1u);
-    p[i] = static_cast<uint16_t>(b >> 16);
-  }
-}
+using namespace detlogp_bench;
 
 // Baseline log-softmax over materialized fp32 logits: one CTA per row, max pass, sum-exp pass.
 __global__ void log_softmax_rows(const float* z, int64_t v, const int32_t* targets, float* logp, float* lse) {
@@ -82,162 +55,6 @@ __global__ void log_softmax_rows(const float* z, int64_t v, const int32_t* targe
     logp[blockIdx.x] = row[targets[blockIdx.x]] - l;
   }
 }
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
-  }
-  return v;
-}
-
-// SM clock and board power read through NVML (dlopen'ed: the driver ships it, the toolkit need
-// not), sampled while a timed launch runs. Lets a run tell a slower kernel from a slower clock:
-// under a power cap the clock follows each kernel's energy per cycle.
-class ClockProbe {
- public:
-  ClockProbe() {
-    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib_ == nullptr) return;
-    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
-    auto by_bus = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
-    clock_ = reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
-    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib_, "nvmlDeviceGetPowerUsage"));
-    reasons_ =
-        reinterpret_cast<int (*)(void*, unsigned long long*)>(dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
-    if (reasons_ == nullptr)
-      reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(
-          dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
-    char bus[32] = {};
-    if (init == nullptr || by_bus == nullptr || clock_ == nullptr || init() != 0 ||
-        cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess || by_bus(bus, &dev_) != 0)
-      dev_ = nullptr;
-  }
-  bool ok() const { return dev_ != nullptr; }
-  // One sample: SM clock (MHz), power (W), clock-event reasons (bit mask, NVML's definition).
-  void sample() {
-    if (!ok()) return;
-    unsigned mhz = 0, mw = 0;
-    unsigned long long why = 0;
-    if (clock_(dev_, 1 /* NVML_CLOCK_SM */, &mhz) == 0) mhz_.push_back(mhz);
-    if (power_ != nullptr && power_(dev_, &mw) == 0) watts_.push_back(mw / 1000.0);
-    if (reasons_ != nullptr && reasons_(dev_, &why) == 0) reasons_seen_ |= why;
-  }
-  void reset() {
-    mhz_.clear();
-    watts_.clear();
-    reasons_seen_ = 0;
-  }
-  double mean_mhz() const { return mean(mhz_); }
-  double mean_watts() const { return mean(watts_); }
-  unsigned long long reasons() const { return reasons_seen_; }
-
- private:
-  template <class T>
-  static double mean(const std::vector<T>& v) {
-    if (v.empty()) return std::nan("");
-    double s = 0;
-    for (auto x : v) s += x;
-    return s / v.size();
-  }
-  void* lib_ = nullptr;
-  void* dev_ = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-  int (*power_)(void*, unsigned*) = nullptr;
-  int (*reasons_)(void*, unsigned long long*) = nullptr;
-  std::vector<unsigned> mhz_;
-  std::vector<double> watts_;
-  unsigned long long reasons_seen_ = 0;
-};
-
-struct Timer {
-  cudaEvent_t a, b;
-  void* flush = nullptr;
-  size_t flush_bytes = size_t{256} << 20;  // > 60 MB L2
-  Timer() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    CK(cudaMalloc(&flush, flush_bytes));
-  }
-  // Median milliseconds of fn over reps runs after warmup runs, L2 flushed before each.
-  double median_ms(const std::function<void()>& fn, int reps, int warmup = 2) {
-    for (int i = 0; i < warmup; ++i) fn();
-    CK(cudaDeviceSynchronize());
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-      CK(cudaMemsetAsync(flush, i & 0xFF, flush_bytes));
-      CK(cudaEventRecord(a));
-      fn();
-      CK(cudaEventRecord(b));
-      CK(cudaEventSynchronize(b));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-  // Medians of several methods timed round-robin, each repetition in a fresh random order (fixed
-  // seed): clock or temperature drift reaches every method alike, and no method always follows
-  // the same predecessor (a rotation would keep each one's predecessor fixed; run 17-18 of
-  // docs/perf-notes.md showed the predecessor moving a large-N result by ~6 %).
-  // Also per method: the mean SM clock and power sampled (NVML) while its launches ran, the
-  // union of clock-event reasons seen (empty vectors without NVML).
-  ClockProbe probe;
-  std::vector<double> mhz, watts;
-  std::vector<unsigned long long> reasons;
-  std::vector<double> interleaved_medians(const std::vector<std::function<void()>>& fns, int reps, int warmup = 2) {
-    const size_t k = fns.size();
-    std::vector<double> mhz_sum(k, 0.0), watt_sum(k, 0.0);
-    std::vector<int> samples(k, 0);
-    reasons.assign(k, 0);
-    for (const auto& fn : fns)
-      for (int i = 0; i < warmup; ++i) fn();
-    CK(cudaDeviceSynchronize());
-    std::vector<std::vector<double>> t(k);
-    std::vector<size_t> order(k);
-    for (size_t j = 0; j < k; ++j) order[j] = j;
-    std::mt19937_64 rng(12345);
-    for (int r = 0; r < reps; ++r) {
-      std::shuffle(order.begin(), order.end(), rng);
-      for (size_t j = 0; j < k; ++j) {
-        const size_t m = order[j];
-        CK(cudaMemsetAsync(flush, (r + static_cast<int>(j)) & 0xFF, flush_bytes));
-        CK(cudaEventRecord(a));
-        fns[m]();
-        CK(cudaEventRecord(b));
-        probe.reset();
-        // Sample while the launches run (the host returns before they finish), then once more.
-        while (cudaEventQuery(b) == cudaErrorNotReady) probe.sample();
-        if (probe.ok() && std::isnan(probe.mean_mhz())) probe.sample();
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t[m].push_back(ms);
-        if (probe.ok()) {
-          mhz_sum[m] += probe.mean_mhz();
-          watt_sum[m] += std::isnan(probe.mean_watts()) ? 0.0 : probe.mean_watts();
-          ++samples[m];
-          reasons[m] |= probe.reasons();
-        }
-      }
-    }
-    mhz.assign(k, std::nan(""));
-    watts.assign(k, std::nan(""));
-    for (size_t m = 0; m < k; ++m)
-      if (samples[m] > 0) {
-        mhz[m] = mhz_sum[m] / samples[m];
-        watts[m] = watt_sum[m] / samples[m];
-      }
-    std::vector<double> med(k);
-    for (size_t m = 0; m < k; ++m) {
-      std::sort(t[m].begin(), t[m].end());
-      med[m] = t[m][t[m].size() / 2];
-    }
-    return med;
-  }
-};
 
 struct Row {
   int64_t n;

@@ -4,8 +4,9 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes] (default: all
-#   but profile and shapes). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes][,mainloop]
+#   (default: all but profile, shapes and mainloop). mainloop: bench_sm90_mainloop, the mainloops
+#   alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv. shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
 #   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
 #   BENCH_ARGS="--n 1,4096". GPU_CHECK_BUDGET_S=N: a step that would start after N seconds is
 #   skipped (and says so), so a call stays inside the device limit. GPU_CHECK_PACK=1: "$OUT" gets
@@ -192,6 +193,19 @@ if has sanitizer; then
         say "sanitizer $tool $(basename "${target%% *}"): $([[ $rc -eq 0 ]] && echo CLEAN || echo "FAIL rc=$rc") ${summary_line}"
       done
     done
+  fi
+fi
+done_step
+
+if has mainloop; then
+  ml="$(find_bin bench_sm90_mainloop)"
+  if [[ -z "$ml" ]]; then
+    say "mainloop: bench_sm90_mainloop not built"
+  else
+    # shellcheck disable=SC2086
+    (cd "$OUT" && "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
+    say "mainloop: rc=$? (bench_mainloop.log, bench_mainloop.csv)"
+    grep -E "^(method|cublas|mainloop)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
   fi
 fi
 done_step
