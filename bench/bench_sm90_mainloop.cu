@@ -81,38 +81,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              const __grid_constant__ CUtensorMap map_weight, const MainloopParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
-  const auto ring = RingSmem<Cfg>::carve(smem_raw);
+  const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 4 * Cfg::kClusterM, 2);
   uint64_t* mainloop_done = ring.empty + Cfg::kStages;
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 4 * Cfg::kClusterM);
-    ptx::mbar_init(&mainloop_done[0], 4);
-    ptx::mbar_init(&mainloop_done[1], 4);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
-  if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0, p.m_tiles,
-                            p.n_tiles, p.group_m);
-  } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int c = warpgroup - 1;
-    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-    uint32_t n = 0;
-    for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
-      if (j >= 1) ptx::mbar_wait(&mainloop_done[1 - c], (c == 1 ? n : n - 1) & 1u);
-      float acc[Cfg::kFragments][Cfg::kAccRegs];
-      const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
-      pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
-      if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
-      pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
-      sink_tile(acc[0], p);
-    }
-  }
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+  warp_specialize<Cfg>(
+      [&] {
+        if (threadIdx.x == 0)
+          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
+                                p.m_tiles, p.n_tiles, p.group_m);
+      },
+      [&](int c) {
+        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+        uint32_t n = 0;
+        for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
+          if (j >= 1) ptx::mbar_wait(&mainloop_done[1 - c], (c == 1 ? n : n - 1) & 1u);
+          float acc[Cfg::kFragments][Cfg::kAccRegs];
+          const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
+          pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+          if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
+          pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
+          sink_tile(acc[0], p);
+        }
+      });
 #endif
 }
 
@@ -122,38 +111,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          const MainloopParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
-  const auto ring = RingSmem<Cfg>::carve(smem_raw);
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 8 * Cfg::kClusterM);  // both consumer warpgroups release each stage
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
-  if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0, p.m_tiles,
-                            p.n_tiles, p.group_m);
-  } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-    const OverlapRing r{ring.a, warpgroup - 1};
-    float acc[Cfg::kAccRegs];
-    uint32_t it = 0;
-    for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
-      for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-        overlap_issue<Cfg>(acc, r, it, kb == 0);
-        overlap_retire<Cfg>(acc, r, it, kb);
-      }
-      ptx::wgmma_wait<0>();
+  // Both consumer warpgroups release each stage.
+  const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
+  warp_specialize<Cfg>(
+      [&] {
+        if (threadIdx.x == 0)
+          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
+                                p.m_tiles, p.n_tiles, p.group_m);
+      },
+      [&](int c) {
+        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+        const OverlapRing r{ring.a, c};
+        float acc[Cfg::kAccRegs];
+        uint32_t it = 0;
+        for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+          for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
+            overlap_issue<Cfg>(acc, r, it, kb == 0);
+            overlap_retire<Cfg>(acc, r, it, kb);
+          }
+          ptx::wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
-      release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
-      sink_tile(acc, p);
-    }
-  }
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+          for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
+          release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
+          sink_tile(acc, p);
+        }
+      });
 #endif
 }
 

@@ -102,6 +102,41 @@ struct RingSmem {
   }
 };
 
+// The start of every persistent kernel: thread 0 initializes the ring's barriers
+// (`consumer_arrivals` warps release a stage) and `mainloop_done` more barriers after them (the
+// ping-pong's ordering pair, 4 arrivals each); then the CTA, and with clusters the cluster, waits,
+// so the peers' barriers exist before any multicast reaches them.
+template <class Cfg>
+__device__ __forceinline__ RingSmem<Cfg> persistent_prologue(uint8_t* smem_raw, const CUtensorMap* map_hidden,
+                                                             const CUtensorMap* map_weight, uint32_t consumer_arrivals,
+                                                             int mainloop_done = 0) {
+  const auto ring = RingSmem<Cfg>::carve(smem_raw);
+  if (threadIdx.x == 0) {
+    ring.init(map_hidden, map_weight, consumer_arrivals);
+    for (int i = 0; i < mainloop_done; ++i) ptx::mbar_init(&ring.empty[Cfg::kStages + i], 4);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+  return ring;
+}
+
+// Warp specialization of the persistent kernels: warpgroup 0 gives registers up and runs
+// `produce`, the consumer warpgroups take them and run `consume(c)` (c = 0, 1). With clusters no CTA
+// leaves while a peer may still multicast into it or arrive on its barriers.
+template <class Cfg, class Produce, class Consume>
+__device__ __forceinline__ void warp_specialize(Produce&& produce, Consume&& consume) {
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    produce();
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume(warpgroup - 1);
+  }
+  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+}
+
 template <class Cfg>
 __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, const CUtensorMap* map_weight,
                                                  uint8_t* smem_a, uint8_t* smem_b, uint64_t* full, uint64_t* empty,
