@@ -203,7 +203,7 @@ if has mainloop; then
     say "mainloop: bench_sm90_mainloop not built"
   else
     # shellcheck disable=SC2086
-    (cd "$OUT" && "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
+    (cd "$OUT" && timeout 120 "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
     say "mainloop: rc=$? (bench_mainloop.log, bench_mainloop.csv)"
     grep -E "^(method|cublas|mainloop)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
   fi
