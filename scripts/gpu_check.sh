@@ -219,18 +219,24 @@ if has profile; then
   bench="$(find_bin bench_sm90)"
   NCU="$(command -v ncu || true)"
   if [[ -n "$bench" && -n "$NCU" ]]; then
+    rcs=""
     for job in ${PROFILE_JOBS:-1:auto:fused_linear_logp 4096:auto:fused_linear_logp}; do
       IFS=: read -r n bucket regex <<<"$job"
       echo "== ncu N=$n bucket=$bucket kernel=$regex" >>"$OUT/profile.log"
+      # shellcheck disable=SC2086
       DETLOGP_SM90_BUCKET="$bucket" timeout 300 "$NCU" --clock-control none --kernel-name "regex:$regex" --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
         --section WarpStateStats --section SchedulerStats ${PROFILE_SECTIONS:-} --print-details all \
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
+      rcs+=" $job=$?"
     done
     # Every kernel's duration at N=1 (validate, fused, combine; cuBLAS for comparison).
-    [[ "${PROFILE_N1_KERNELS:-1}" == 1 ]] && timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
-      "$bench" --n 1 --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
-    say "profile: ncu rc=$? (profile.log, profile_kernels.log)"
+    if [[ "${PROFILE_N1_KERNELS:-1}" == 1 ]]; then
+      timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+        "$bench" --n 1 --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
+      rcs+=" n1-kernels=$?"
+    fi
+    say "profile: ncu rc per job:$rcs (profile.log, profile_kernels.log)"
   else
     say "profile: skipped (ncu or bench missing)"
   fi
