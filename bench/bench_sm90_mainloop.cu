@@ -214,13 +214,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_sm90_mainloop: need N, V > 0, D > 0 a multiple of 8 (TMA rows), reps > 0\n");
     return 2;
   }
-  int dev = 0, major = 0, minor = 0;
+  int dev = 0, major = 0, minor = 0, count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    std::printf("SKIP bench_sm90_mainloop: no usable CUDA device (%s)\n",
+                e != cudaSuccess ? cudaGetErrorName(e) : "no device");
+    return 0;
+  }
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   if (major != 9) {
     std::printf("SKIP bench_sm90_mainloop: needs an SM90 GPU (this device is sm_%d%d)\n", major, minor);
-    return 77;
+    return 0;
   }
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, dev));
