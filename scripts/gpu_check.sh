@@ -109,7 +109,9 @@ if has tests; then
   say "gpu tests: $([[ $rc_gpu -eq 0 ]] && echo PASS || echo FAIL) (ctest -L gpu rc=$rc_gpu)"
   grep -E "(^|: )(PASS|FAIL|FAILED|SKIP|INFO) |(^|: )-- |cross-backend|L1:|rel-L2|subset runs|chunked run|padded vs real|-> detlogp error|valid run after|tests passed|tests failed|simulated TP|NCCL TP|NCCL part|negative control" "$OUT/tests.log" |
     sed -E 's/^[0-9]+: //; s/^ +//' | cut -c1-240 >>"$SUMMARY"
-  if [[ "$mode" == "top-level" ]]; then
+  if [[ -n "${GPU_CHECK_TARGETS:-}" ]]; then
+    say "cpu tests: not run (GPU_CHECK_TARGETS built only: $GPU_CHECK_TARGETS)"
+  elif [[ "$mode" == "top-level" ]]; then
     (cd "$BUILD" && ctest -LE gpu -E exhaustive --timeout 300 -j 8) >>"$OUT/tests.log" 2>&1
     rc_cpu=$?
     say "cpu tests (quick, -E exhaustive): $([[ $rc_cpu -eq 0 ]] && echo PASS || echo FAIL) (rc=$rc_cpu)"
