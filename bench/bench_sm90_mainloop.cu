@@ -75,6 +75,15 @@ __device__ __forceinline__ void sink_tile(const float (&acc)[N], const MainloopP
   if (acc[0] == kSentinel && acc[N - 1] == kSentinel) p.sink[threadIdx.x] = acc[1];
 }
 
+// The producer of both kernels: every tile of this CTA's walk, from row 0.
+template <class Cfg>
+__device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUtensorMap* map_hidden,
+                                            const CUtensorMap* map_weight, const MainloopParams& p) {
+  if (threadIdx.x == 0)
+    pingpong_produce<Cfg>(map_hidden, map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0, p.m_tiles,
+                          p.n_tiles, p.group_m);
+}
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pingpong_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden,
@@ -83,25 +92,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 4 * Cfg::kClusterM, 2);
   uint64_t* mainloop_done = ring.empty + Cfg::kStages;
-  warp_specialize<Cfg>(
-      [&] {
-        if (threadIdx.x == 0)
-          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
-                                p.m_tiles, p.n_tiles, p.group_m);
-      },
-      [&](int c) {
-        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-        uint32_t n = 0;
-        for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
-          if (j >= 1) ptx::mbar_wait(&mainloop_done[1 - c], (c == 1 ? n : n - 1) & 1u);
-          float acc[Cfg::kFragments][Cfg::kAccRegs];
-          const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
-          pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
-          if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
-          pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
-          sink_tile(acc[0], p);
-        }
-      });
+  warp_specialize<Cfg>([&] { produce_all<Cfg>(ring, &map_hidden, &map_weight, p); },
+                       [&](int c) {
+                         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         uint32_t n = 0;
+                         for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count;
+                              j += 2, unit += 2 * walk.stride, ++n) {
+                           if (j >= 1) ptx::mbar_wait(&mainloop_done[1 - c], (c == 1 ? n : n - 1) & 1u);
+                           float acc[Cfg::kFragments][Cfg::kAccRegs];
+                           const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
+                           pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+                           if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
+                           pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
+                           sink_tile(acc[0], p);
+                         }
+                       });
 #endif
 }
 
@@ -113,29 +118,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Both consumer warpgroups release each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
-  warp_specialize<Cfg>(
-      [&] {
-        if (threadIdx.x == 0)
-          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
-                                p.m_tiles, p.n_tiles, p.group_m);
-      },
-      [&](int c) {
-        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-        const OverlapRing r{ring.a, c};
-        float acc[Cfg::kAccRegs];
-        uint32_t it = 0;
-        for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
-          for (int kb = 0; kb < p.k_blocks; ++kb, ++it) {
-            overlap_issue<Cfg>(acc, r, it, kb == 0);
-            overlap_retire<Cfg>(acc, r, it, kb);
-          }
-          ptx::wgmma_wait<0>();
+  warp_specialize<Cfg>([&] { produce_all<Cfg>(ring, &map_hidden, &map_weight, p); },
+                       [&](int c) {
+                         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         const OverlapRing r{ring.a, c};
+                         float acc[Cfg::kAccRegs];
+                         uint32_t it = 0;
+                         for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+                           // K block 0 apart (the overwriting first k16 step), so every K block is one wgmma group.
+                           overlap_issue<Cfg, 1>(acc, r, it, true);
+                           overlap_retire<Cfg>(acc, r, it, 0);
+                           ++it;
+                           for (int kb = 1; kb < p.k_blocks; ++kb, ++it) {
+                             overlap_issue<Cfg, 0>(acc, r, it, false);
+                             overlap_retire<Cfg>(acc, r, it, kb);
+                           }
+                           ptx::wgmma_wait<0>();
 #pragma unroll
-          for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
-          release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
-          sink_tile(acc, p);
-        }
-      });
+                           for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
+                           release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
+                           sink_tile(acc, p);
+                         }
+                       });
 #endif
 }
 

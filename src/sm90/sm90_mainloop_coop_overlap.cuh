@@ -122,10 +122,12 @@ struct OverlapRing {
   }
 };
 
-// Issues K block kb's wgmma group into acc (stage `it`).
-template <class Cfg>
+// Issues K block kb's wgmma group into acc (stage `it`). kFirst = 0 or 1 fixes `first` at compile
+// time: one wgmma group per K block (a runtime `first` splits the group at the branch).
+template <class Cfg, int kFirst = -1>
 __device__ __forceinline__ void overlap_issue(float (&acc)[Cfg::kAccRegs], const OverlapRing& r, uint32_t it,
                                               bool first) {
+  if constexpr (kFirst >= 0) first = kFirst == 1;
   using Mma = ptx::WgmmaBf16<Cfg::kBlockN>;
   static_assert(Mma::kAccRegs == Cfg::kAccRegs, "accumulator fragment size");
   const uint32_t s = it % Cfg::kStages;
