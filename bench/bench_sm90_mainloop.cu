@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
+#include "sm90/sm90_epilogue_tile_summary.cuh"
 #include "sm90/sm90_host.hpp"
 #include "sm90/sm90_launch_persistent.cuh"
 #include "sm90/sm90_mainloop_coop_overlap.cuh"
@@ -39,8 +40,19 @@ using namespace detlogp::sm90;
 
 struct MainloopParams {
   int32_t k_blocks, m_tiles, n_tiles, group_m;
-  float* sink;  // written only if an accumulator equals the sentinel (never, for finite data)
+  float* sink;        // written only if an accumulator equals the sentinel (never, for finite data)
+  uint64_t* stamps;   // null, or the phase timeline of the first kStampCtas CTAs (see Stamp)
+  FusedParams fused;  // the epilogue kernels' output (trainer entry: summaries and y_t)
 };
+
+// Phase timeline (clock64 of the SM) of a consumer warpgroup's tile: before the ordering wait,
+// after it, after the last K block's issue (hand-over), after the last wgmma, after the epilogue.
+constexpr int kStampCtas = 8;
+constexpr int kStampTiles = 512;
+constexpr int kStampPoints = 5;
+__host__ __device__ constexpr int64_t stamp_index(int cta, int wg, int tile, int point) {
+  return ((int64_t{cta} * 2 + wg) * kStampTiles + tile) * kStampPoints + point;
+}
 
 constexpr float kSentinel = -3.0e38f;
 
@@ -84,7 +96,9 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
                           p.n_tiles, p.group_m);
 }
 
-template <class Cfg>
+// kEpilogue: the production trainer epilogue (epilogue_tile_summaries) after each tile, so the
+// consumer loop is the `prefill` kernel's; without it the accumulators only go to sink_tile.
+template <class Cfg, bool kEpilogue = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pingpong_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden,
                              const __grid_constant__ CUtensorMap map_weight, const MainloopParams p) {
@@ -95,16 +109,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   warp_specialize<Cfg>([&] { produce_all<Cfg>(ring, &map_hidden, &map_weight, p); },
                        [&](int c) {
                          const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         const bool stamp = p.stamps != nullptr && blockIdx.x < kStampCtas && threadIdx.x % 128 == 0;
                          uint32_t n = 0;
                          for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count;
                               j += 2, unit += 2 * walk.stride, ++n) {
+                           uint64_t t[kStampPoints];
+                           t[0] = clock64();
                            if (j >= 1) ptx::mbar_wait(&mainloop_done[1 - c], (c == 1 ? n : n - 1) & 1u);
+                           t[1] = clock64();
                            float acc[Cfg::kFragments][Cfg::kAccRegs];
                            const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
                            pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
                            if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
+                           t[2] = clock64();
                            pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
-                           sink_tile(acc[0], p);
+                           t[3] = clock64();
+                           if constexpr (kEpilogue) {
+                             int m_tile, n_tile;
+                             walk.coords(unit, m_tile, n_tile);
+                             const int64_t row0 = int64_t{m_tile} * Cfg::kTileRows;
+                             const int64_t row_limit = min(p.fused.row_end, row0 + Cfg::kTileRows);
+#pragma unroll
+                             for (int f = 0; f < Cfg::kFragments; ++f)
+                               epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p.fused, row0 + 64 * f, row_limit,
+                                                                     int64_t{n_tile} * Cfg::kBlockN, false);
+                           } else {
+                             sink_tile(acc[0], p);
+                           }
+                           t[4] = clock64();
+                           if (stamp && n < kStampTiles)
+#pragma unroll
+                             for (int k = 0; k < kStampPoints; ++k)
+                               p.stamps[stamp_index(static_cast<int>(blockIdx.x), c, static_cast<int>(n), k)] = t[k];
                          }
                        });
 #endif
@@ -149,17 +185,24 @@ struct Problem {
   const uint16_t* weight;
   float* sink;
   int sms;
+  FusedParams fused;  // trainer-entry outputs for the epilogue kernels
 };
 
 // Launches Kernel (configuration Cfg) over the whole [n, v] output.
 template <auto Kernel, class Cfg>
-void launch_mainloop(const Problem& pr, const CUtensorMap& mh, const CUtensorMap& mw) {
+void launch_mainloop(const Problem& pr, const CUtensorMap& mh, const CUtensorMap& mw, uint64_t* stamps = nullptr) {
   MainloopParams p{};
   p.k_blocks = static_cast<int32_t>((pr.d + 63) / 64);
   p.m_tiles = static_cast<int32_t>((pr.n + Cfg::kTileRows - 1) / Cfg::kTileRows);
   p.n_tiles = static_cast<int32_t>((pr.v + Cfg::kBlockN - 1) / Cfg::kBlockN);
   p.group_m = std::max(1, 2048 / Cfg::kTileRows);  // as the library: ~2048 rows of hidden per weight pass
   p.sink = pr.sink;
+  p.stamps = stamps;
+  p.fused = pr.fused;
+  p.fused.k_blocks = p.k_blocks;
+  p.fused.m_tiles = p.m_tiles;
+  p.fused.n_tiles = p.n_tiles;
+  p.fused.group_m = p.group_m;
   const int64_t units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM * p.n_tiles;
   launch_persistent<Kernel, Cfg>(units, pr.sms, nullptr, mh, mw, p);
 }
@@ -167,14 +210,47 @@ void launch_mainloop(const Problem& pr, const CUtensorMap& mh, const CUtensorMap
 struct Method {
   std::string name;
   std::function<void()> fn;
+  std::function<void(uint64_t*)> stamped;  // one launch recording the phase timeline (ping-pong only)
 };
 
 template <auto Kernel, class Cfg>
-Method mainloop_method(const char* name, const Problem& pr) {
+Method mainloop_method(const char* name, const Problem& pr, bool timeline = false) {
   const CUtensorMap mh = encode_bf16_map(pr.hidden, pr.n, pr.d, pr.d, Cfg::kTileRows, "hidden");
   // Promotion as the library's ping-pong buckets: 256 B for hidden (the default), none for weight.
   const CUtensorMap mw = encode_bf16_map(pr.weight, pr.v, pr.d, pr.d, Cfg::kBlockN / Cfg::kClusterM, "weight", 0);
-  return {name, [pr, mh, mw] { launch_mainloop<Kernel, Cfg>(pr, mh, mw); }};
+  Method m{name, [pr, mh, mw] { launch_mainloop<Kernel, Cfg>(pr, mh, mw); }, {}};
+  if (timeline) m.stamped = [pr, mh, mw](uint64_t* stamps) { launch_mainloop<Kernel, Cfg>(pr, mh, mw, stamps); };
+  return m;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Medians (cycles) over the steady-state tiles of the stamped CTAs: the ordering wait, the issue
+// of the K blocks, the last wgmma's drain, the epilogue, the hand-over (from one warpgroup's
+// arrival to the other's first issue: the tensor cores idle for whatever of it exceeds the last
+// K block's drain) and the period per tile of the CTA.
+void print_timeline(const char* name, const std::vector<uint64_t>& st, int tiles_per_cta) {
+  std::vector<double> wait, issue, tail, epi, handover, period;
+  const int local = std::min(tiles_per_cta, 2 * kStampTiles);
+  for (int cta = 0; cta < kStampCtas; ++cta)
+    for (int j = 2; j + 2 < local; ++j) {
+      const int c = j % 2, nn = j / 2;
+      auto at = [&](int wg, int tile, int point) {
+        return static_cast<double>(st[stamp_index(cta, wg, tile, point)]);
+      };
+      wait.push_back(at(c, nn, 1) - at(c, nn, 0));
+      issue.push_back(at(c, nn, 2) - at(c, nn, 1));
+      tail.push_back(at(c, nn, 3) - at(c, nn, 2));
+      epi.push_back(at(c, nn, 4) - at(c, nn, 3));
+      handover.push_back(at(c, nn, 1) - at(1 - c, (j - 1) / 2, 2));
+      period.push_back((at(c, nn + 1, 1) - at(c, nn, 1)) / 2);
+    }
+  std::printf("timeline %-28s wait %7.0f issue %7.0f drain %6.0f epilogue %7.0f handover %6.0f period %7.0f\n", name,
+              median(wait), median(issue), median(tail), median(epi), median(handover), median(period));
 }
 
 using Pingpong = PingpongConfig<64, 256, 5>;
@@ -248,7 +324,37 @@ int main(int argc, char** argv) {
   CK(cudaGetLastError());
   cublasHandle_t cublas;
   CB(cublasCreate(&cublas));
-  const Problem pr{n, d, v, hidden, weight, sink, prop.multiProcessorCount};
+  // Trainer-entry outputs of the epilogue kernels: per-tile summaries and y_t, targets spread over V.
+  const int64_t local_tiles = (v + detlogp::kVocabTile - 1) / detlogp::kVocabTile;
+  std::vector<int32_t> targets_host(n);
+  for (int64_t i = 0; i < n; ++i) targets_host[i] = static_cast<int32_t>((i * 7919) % v);
+  int32_t* targets = nullptr;
+  detlogp::TileSummary* summaries = nullptr;
+  float* target_logit = nullptr;
+  DeviceStatus* status = nullptr;
+  uint64_t* stamps = nullptr;
+  const int64_t stamp_count = stamp_index(kStampCtas, 0, 0, 0);
+  CK(cudaMalloc(&targets, n * sizeof(int32_t)));
+  CK(cudaMalloc(&summaries, n * local_tiles * sizeof(detlogp::TileSummary)));
+  CK(cudaMalloc(&target_logit, n * sizeof(float)));
+  CK(cudaMalloc(&status, sizeof(DeviceStatus)));
+  CK(cudaMalloc(&stamps, stamp_count * sizeof(uint64_t)));
+  CK(cudaMemcpy(targets, targets_host.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice));
+  CK(cudaMemset(status, 0, sizeof(DeviceStatus)));
+  FusedParams fused{};
+  fused.row_begin = 0;
+  fused.row_end = n;
+  fused.vocab_local = v;
+  fused.vocab_start = 0;
+  fused.real_vocab = v;
+  fused.ignore_index = -100;
+  fused.targets = targets;
+  fused.temperature = 1.0f;
+  fused.summaries = summaries;
+  fused.local_tiles = local_tiles;
+  fused.target_logit = target_logit;
+  fused.status = status;
+  const Problem pr{n, d, v, hidden, weight, sink, prop.multiProcessorCount, fused};
 
   std::vector<Method> methods;
   methods.push_back({"cublas_gemm_bf16out", [&] {
@@ -258,9 +364,14 @@ int main(int argc, char** argv) {
                                        CUDA_R_16BF, static_cast<int>(d), &beta, out_bf16, CUDA_R_16BF,
                                        static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
                      }});
-  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong>, Pingpong>("mainloop_pingpong_64x256", pr));
   methods.push_back(
-      mainloop_method<pingpong_mainloop_kernel<PingpongC2>, PingpongC2>("mainloop_pingpong_64x256_c2", pr));
+      mainloop_method<pingpong_mainloop_kernel<Pingpong>, Pingpong>("mainloop_pingpong_64x256", pr, true));
+  methods.push_back(
+      mainloop_method<pingpong_mainloop_kernel<PingpongC2>, PingpongC2>("mainloop_pingpong_64x256_c2", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, true>, Pingpong>(
+      "pingpong_64x256+epilogue", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, true>, PingpongC2>(
+      "pingpong_64x256_c2+epilogue", pr, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192>, Coop192>("mainloop_coop_128x192", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));
@@ -298,10 +409,30 @@ int main(int argc, char** argv) {
                    flops / (med[i] * 1e-3) / 1e12, ratio, timer.mhz[i], timer.watts[i], timer.reasons[i]);
   }
   if (f != nullptr) std::fclose(f);
+
+  // One stamped launch per ping-pong kernel: where a tile's cycles go on the first CTAs' SMs.
+  std::printf("timeline: cycles (SM clock), medians over the steady-state tiles of CTAs 0..%d\n", kStampCtas - 1);
+  for (const auto& m : methods) {
+    if (!m.stamped) continue;
+    CK(cudaMemset(stamps, 0, stamp_count * sizeof(uint64_t)));
+    m.stamped(stamps);
+    CK(cudaDeviceSynchronize());
+    std::vector<uint64_t> st(stamp_count);
+    CK(cudaMemcpy(st.data(), stamps, stamp_count * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    // Tiles per CTA: the walk gives CTA 0 ceil(units / grid) work units; count its stamped tiles.
+    int local = 0;
+    while (local < 2 * kStampTiles && st[stamp_index(0, local % 2, local / 2, 4)] != 0) ++local;
+    print_timeline(m.name.c_str(), st, local);
+  }
   CB(cublasDestroy(cublas));
   CK(cudaFree(hidden));
   CK(cudaFree(weight));
   CK(cudaFree(out_bf16));
   CK(cudaFree(sink));
+  CK(cudaFree(targets));
+  CK(cudaFree(summaries));
+  CK(cudaFree(target_logit));
+  CK(cudaFree(status));
+  CK(cudaFree(stamps));
   return 0;
 }
