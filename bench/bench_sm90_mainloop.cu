@@ -96,9 +96,10 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
                           p.n_tiles, p.group_m);
 }
 
-// kEpilogue: the production trainer epilogue (epilogue_tile_summaries) after each tile, so the
+// kEpilogue: the production trainer epilogue (epilogue_tile_summaries; kPlain: its no-bias, no-logits
+// form, as the library launches for the trainer entry) after each tile, so the
 // consumer loop is the `prefill` kernel's; without it the accumulators only go to sink_tile.
-template <class Cfg, bool kEpilogue = false>
+template <class Cfg, bool kEpilogue = false, bool kPlain = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pingpong_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden,
                              const __grid_constant__ CUtensorMap map_weight, const MainloopParams p) {
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              const int64_t row_limit = min(p.fused.row_end, row0 + Cfg::kTileRows);
 #pragma unroll
                              for (int f = 0; f < Cfg::kFragments; ++f)
-                               epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p.fused, row0 + 64 * f, row_limit,
+                               epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p.fused, row0 + 64 * f, row_limit,
                                                                      int64_t{n_tile} * Cfg::kBlockN, false);
                            } else {
                              sink_tile(acc[0], p);
@@ -372,6 +373,10 @@ int main(int argc, char** argv) {
       "pingpong_64x256+epilogue", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, true>, PingpongC2>(
       "pingpong_64x256_c2+epilogue", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, true, true>, Pingpong>(
+      "pingpong_64x256+plain_epilogue", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, true, true>, PingpongC2>(
+      "pingpong_64x256_c2+plain_epilogue", pr, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192>, Coop192>("mainloop_coop_128x192", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));

@@ -37,10 +37,70 @@ __device__ __forceinline__ void store_logit_pair(float* tile_ptr, int c, int col
   }
 }
 
+// One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of
+// epilogue_tile_summaries in the same order, with the per-lane tests that are constant over a
+// whole tile hoisted out: no real-lane test, no logits store or bias (the caller has neither), and
+// the target logit picked out of the 16 values only by the thread that owns it (one tile in V / 64
+// per row), instead of a compare and a select on every value.
+template <int BlockN>
+__device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[BlockN / 2], int tt, int h,
+                                                         const FusedParams& p, int64_t row, bool row_ok, float inv_t,
+                                                         int64_t target_col, int64_t tile_col0, int64_t local_tile,
+                                                         float& y_target, bool& owns) {
+  const int q = (threadIdx.x % 32) % 4;
+  float y[16];
+  float m = fp::neg_inf();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    y[i] = scale_logit(acc[(tt * 8 + i / 2) * 4 + 2 * h + i % 2], inv_t);
+    m = fp::max_nan(m, y[i]);
+  }
+  // Column 8 jj + 2 q + e of the tile is value 2 jj + e of thread q.
+  const int64_t rel = target_col - tile_col0;
+  if (target_col >= 0 && rel >= 0 && rel < kVocabTile && ((rel >> 1) & 3) == q) {
+    const int idx = static_cast<int>((rel >> 3) * 2 + (rel & 1));
+    float v = y[0];
+#pragma unroll
+    for (int i = 1; i < 16; ++i) v = i == idx ? y[i] : v;
+    y_target = v;
+    owns = true;
+  }
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  m = normalize_zero(m);
+
+  float level[8];
+  float x[16];
+  bool normal = true;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    x[i] = fp::sub(y[i], m);
+    normal = normal && x[i] >= kExpcNormalMin;
+  }
+  if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+  } else {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc(x[2 * jj]), expc(x[2 * jj + 1]));
+  }
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
+  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
+  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
+  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+  if (m == fp::neg_inf()) s = 0.0f;  // all lanes -inf
+  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+}
+
 // Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
 // `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
 // 8-row tile), its columns start at local column `col0` (a multiple of 64). acc is consumed in place.
-template <int BlockN>
+// kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
+// vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
+template <int BlockN, bool kPlain = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         int64_t row_tile0, int64_t row_limit, int64_t col0,
                                                         bool logits_vec2) {
@@ -78,6 +138,15 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     const int64_t local_tile = tile_col0 / kVocabTile;
     if (local_tile >= p.local_tiles) break;  // uniform: past the shard
     const int real = tile_real_lanes(p, local_tile);
+    if constexpr (kPlain) {
+      if (real == kVocabTile) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          plain_whole_tile_summary<BlockN>(acc, tt, h, p, row[h], row_ok[h], inv_t[h], target_col[h], tile_col0,
+                                           local_tile, y_target[h], owns[h]);
+        continue;
+      }
+    }
     // 32-bit per-tile quantities: columns inside the shard, target column inside this tile.
     const int64_t left = p.vocab_local - tile_col0;
     const int cols = left >= kVocabTile ? kVocabTile : static_cast<int>(left);
@@ -89,7 +158,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     }
 
     float bias_v[16];
-    if (p.bias != nullptr) {
+    if (!kPlain && p.bias != nullptr) {
       const float* b = p.bias + tile_col0;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -102,14 +171,15 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     for (int h = 0; h < 2; ++h) {
       float y[16];
       float m = fp::neg_inf();
-      float* logit_tile = p.logits != nullptr && row_ok[h] ? p.logits + row[h] * p.vocab_local + tile_col0 : nullptr;
+      float* logit_tile =
+          !kPlain && p.logits != nullptr && row_ok[h] ? p.logits + row[h] * p.vocab_local + tile_col0 : nullptr;
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
         float z[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           z[e] = acc[(tt * 8 + jj) * 4 + 2 * h + e];
-          if (p.bias != nullptr) z[e] = add_bias(z[e], bias_v[2 * jj + e]);
+          if (!kPlain && p.bias != nullptr) z[e] = add_bias(z[e], bias_v[2 * jj + e]);
         }
         const int lane_col = 8 * jj + 2 * q;  // column of e = 0 inside the tile
         if (logit_tile != nullptr) store_logit_pair(logit_tile, lane_col, cols, z[0], z[1], logits_vec2);

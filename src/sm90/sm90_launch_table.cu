@@ -65,7 +65,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinCtasPerSm)
 
 // Persistent ping-pong: warpgroup 0 produces, warpgroups 1 and 2 take alternate tiles of this
 // CTA (local tile j = 0, 1, 2, ... is work unit walk.first + j * walk.stride; see TileWalk).
-template <class Cfg>
+// kPlain: a launch with neither bias nor logits output (epilogue_tile_summaries<., true>).
+template <class Cfg, bool kPlain>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fused_linear_logp_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap map_hidden,
                                            const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       pingpong_consume_tail<Cfg>(acc, empty, p.k_blocks, it0);
 #pragma unroll
       for (int f = 0; f < Cfg::kFragments; ++f)
-        epilogue_tile_summaries<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
+        epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
     }
   }
   // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
@@ -178,8 +179,12 @@ template <class Cfg>
 void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
                      cudaStream_t stream) {
   const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
-  launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw, p,
-                                                                      vec2 ? 1 : 0);
+  if (p.bias == nullptr && p.logits == nullptr)
+    launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, true>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw,
+                                                                              p, vec2 ? 1 : 0);
+  else
+    launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, false>, Cfg>(m_units * p.n_tiles, sms, stream, mh,
+                                                                               mw, p, vec2 ? 1 : 0);
 }
 
 template <class Cfg>
