@@ -96,10 +96,72 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
                           p.n_tiles, p.group_m);
 }
 
-// kEpilogue: the production trainer epilogue (epilogue_tile_summaries; kPlain: its no-bias, no-logits
-// form, as the library launches for the trainer entry) after each tile, so the
-// consumer loop is the `prefill` kernel's; without it the accumulators only go to sink_tile.
-template <class Cfg, bool kEpilogue = false, bool kPlain = false>
+// What a ping-pong consumer does with a finished tile: nothing (sink_tile), the production trainer
+// epilogue (epilogue_tile_summaries, general or plain as the library launches it for the trainer
+// entry), or one ingredient of it alone, to tell which part slows the other warpgroup's mainloop:
+// its shuffles (the plain epilogue's 18 per 16 values), its ALU work (16 FFMA per value), its
+// summary stores (one 8-byte store per row and vocab tile).
+enum class TileWork { kNone, kEpilogue, kPlainEpilogue, kShufflesOnly, kAluOnly, kStoresOnly, kAlu512, kAlu1024, kAlu4096,
+                      kIntOnly };
+
+template <int N>
+__device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N], const MainloopParams& p,
+                                               int64_t row0, int64_t col0) {
+  float r = 0.0f;
+  if (w == TileWork::kShufflesOnly) {
+#pragma unroll
+    for (int slice = 0; slice < N / 16; ++slice) {
+      float m = acc[16 * slice];
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float v = acc[16 * slice + 2 * j] - m;
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+        r += v;
+      }
+    }
+  } else if (w == TileWork::kAluOnly || w == TileWork::kAlu512 || w == TileWork::kAlu1024 || w == TileWork::kAlu4096) {
+    // 16 (kAluOnly), 4, 8 or 32 dependent FFMA per accumulator: 2048, 512, 1024 or 4096 per thread.
+    const int chain = w == TileWork::kAlu512 ? 4 : w == TileWork::kAlu1024 ? 8 : w == TileWork::kAlu4096 ? 32 : 16;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float v = acc[i];
+#pragma unroll
+      for (int k = 0; k < 32; ++k)
+        if (k < chain) v = fmaf(v, 0.999f, 0.001f);
+      r += v;
+    }
+  } else if (w == TileWork::kIntOnly) {
+    // ~2048 integer instructions per thread (8 xor-shift-multiply steps per accumulator): the
+    // integer pipe instead of the fp32 one.
+    uint32_t acc_bits = 0;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      uint32_t v = __float_as_uint(acc[i]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v = (v ^ (v >> 7)) * 2654435761u;
+      acc_bits ^= v;
+    }
+    r = __uint_as_float(acc_bits);
+  } else if (w == TileWork::kStoresOnly) {
+    const int t = threadIdx.x % 128;
+    if (t % 4 == 0) {
+#pragma unroll
+      for (int slice = 0; slice < N / 16; ++slice) {
+        const int64_t row = row0 + 16 * (t / 32) + (t % 32) / 4 + 8 * (slice % 2);
+        const int64_t tile = col0 / 64 + slice / 2;
+        if (row < p.fused.row_end && tile < p.fused.local_tiles)
+          p.fused.summaries[row * p.fused.local_tiles + tile] = detlogp::TileSummary{acc[16 * slice], acc[16 * slice + 1]};
+      }
+    }
+    return;
+  }
+  if (r == kSentinel) p.sink[threadIdx.x] = r;
+}
+
+template <class Cfg, TileWork kWork = TileWork::kNone>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     pingpong_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden,
                              const __grid_constant__ CUtensorMap map_weight, const MainloopParams p) {
@@ -125,17 +187,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            t[2] = clock64();
                            pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
                            t[3] = clock64();
-                           if constexpr (kEpilogue) {
-                             int m_tile, n_tile;
-                             walk.coords(unit, m_tile, n_tile);
-                             const int64_t row0 = int64_t{m_tile} * Cfg::kTileRows;
+                           int m_tile, n_tile;
+                           walk.coords(unit, m_tile, n_tile);
+                           const int64_t row0 = int64_t{m_tile} * Cfg::kTileRows;
+                           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+                           if constexpr (kWork == TileWork::kEpilogue || kWork == TileWork::kPlainEpilogue) {
                              const int64_t row_limit = min(p.fused.row_end, row0 + Cfg::kTileRows);
 #pragma unroll
                              for (int f = 0; f < Cfg::kFragments; ++f)
-                               epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p.fused, row0 + 64 * f, row_limit,
-                                                                     int64_t{n_tile} * Cfg::kBlockN, false);
-                           } else {
+                               epilogue_tile_summaries<Cfg::kBlockN, kWork == TileWork::kPlainEpilogue>(
+                                   acc[f], p.fused, row0 + 64 * f, row_limit, col0, false);
+                           } else if constexpr (kWork == TileWork::kNone) {
                              sink_tile(acc[0], p);
+                           } else {
+                             synthetic_work(kWork, acc[0], p, row0, col0);
                            }
                            t[4] = clock64();
                            if (stamp && n < kStampTiles)
@@ -369,14 +434,28 @@ int main(int argc, char** argv) {
       mainloop_method<pingpong_mainloop_kernel<Pingpong>, Pingpong>("mainloop_pingpong_64x256", pr, true));
   methods.push_back(
       mainloop_method<pingpong_mainloop_kernel<PingpongC2>, PingpongC2>("mainloop_pingpong_64x256_c2", pr, true));
-  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, true>, Pingpong>(
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kEpilogue>, Pingpong>(
       "pingpong_64x256+epilogue", pr, true));
-  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, true>, PingpongC2>(
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, TileWork::kEpilogue>, PingpongC2>(
       "pingpong_64x256_c2+epilogue", pr, true));
-  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, true, true>, Pingpong>(
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kPlainEpilogue>, Pingpong>(
       "pingpong_64x256+plain_epilogue", pr, true));
-  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, true, true>, PingpongC2>(
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, TileWork::kPlainEpilogue>, PingpongC2>(
       "pingpong_64x256_c2+plain_epilogue", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kShufflesOnly>, Pingpong>(
+      "pingpong_64x256+shuffles_only", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAluOnly>, Pingpong>(
+      "pingpong_64x256+ffma2048", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kStoresOnly>, Pingpong>(
+      "pingpong_64x256+stores_only", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAlu512>, Pingpong>(
+      "pingpong_64x256+ffma512", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAlu1024>, Pingpong>(
+      "pingpong_64x256+ffma1024", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAlu4096>, Pingpong>(
+      "pingpong_64x256+ffma4096", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kIntOnly>, Pingpong>(
+      "pingpong_64x256+int2048", pr, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192>, Coop192>("mainloop_coop_128x192", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));
