@@ -134,7 +134,7 @@ __device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N]
       r += v;
     }
   } else if (w == TileWork::kIntOnly) {
-    // ~2048 integer instructions per thread (8 xor-shift-multiply steps per accumulator): the
+    // ~3300 integer instructions per thread (8 xor-shift-multiply steps per accumulator): the
     // integer pipe instead of the fp32 one.
     uint32_t acc_bits = 0;
 #pragma unroll
@@ -455,7 +455,7 @@ int main(int argc, char** argv) {
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAlu4096>, Pingpong>(
       "pingpong_64x256+ffma4096", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kIntOnly>, Pingpong>(
-      "pingpong_64x256+int2048", pr, true));
+      "pingpong_64x256+int3300", pr, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192>, Coop192>("mainloop_coop_128x192", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));
