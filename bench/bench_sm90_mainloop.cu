@@ -101,12 +101,22 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
 // entry), or one ingredient of it alone, to tell which part slows the other warpgroup's mainloop:
 // its shuffles (the plain epilogue's 18 per 16 values), its ALU work (16 FFMA per value), its
 // summary stores (one 8-byte store per row and vocab tile).
-enum class TileWork { kNone, kEpilogue, kPlainEpilogue, kShufflesOnly, kAluOnly, kStoresOnly, kAlu512, kAlu1024, kAlu4096,
-                      kIntOnly };
+enum class TileWork {
+  kNone,
+  kEpilogue,
+  kPlainEpilogue,
+  kShufflesOnly,
+  kAluOnly,
+  kStoresOnly,
+  kAlu512,
+  kAlu1024,
+  kAlu4096,
+  kIntOnly
+};
 
 template <int N>
-__device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N], const MainloopParams& p,
-                                               int64_t row0, int64_t col0) {
+__device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N], const MainloopParams& p, int64_t row0,
+                                               int64_t col0) {
   float r = 0.0f;
   if (w == TileWork::kShufflesOnly) {
 #pragma unroll
@@ -153,7 +163,8 @@ __device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N]
         const int64_t row = row0 + 16 * (t / 32) + (t % 32) / 4 + 8 * (slice % 2);
         const int64_t tile = col0 / 64 + slice / 2;
         if (row < p.fused.row_end && tile < p.fused.local_tiles)
-          p.fused.summaries[row * p.fused.local_tiles + tile] = detlogp::TileSummary{acc[16 * slice], acc[16 * slice + 1]};
+          p.fused.summaries[row * p.fused.local_tiles + tile] =
+              detlogp::TileSummary{acc[16 * slice], acc[16 * slice + 1]};
       }
     }
     return;
@@ -305,9 +316,7 @@ void print_timeline(const char* name, const std::vector<uint64_t>& st, int tiles
   for (int cta = 0; cta < kStampCtas; ++cta)
     for (int j = 2; j + 2 < local; ++j) {
       const int c = j % 2, nn = j / 2;
-      auto at = [&](int wg, int tile, int point) {
-        return static_cast<double>(st[stamp_index(cta, wg, tile, point)]);
-      };
+      auto at = [&](int wg, int tile, int point) { return static_cast<double>(st[stamp_index(cta, wg, tile, point)]); };
       wait.push_back(at(c, nn, 1) - at(c, nn, 0));
       issue.push_back(at(c, nn, 2) - at(c, nn, 1));
       tail.push_back(at(c, nn, 3) - at(c, nn, 2));

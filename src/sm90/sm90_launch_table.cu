@@ -183,8 +183,8 @@ void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedPa
     launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, true>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw,
                                                                               p, vec2 ? 1 : 0);
   else
-    launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, false>, Cfg>(m_units * p.n_tiles, sms, stream, mh,
-                                                                               mw, p, vec2 ? 1 : 0);
+    launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, false>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw,
+                                                                               p, vec2 ? 1 : 0);
 }
 
 template <class Cfg>
