@@ -1,11 +1,101 @@
 // Small shapes through every launch bucket, both entries and partial mode: fully written outputs,
-// CPU reduce_logits re-reduction bit-identical. Fast enough to run under compute-sanitizer
-// (memcheck, racecheck, synccheck) in scripts/gpu_check.sh.
+// CPU reduce_logits re-reduction bit-identical. Then special rows (NaN, +inf, logits spread far
+// past expc_normal's domain, all-zero hidden) with and without bias, so the trainer entry runs both
+// the plain epilogue (no bias) and the general one: each row's results stay in that row. Fast
+// enough to run under compute-sanitizer (memcheck, racecheck, synccheck) in scripts/gpu_check.sh.
 #include <cstdio>
+#include <cstring>
 
 #include "gpu_test_util.hpp"
 
 using namespace gput;
+
+namespace {
+
+// CPU re-reduction of [n][v] logits (the cross-backend oracle).
+void cpu_reduce(const std::vector<float>& z, const std::vector<int32_t>& t, int64_t n, int64_t v,
+                std::vector<float>& lp, std::vector<float>& ls) {
+  lp.assign(n, 0.0f);
+  ls.assign(n, 0.0f);
+  detlogp::ReduceLogitsInputs ri;
+  ri.logits = detlogp::TensorView::matrix(z.data(), detlogp::DType::f32, n, v);
+  ri.targets = detlogp::TensorView::vector(t.data(), detlogp::DType::i32, n);
+  detlogp::reduce_logits(ri, detlogp::mutable_vector(lp.data(), detlogp::DType::f32, n),
+                         detlogp::mutable_vector(ls.data(), detlogp::DType::f32, n));
+}
+
+void special_rows() {
+  const int64_t n = 40, d = 64, v = 200;  // three whole vocab tiles and one of 8 lanes
+  constexpr int64_t kNanRow = 3, kInfRow = 5, kWideRow = 7, kZeroRow = 9;
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[i] = i % 5 == 2 ? -100 : static_cast<int32_t>((i * 7) % v);
+  DevBuf<int32_t> dt(t.size());
+  dt.from_host(t);
+  for (const bool with_bias : {false, true}) {
+    DeviceModel m;
+    m.make(d, v, 5, with_bias);
+    DevBuf<uint16_t> clean(static_cast<size_t>(n * d));
+    fill_bf16_uniform(clean.get(), n * d, 6, 1.0f);
+    auto h = clean.to_host();
+    h[kNanRow * d + 10] = 0x7FC0u;  // NaN
+    h[kInfRow * d + 20] = 0x7F80u;  // +inf
+    for (int64_t k = 0; k < d; ++k) {
+      // x3000: logits spread by thousands, so most exponent arguments fall below -87 (expc's branches).
+      const float wide = bf16f(h[kWideRow * d + k]) * 3000.0f;
+      uint32_t bits = 0;
+      std::memcpy(&bits, &wide, sizeof bits);
+      h[kWideRow * d + k] = static_cast<uint16_t>(bits >> 16);
+      h[kZeroRow * d + k] = 0;
+    }
+    DevBuf<uint16_t> special(h.size());
+    special.from_host(h);
+    for (const std::string& name : sm90_bucket_names()) {
+      EnvGuard env("DETLOGP_SM90_BUCKET", name.c_str());
+      const std::string what = name + (with_bias ? " bias" : " no bias");
+      Outputs serving, trainer, reference;
+      serving.make(n, v, true);
+      trainer.make(n, v, false);
+      reference.make(n, v, true);
+      auto ps = device_problem(m, special.get(), n, dt.get(), serving);
+      auto pt = device_problem(m, special.get(), n, dt.get(), trainer);
+      auto pr = device_problem(m, clean.get(), n, dt.get(), reference);
+      try {
+        sm90().run(ps);
+        sm90().run(pt);
+        sm90().run(pr);
+      } catch (const std::exception& e) {
+        GPU_EXPECT(false, what << ": " << e.what());
+        continue;
+      }
+      const auto z = serving.logits.to_host(), zr = reference.logits.to_host();
+      std::vector<float> lp, ls;
+      cpu_reduce(z, t, n, v, lp, ls);
+      const auto slp = serving.logp.to_host(), sls = serving.lse.to_host();
+      const auto tlp = trainer.logp.to_host(), tls = trainer.lse.to_host();
+      const auto rlp = reference.logp.to_host(), rls = reference.lse.to_host();
+      auto a = detlogp::bitcmp::compare(lp, slp), b = detlogp::bitcmp::compare(ls, sls);
+      auto c = detlogp::bitcmp::compare(lp, tlp), e = detlogp::bitcmp::compare(ls, tls);
+      GPU_EXPECT(a.identical() && b.identical(),
+                 what << " serving: " << a.describe("logp") << "; " << b.describe("lse"));
+      GPU_EXPECT(c.identical() && e.identical(),
+                 what << " trainer: " << c.describe("logp") << "; " << e.describe("lse"));
+      GPU_EXPECT(detlogp::bitcmp::float_bits(tlp[kNanRow]) == detlogp::kCanonicalNanBits &&
+                     detlogp::bitcmp::float_bits(tls[kNanRow]) == detlogp::kCanonicalNanBits,
+                 what << ": the NaN row's logp/lse are not the canonical NaN");
+      // Every other row: the same logits and results as without the special rows.
+      long long leaked = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        if (r == kNanRow || r == kInfRow || r == kWideRow || r == kZeroRow) continue;
+        bool same = same_bits(tlp[r], rlp[r]) && same_bits(tls[r], rls[r]);
+        for (int64_t col = 0; col < v && same; ++col) same = same_bits(z[r * v + col], zr[r * v + col]);
+        if (!same) ++leaked;
+      }
+      GPU_EXPECT(leaked == 0, what << ": " << leaked << " ordinary rows differ from the run without special rows");
+    }
+  }
+}
+
+}  // namespace
 
 int main() {
   if (int rc = skip_unless_sm90("test_sm90_small")) return rc;
@@ -62,5 +152,6 @@ int main() {
       sm90().run(pp);
       GPU_CUDA(cudaDeviceSynchronize());
     }
+  special_rows();
   return finish("test_sm90_small");
 }
