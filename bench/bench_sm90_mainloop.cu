@@ -223,21 +223,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-template <class Cfg>
+// kWork: kNone (sink_tile) or kPlainEpilogue (each warpgroup runs the plain trainer epilogue of its
+// 64 rows after the tile's last wgmma: not overlapped with tensor-core work, so it pays no fp32
+// tax, but its whole latency is exposed).
+template <class Cfg, TileWork kWork = TileWork::kNone>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     coop_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden, const __grid_constant__ CUtensorMap map_weight,
                          const MainloopParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(kWork == TileWork::kNone || kWork == TileWork::kPlainEpilogue, "cooperative tile work");
   extern __shared__ uint8_t smem_raw[];
   // Both consumer warpgroups release each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
   warp_specialize<Cfg>([&] { produce_all<Cfg>(ring, &map_hidden, &map_weight, p); },
                        [&](int c) {
                          const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         const bool stamp = p.stamps != nullptr && blockIdx.x < kStampCtas && threadIdx.x % 128 == 0;
                          const OverlapRing r{ring.a, c};
                          float acc[Cfg::kAccRegs];
                          uint32_t it = 0;
-                         for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+                         uint32_t n = 0;
+                         for (int unit = walk.first; unit < walk.count; unit += walk.stride, ++n) {
+                           const uint64_t t0 = clock64();
                            // K block 0 apart (the overwriting first k16 step), so every K block is one wgmma group.
                            overlap_issue<Cfg, 1>(acc, r, it, true);
                            overlap_retire<Cfg>(acc, r, it, 0);
@@ -250,7 +257,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
                            for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
                            release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
-                           sink_tile(acc, p);
+                           const uint64_t t1 = clock64();
+                           if constexpr (kWork == TileWork::kPlainEpilogue) {
+                             int m_tile, n_tile;
+                             walk.coords(unit, m_tile, n_tile);
+                             const int64_t tile_row0 = int64_t{m_tile} * Cfg::kTileRows;
+                             const int64_t row_limit = min(p.fused.row_end, tile_row0 + Cfg::kTileRows);
+                             epilogue_tile_summaries<Cfg::kBlockN, true>(acc, p.fused, tile_row0 + 64 * c, row_limit,
+                                                                         int64_t{n_tile} * Cfg::kBlockN, false);
+                           } else {
+                             sink_tile(acc, p);
+                           }
+                           const uint64_t t2 = clock64();
+                           if (stamp && n < kStampTiles) {
+                             p.stamps[stamp_index(static_cast<int>(blockIdx.x), c, static_cast<int>(n), 0)] = t0;
+                             p.stamps[stamp_index(static_cast<int>(blockIdx.x), c, static_cast<int>(n), 1)] = t1;
+                             p.stamps[stamp_index(static_cast<int>(blockIdx.x), c, static_cast<int>(n), 4)] = t2;
+                           }
                          }
                        });
 #endif
@@ -287,15 +310,16 @@ void launch_mainloop(const Problem& pr, const CUtensorMap& mh, const CUtensorMap
 struct Method {
   std::string name;
   std::function<void()> fn;
-  std::function<void(uint64_t*)> stamped;  // one launch recording the phase timeline (ping-pong only)
+  std::function<void(uint64_t*)> stamped;  // one launch recording the phase timeline
+  bool coop = false;                       // the cooperative timeline (both warpgroups on every tile)
 };
 
 template <auto Kernel, class Cfg>
-Method mainloop_method(const char* name, const Problem& pr, bool timeline = false) {
+Method mainloop_method(const char* name, const Problem& pr, bool timeline = false, bool coop = false) {
   const CUtensorMap mh = encode_bf16_map(pr.hidden, pr.n, pr.d, pr.d, Cfg::kTileRows, "hidden");
   // Promotion as the library's ping-pong buckets: 256 B for hidden (the default), none for weight.
   const CUtensorMap mw = encode_bf16_map(pr.weight, pr.v, pr.d, pr.d, Cfg::kBlockN / Cfg::kClusterM, "weight", 0);
-  Method m{name, [pr, mh, mw] { launch_mainloop<Kernel, Cfg>(pr, mh, mw); }, {}};
+  Method m{name, [pr, mh, mw] { launch_mainloop<Kernel, Cfg>(pr, mh, mw); }, {}, coop};
   if (timeline) m.stamped = [pr, mh, mw](uint64_t* stamps) { launch_mainloop<Kernel, Cfg>(pr, mh, mw, stamps); };
   return m;
 }
@@ -304,6 +328,22 @@ double median(std::vector<double> v) {
   if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Cooperative kernels: medians over warpgroup 0's steady-state tiles of the stamped CTAs: the K walk
+// (first issue to last wgmma done), the tile work after it, and the period per tile.
+void print_coop_timeline(const char* name, const std::vector<uint64_t>& st, int tiles_per_cta) {
+  std::vector<double> walk, work, period;
+  const int local = std::min(tiles_per_cta, kStampTiles);
+  for (int cta = 0; cta < kStampCtas; ++cta)
+    for (int j = 1; j + 2 < local; ++j) {
+      auto at = [&](int tile, int point) { return static_cast<double>(st[stamp_index(cta, 0, tile, point)]); };
+      walk.push_back(at(j, 1) - at(j, 0));
+      work.push_back(at(j, 4) - at(j, 1));
+      period.push_back(at(j + 1, 0) - at(j, 0));
+    }
+  std::printf("timeline %-28s K walk %7.0f tile work %7.0f period %7.0f (128-row tiles)\n", name, median(walk),
+              median(work), median(period));
 }
 
 // Medians (cycles) over the steady-state tiles of the stamped CTAs: the ordering wait, the issue
@@ -469,6 +509,12 @@ int main(int argc, char** argv) {
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256C2>, Coop256C2>("mainloop_coop_128x256_c2", pr));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kNone>, Coop256>("coop_128x256 (timeline)",
+                                                                                             pr, true, true));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kPlainEpilogue>, Coop256>(
+      "coop_128x256+plain_epilogue", pr, true, true));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256C2, TileWork::kPlainEpilogue>, Coop256C2>(
+      "coop_128x256_c2+plain_epilogue", pr, true, true));
 
   Timer timer;
   std::vector<std::function<void()>> fns;
@@ -514,6 +560,11 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(st.data(), stamps, stamp_count * sizeof(uint64_t), cudaMemcpyDeviceToHost));
     // Tiles per CTA: the walk gives CTA 0 ceil(units / grid) work units; count its stamped tiles.
     int local = 0;
+    if (m.coop) {
+      while (local < kStampTiles && st[stamp_index(0, 0, local, 4)] != 0) ++local;
+      print_coop_timeline(m.name.c_str(), st, local);
+      continue;
+    }
     while (local < 2 * kStampTiles && st[stamp_index(0, local % 2, local / 2, 4)] != 0) ++local;
     print_timeline(m.name.c_str(), st, local);
   }
