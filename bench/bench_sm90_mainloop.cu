@@ -98,13 +98,15 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
 
 // What a ping-pong consumer does with a finished tile: nothing (sink_tile), the production trainer
 // epilogue (epilogue_tile_summaries, general or plain as the library launches it for the trainer
-// entry), or one ingredient of it alone, to tell which part slows the other warpgroup's mainloop:
+// entry; kPlainPerTile: the plain epilogue one vocab tile at a time, as before the whole-fragment
+// form), or one ingredient of it alone, to tell which part slows the other warpgroup's mainloop:
 // its shuffles (the plain epilogue's 18 per 16 values), its ALU work (16 FFMA per value), its
 // summary stores (one 8-byte store per row and vocab tile).
 enum class TileWork {
   kNone,
   kEpilogue,
   kPlainEpilogue,
+  kPlainPerTile,
   kShufflesOnly,
   kAluOnly,
   kStoresOnly,
@@ -113,6 +115,43 @@ enum class TileWork {
   kAlu4096,
   kIntOnly
 };
+
+// The plain epilogue one (vocab tile, row half) at a time (plain_whole_tile_summary), the form the
+// whole-fragment epilogue replaced: kept here to compare the two in one run.
+template <int BlockN>
+__device__ __forceinline__ void plain_per_tile_epilogue(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        int64_t row_tile0, int64_t row_limit, int64_t col0) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  if (row_tile0 + 16 * warp >= row_limit) return;
+  int64_t row[2], target_col[2];
+  bool row_ok[2], owns[2] = {false, false};
+  float inv_t[2], y_target[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+    row_ok[h] = row[h] < row_limit;
+    inv_t[h] = 1.0f;
+    target_col[h] = -1;
+    if (row_ok[h]) {
+      inv_t[h] = detlogp::inverse_temperature(p.temperature);
+      const int64_t tgt = load_target(p.targets, p.targets_i64, row[h]);
+      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
+    }
+  }
+#pragma unroll
+  for (int tt = 0; tt < BlockN / 64; ++tt) {
+    const int64_t tile_col0 = col0 + 64 * tt, local_tile = tile_col0 / 64;
+    if (local_tile >= p.local_tiles) break;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      plain_whole_tile_summary<BlockN>(acc, tt, h, p, row[h], row_ok[h], inv_t[h], target_col[h], tile_col0, local_tile,
+                                       y_target[h], owns[h]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];
+}
 
 template <int N>
 __device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N], const MainloopParams& p, int64_t row0,
@@ -208,6 +247,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              for (int f = 0; f < Cfg::kFragments; ++f)
                                epilogue_tile_summaries<Cfg::kBlockN, kWork == TileWork::kPlainEpilogue>(
                                    acc[f], p.fused, row0 + 64 * f, row_limit, col0, false);
+                           } else if constexpr (kWork == TileWork::kPlainPerTile) {
+                             const int64_t row_limit = min(p.fused.row_end, row0 + Cfg::kTileRows);
+#pragma unroll
+                             for (int f = 0; f < Cfg::kFragments; ++f)
+                               plain_per_tile_epilogue<Cfg::kBlockN>(acc[f], p.fused, row0 + 64 * f, row_limit, col0);
                            } else if constexpr (kWork == TileWork::kNone) {
                              sink_tile(acc[0], p);
                            } else {
@@ -487,6 +531,8 @@ int main(int argc, char** argv) {
       "pingpong_64x256+epilogue", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, TileWork::kEpilogue>, PingpongC2>(
       "pingpong_64x256_c2+epilogue", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kPlainPerTile>, Pingpong>(
+      "pingpong_64x256+plain_per_tile", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kPlainEpilogue>, Pingpong>(
       "pingpong_64x256+plain_epilogue", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<PingpongC2, TileWork::kPlainEpilogue>, PingpongC2>(

@@ -37,6 +37,159 @@ __device__ __forceinline__ void store_logit_pair(float* tile_ptr, int c, int col
   }
 }
 
+// Whether every vocab tile of a BlockN-column fragment at local column col0 is whole and inside
+// the shard (uniform over the CTA). Real lanes are a prefix of the shard, so the last tile decides.
+template <int BlockN>
+__device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col0) {
+  const int64_t last = col0 / kVocabTile + BlockN / kVocabTile - 1;
+  return last < p.local_tiles && tile_real_lanes(p, last) == kVocabTile;
+}
+
+// The plain epilogue of a whole fragment (fragment_whole; no bias, no logits output), written for
+// throughput: each phase runs over all 2 * BlockN / 64 slices (vocab tile tt, row half h) before the
+// next, in place on acc, so the dependent chains of different slices (the 16-deep max, the two
+// shuffle levels, the tree) overlap instead of running one slice after another, and a single warp
+// vote covers the whole fragment's exponentials. Every value goes through the operations of
+// epilogue_tile_summaries in the same order, so the bits are the same: scale, the slice's max
+// (exact, ascending within the slice), the lane max over q, -0 normalized, x = y - m, expc
+// (expc_normal on its domain), level 1 in-thread, levels 2-3 over q, levels 4-6 in-thread.
+template <int BlockN>
+__device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                             int64_t row_tile0, int64_t row_limit, int64_t col0) {
+  static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
+  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
+  constexpr int kTiles = BlockN / kVocabTile;
+  constexpr int kSlices = 2 * kTiles;  // slice 2 tt + h
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  if (row_tile0 + 16 * warp >= row_limit) return;  // warp-uniform: all 16 rows past the chunk
+
+  int64_t row[2];
+  bool row_ok[2];
+  float inv_t[2];
+  int64_t target_col[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+    row_ok[h] = row[h] < row_limit;
+    inv_t[h] = 1.0f;
+    target_col[h] = -1;
+    if (row_ok[h]) {
+      inv_t[h] = inverse_temperature(p.temperature_rows ? p.temperature_rows[row[h]] : p.temperature);
+      const int64_t tgt = load_target(p.targets, p.targets_i64, row[h]);
+      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
+    }
+  }
+  // acc index of value i (0..15) of slice (tt, h).
+  auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
+
+  // Scale in place and each slice's max, values ascending within a slice.
+  float m[kSlices];
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl) m[sl] = fp::neg_inf();
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& v = acc[at(tt, h, i)];
+        v = scale_logit(v, inv_t[h]);
+        m[2 * tt + h] = fp::max_nan(m[2 * tt + h], v);
+      }
+      // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread q).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t rel = target_col[h] - col0;
+    if (target_col[h] >= 0 && rel >= 0 && rel < BlockN && ((rel >> 1) & 3) == q) {
+      const int tt_t = static_cast<int>(rel / kVocabTile);
+      const int idx = static_cast<int>(((rel % kVocabTile) >> 3) * 2 + (rel & 1));
+      float v = 0.0f;
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt) {
+        float w = acc[at(tt, h, 0)];
+#pragma unroll
+        for (int i = 1; i < 16; ++i) w = i == idx ? acc[at(tt, h, i)] : w;
+        v = tt == tt_t ? w : v;
+      }
+      p.target_logit[row[h] - p.row_begin] = v;  // the single owner in the grid
+    }
+  }
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl) m[sl] = fp::max_nan(m[sl], __shfl_xor_sync(0xFFFFFFFFu, m[sl], 1));
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl) m[sl] = fp::max_nan(m[sl], __shfl_xor_sync(0xFFFFFFFFu, m[sl], 2));
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl) m[sl] = normalize_zero(m[sl]);
+
+  // x = y - m in place; one vote for the whole fragment.
+  bool normal = true;
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& v = acc[at(tt, h, i)];
+        v = fp::sub(v, m[2 * tt + h]);
+        normal = normal && v >= kExpcNormalMin;
+      }
+  // Exponentials and tree level 1 (in-thread pairs) per slice, so each pair frees its registers.
+  float level[kSlices][8];
+  if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+          level[2 * tt + h][jj] =
+              tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
+  } else {
+    // Rare (an argument below -87 or a NaN somewhere in the warp's fragment): expc with its range
+    // branches, one slice at a time through a local copy (a rolled loop keeps the code small).
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float xs[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xs[i] = acc[at(tt, h, i)];
+#pragma unroll 1
+        for (int i = 0; i < 16; ++i) xs[i] = expc(xs[i]);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) level[2 * tt + h][jj] = tree_add(xs[2 * jj], xs[2 * jj + 1]);
+      }
+  }
+
+  // Tree levels 2-3 over q, levels 4-6 in-thread.
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl)
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+      level[sl][jj] = tree_add(level[sl][jj], __shfl_xor_sync(0xFFFFFFFFu, level[sl][jj], 1));
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl)
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj)
+      level[sl][jj] = tree_add(level[sl][jj], __shfl_xor_sync(0xFFFFFFFFu, level[sl][jj], 2));
+#pragma unroll
+  for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float* l = level[2 * tt + h];
+      const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
+      const float l4c = tree_add(l[4], l[5]), l4d = tree_add(l[6], l[7]);
+      float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+      const float mx = m[2 * tt + h];
+      if (mx == fp::neg_inf()) sum = 0.0f;  // all lanes -inf
+      if (q == 0 && row_ok[h])
+        p.summaries[(row[h] - p.row_begin) * p.local_tiles + col0 / kVocabTile + tt] = TileSummary{mx, sum};
+    }
+}
+
 // One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of
 // epilogue_tile_summaries in the same order, with the per-lane tests that are constant over a
 // whole tile hoisted out: no real-lane test, no logits store or bias (the caller has neither), and
@@ -112,6 +265,10 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   const int q = lane % 4;
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * warp >= row_limit) return;
+  if constexpr (kPlain) {
+    if (fragment_whole<BlockN>(p, col0))
+      return epilogue_tile_summaries_wide<BlockN>(acc, p, row_tile0, row_limit, col0);
+  }
 
   int64_t row[2];
   bool row_ok[2];
