@@ -134,6 +134,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
+// Persistent cooperative: warpgroup 0 produces 128-row tiles, warpgroups 1 and 2 each run the
+// mainloop of 64 of its rows on every stage (a stage is free once both have released it), then
+// their epilogue; no overlap of epilogue and tensor-core work within the CTA.
+template <class Cfg, bool kPlain>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    fused_linear_logp_sm90_coop_persistent_kernel(const __grid_constant__ CUtensorMap map_hidden,
+                                                  const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
+                                                  const int logits_vec2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.validate_in_kernel == 0 && p.status->code != kStatusOk) return;
+  asm volatile("griddepcontrol.launch_dependents;");  // the combine may launch now and wait for us
+
+  extern __shared__ uint8_t smem_raw[];
+  // Every consuming warp of both warpgroups, of every cluster CTA, releases each stage.
+  const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
+  warp_specialize<Cfg>(
+      [&] {
+        if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
+        if (threadIdx.x == 0)
+          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
+                                p.row_begin, p.m_tiles, p.n_tiles, p.group_m);
+      },
+      [&](int c) {
+        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+        uint32_t it0 = 0;
+        for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+          int m_tile, n_tile;
+          walk.coords(unit, m_tile, n_tile);
+          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+          const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
+          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          float acc[1][Cfg::kAccRegs];
+          // This warpgroup's 64 rows of each A stage; B is shared.
+          pingpong_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+          it0 += static_cast<uint32_t>(p.k_blocks);
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[0], p, row0 + 64 * c, row_limit, col0, logits_vec2 != 0);
+        }
+      });
+#endif
+}
+
 namespace {
 
 using DecodeCfg = PingpongConfig<64, 128, 8>;           // few rows: HBM-bound, deep ring, epilogue hidden
@@ -145,6 +186,8 @@ using PrefillCfg = PingpongConfig<64, 256, 5>;  // many rows: one m64n256 wgmma 
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 using CoopOverlapCfg = CoopOverlapConfig<192, 5, 1>;  // 128 x 192 CTA tile, epilogue in slices (forced only)
 using CoopOverlapC2Cfg = CoopOverlapConfig<192, 5, 2>;
+using Coop256PersistentCfg = CoopPersistentConfig<256, 4>;  // forced only until measured
+using Coop256PersistentC2Cfg = CoopPersistentConfig<256, 4, 2>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
 using Coop128Cfg = FusedConfig<128, 128, 6, 1>;
@@ -185,6 +228,18 @@ void launch_pingpong(const CUtensorMap& mh, const CUtensorMap& mw, const FusedPa
   else
     launch_persistent<fused_linear_logp_sm90_pingpong_kernel<Cfg, false>, Cfg>(m_units * p.n_tiles, sms, stream, mh, mw,
                                                                                p, vec2 ? 1 : 0);
+}
+
+template <class Cfg>
+void launch_coop_persistent(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
+                            cudaStream_t stream) {
+  const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
+  if (p.bias == nullptr && p.logits == nullptr)
+    launch_persistent<fused_linear_logp_sm90_coop_persistent_kernel<Cfg, true>, Cfg>(m_units * p.n_tiles, sms, stream,
+                                                                                     mh, mw, p, vec2 ? 1 : 0);
+  else
+    launch_persistent<fused_linear_logp_sm90_coop_persistent_kernel<Cfg, false>, Cfg>(m_units * p.n_tiles, sms, stream,
+                                                                                      mh, mw, p, vec2 ? 1 : 0);
 }
 
 template <class Cfg>
@@ -260,6 +315,10 @@ BucketInfo bucket_info(Bucket b) {
       return pingpong_info<CoopOverlapCfg>("coop_overlap_n192");
     case Bucket::coop_overlap_n192_c2:
       return pingpong_info<CoopOverlapC2Cfg>("coop_overlap_n192_c2");
+    case Bucket::coop256_persistent:
+      return pingpong_info<Coop256PersistentCfg>("coop256_persistent");
+    case Bucket::coop256_persistent_c2:
+      return pingpong_info<Coop256PersistentC2Cfg>("coop256_persistent_c2");
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
@@ -315,6 +374,10 @@ void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const 
       return launch_coop_overlap<CoopOverlapCfg>(mh, mw, p, vec2, sms, stream);
     case Bucket::coop_overlap_n192_c2:
       return launch_coop_overlap<CoopOverlapC2Cfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::coop256_persistent:
+      return launch_coop_persistent<Coop256PersistentCfg>(mh, mw, p, vec2, sms, stream);
+    case Bucket::coop256_persistent_c2:
+      return launch_coop_persistent<Coop256PersistentC2Cfg>(mh, mw, p, vec2, sms, stream);
   }
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }

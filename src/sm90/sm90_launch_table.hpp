@@ -39,9 +39,14 @@ enum class Bucket : int {
   // Forced only, slower than prefill_c2 so far (docs/sm90-coop-overlap.md): 128 x 192 CTA tiles, both consumer
   // warpgroups on one weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
   coop_overlap_n192 = 14,
-  coop_overlap_n192_c2 = 15
+  coop_overlap_n192_c2 = 15,
+  // Forced only until measured (docs/perf-notes.md, "What the numbers say"): persistent 128 x 256
+  // CTA tiles, both consumer warpgroups on every stage (64 rows each), the epilogue after each
+  // tile's last wgmma, not overlapped, so it pays no fp32 tax on the tensor cores.
+  coop256_persistent = 16,
+  coop256_persistent_c2 = 17
 };
-inline constexpr int kBucketCount = 16;
+inline constexpr int kBucketCount = 18;
 
 struct BucketInfo {
   const char* name;

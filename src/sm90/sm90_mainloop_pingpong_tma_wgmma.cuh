@@ -63,6 +63,49 @@ struct PingpongConfig {
                 "each CTA's weight slice keeps the 1024-byte swizzle atoms whole");
 };
 
+// Persistent cooperative tiles: a 128 x BlockN CTA tile whose two consumer warpgroups each take 64
+// rows of every ring stage (the weight stage shared), so per weight byte twice the rows of the
+// ping-pong. Member names as PingpongConfig (one m64 fragment per warpgroup, kTileRows = 128 hidden
+// rows per stage), so pingpong_produce, RingSmem, release_stage and pingpong_consume_issue serve:
+// a warpgroup passes its half of the A stage (smem_a + 64 rows) and the stage stride stays kABytes.
+template <int BlockN, int Stages, int ClusterM = 1>
+struct CoopPersistentConfig {
+  static constexpr int kWgM = 64;
+  static constexpr int kTileRows = 128;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kBlockK = 64;
+  static constexpr int kStages = Stages;
+  static constexpr int kFragments = 1;
+  static constexpr int kThreads = 384;
+  static constexpr int kAccRegs = BlockN / 2;
+  static constexpr uint32_t kABytes = uint32_t(kTileRows) * kBlockK * 2;
+  static constexpr uint32_t kAGroupStride = 1024;
+  static constexpr uint32_t kAHalfBytes = 64u * kBlockK * 2;  // one warpgroup's 64 rows of a stage
+  static constexpr uint32_t kBBytes = uint32_t(BlockN) * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kABytes + kBBytes;
+  static constexpr int kClusterM = ClusterM;
+  static constexpr int kBSliceRows = BlockN / ClusterM;
+  static constexpr uint32_t kBSliceBytes = uint32_t(kBSliceRows) * kBlockK * 2;
+  static constexpr int kBarriers = 2 * Stages;
+  static constexpr int kSmemBytes = int(Stages * kStageBytes) + kBarriers * 8 + 1024;
+  static constexpr int kEntryRegs = 168;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+
+  static_assert(BlockN % kVocabTile == 0, "a tile's columns must be whole 64-lane vocab tiles (contract tree)");
+  static_assert(BlockN == 128 || BlockN == 192 || BlockN == 256, "wgmma n and TMA box limit (<= 256 rows)");
+  static_assert(kAccRegs <= 128, "one m64nN accumulator set per consumer warpgroup");
+  static_assert(kBlockK * 2 == 128, "BLOCK_K must fill exactly one 128-byte swizzle row");
+  static_assert(kABytes % 1024 == 0 && kAHalfBytes % 1024 == 0 && kBBytes % 1024 == 0,
+                "stage tiles and each warpgroup's half keep 1024-byte swizzle alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "dynamic shared memory limit of SM90");
+  static_assert(kEntryRegs * kThreads <= 65536, "one CTA per SM");
+  static_assert(kProducerRegs * 128 + 2 * kConsumerRegs * 128 <= kEntryRegs * kThreads, "setmaxnreg budget");
+  static_assert(ClusterM == 1 || ClusterM == 2, "cluster of 1 or 2 CTAs along M");
+  static_assert(BlockN % ClusterM == 0 && kBSliceBytes % 1024 == 0,
+                "each CTA's weight slice keeps the 1024-byte swizzle atoms whole");
+};
+
 // This CTA's walk (sm90_tile_schedule.hpp) for a Cfg::kClusterM-CTA cluster along M.
 template <class Cfg>
 __device__ __forceinline__ TileWalk make_tile_walk(int m_tiles, int n_tiles, int group_m) {
