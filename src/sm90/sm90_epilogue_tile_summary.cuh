@@ -53,7 +53,10 @@ __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col
 // epilogue_tile_summaries in the same order, so the bits are the same: scale, the slice's max
 // (exact, ascending within the slice), the lane max over q, -0 normalized, x = y - m, expc
 // (expc_normal on its domain), level 1 in-thread, levels 2-3 over q, levels 4-6 in-thread.
-template <int BlockN>
+// kPlain = false: the launch may have a bias (added to every value first, as add_bias) and a logits
+// output (z stored as float2 pairs with st.global.cs before the scale; the caller checked that the
+// pairs are 8-byte aligned, logits_vec2), both decided once per fragment.
+template <int BlockN, bool kPlain>
 __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
                                                              int64_t row_tile0, int64_t row_limit, int64_t col0) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
@@ -84,6 +87,33 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   }
   // acc index of value i (0..15) of slice (tt, h).
   auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
+
+  if constexpr (!kPlain) {
+    // z = fl(acc + b), then the stored logits: the general path's order for every value.
+    if (p.bias != nullptr) {
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float b = p.bias[col0 + kVocabTile * tt + 8 * (i / 2) + 2 * q + i % 2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc[at(tt, h, i)] = add_bias(acc[at(tt, h, i)], b);
+        }
+    }
+    if (p.logits != nullptr) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!row_ok[h]) continue;
+        float* out = p.logits + row[h] * p.vocab_local + col0 + 2 * q;
+#pragma unroll
+        for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj)
+            __stcs(reinterpret_cast<float2*>(out + kVocabTile * tt + 8 * jj),
+                   make_float2(acc[at(tt, h, 2 * jj)], acc[at(tt, h, 2 * jj + 1)]));
+      }
+    }
+  }
 
   // Scale in place and each slice's max, values ascending within a slice.
   float m[kSlices];
@@ -265,10 +295,9 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   const int q = lane % 4;
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * warp >= row_limit) return;
-  if constexpr (kPlain) {
-    if (fragment_whole<BlockN>(p, col0))
-      return epilogue_tile_summaries_wide<BlockN>(acc, p, row_tile0, row_limit, col0);
-  }
+  // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
+  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
+    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, row_tile0, row_limit, col0);
 
   int64_t row[2];
   bool row_ok[2];
