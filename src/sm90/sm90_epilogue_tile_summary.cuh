@@ -37,6 +37,22 @@ __device__ __forceinline__ void store_logit_pair(float* tile_ptr, int c, int col
   }
 }
 
+// The rest of one (row, vocab tile) summary from its thread's 8 level-1 sums: tree levels 2-3 over
+// the quad (shfl_xor 1, 2; both partners hold the same bits after each), levels 4-6 in-thread, +0
+// when the tile max m is -inf (no real lane, or all real lanes -inf), stored by the quad's q == 0.
+__device__ __forceinline__ void finish_tile_summary(float (&level)[8], float m, const FusedParams& p, int64_t row,
+                                                    bool row_ok, int64_t local_tile, int q) {
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
+  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
+  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
+  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+  if (m == fp::neg_inf()) s = 0.0f;
+  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+}
+
 // Whether every vocab tile of a BlockN-column fragment at local column col0 is whole and inside
 // the shard (uniform over the CTA). Real lanes are a prefix of the shard, so the last tile decides.
 template <int BlockN>
@@ -267,15 +283,7 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc(x[2 * jj]), expc(x[2 * jj + 1]));
   }
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
-  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
-  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
-  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
-  if (m == fp::neg_inf()) s = 0.0f;  // all lanes -inf
-  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+  finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
 }
 
 // Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
@@ -408,15 +416,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
           level[jj] = tree_add(e0, e1);  // level 1
         }
       }
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
-      const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
-      const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
-      float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
-      if (m == fp::neg_inf()) s = 0.0f;  // no real lane, or all real lanes -inf
-      if (q == 0 && row_ok[h]) p.summaries[(row[h] - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+      finish_tile_summary(level, m, p, row[h], row_ok[h], local_tile, q);
     }
   }
 #pragma unroll
@@ -552,15 +552,7 @@ __device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16]
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(es[2 * jj], es[2 * jj + 1]);  // level 1
   }
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
-  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
-  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
-  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
-  if (m == fp::neg_inf()) s = 0.0f;  // no real lane, or all real lanes -inf
-  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+  finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
 }
 
 }  // namespace detlogp::sm90
