@@ -207,7 +207,7 @@ if has mainloop; then
     # shellcheck disable=SC2086
     (cd "$OUT" && timeout 120 "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
     say "mainloop: rc=$? (bench_mainloop.log, bench_mainloop.csv)"
-    grep -E "^(method|cublas|mainloop)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
+    grep -E "^(method|cublas|mainloop|pingpong|coop|timeline)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
   fi
 fi
 done_step
