@@ -113,7 +113,8 @@ enum class TileWork {
   kAlu512,
   kAlu1024,
   kAlu4096,
-  kIntOnly
+  kIntOnly,
+  kAluLoop
 };
 
 // The plain epilogue one (vocab tile, row half) at a time (plain_whole_tile_summary), the form the
@@ -182,6 +183,18 @@ __device__ __forceinline__ void synthetic_work(TileWork w, const float (&acc)[N]
         if (k < chain) v = fmaf(v, 0.999f, 0.001f);
       r += v;
     }
+  } else if (w == TileWork::kAluLoop) {
+    // The 2048 FFMA of kAluOnly as a rolled loop of 16 steps of 128 (2 KB of code instead of 32 KB):
+    // the same work, so any difference to kAluOnly is instruction fetch.
+    float v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = acc[i];
+#pragma unroll 1
+    for (int k = 0; k < 16; ++k)
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = fmaf(v[i], 0.999f, 0.001f);
+#pragma unroll
+    for (int i = 0; i < N; ++i) r += v[i];
   } else if (w == TileWork::kIntOnly) {
     // ~3300 integer instructions per thread (8 xor-shift-multiply steps per accumulator): the
     // integer pipe instead of the fp32 one.
@@ -275,7 +288,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     coop_mainloop_kernel(const __grid_constant__ CUtensorMap map_hidden, const __grid_constant__ CUtensorMap map_weight,
                          const MainloopParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(kWork == TileWork::kNone || kWork == TileWork::kPlainEpilogue, "cooperative tile work");
+  static_assert(kWork == TileWork::kNone || kWork == TileWork::kPlainEpilogue || kWork == TileWork::kAluOnly ||
+                    kWork == TileWork::kAluLoop,
+                "cooperative tile work");
   extern __shared__ uint8_t smem_raw[];
   // Both consumer warpgroups release each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
@@ -288,6 +303,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          uint32_t it = 0;
                          uint32_t n = 0;
                          for (int unit = walk.first; unit < walk.count; unit += walk.stride, ++n) {
+                           int m_tile, n_tile;
+                           walk.coords(unit, m_tile, n_tile);
+                           const int64_t tile_row0 = int64_t{m_tile} * Cfg::kTileRows;
+                           const int64_t row_limit = min(p.fused.row_end, tile_row0 + Cfg::kTileRows);
+                           // As the library's kernel: the rows' inputs load before the K walk.
+                           FragmentRows rows{};
+                           if constexpr (kWork == TileWork::kPlainEpilogue)
+                             rows = load_fragment_rows(p.fused, tile_row0 + 64 * c, row_limit);
                            const uint64_t t0 = clock64();
                            // K block 0 apart (the overwriting first k16 step), so every K block is one wgmma group.
                            overlap_issue<Cfg, 1>(acc, r, it, true);
@@ -303,12 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
                            const uint64_t t1 = clock64();
                            if constexpr (kWork == TileWork::kPlainEpilogue) {
-                             int m_tile, n_tile;
-                             walk.coords(unit, m_tile, n_tile);
-                             const int64_t tile_row0 = int64_t{m_tile} * Cfg::kTileRows;
-                             const int64_t row_limit = min(p.fused.row_end, tile_row0 + Cfg::kTileRows);
-                             epilogue_tile_summaries<Cfg::kBlockN, true>(acc, p.fused, tile_row0 + 64 * c, row_limit,
-                                                                         int64_t{n_tile} * Cfg::kBlockN, false);
+                             epilogue_tile_summaries<Cfg::kBlockN, true>(acc, p.fused, rows, tile_row0 + 64 * c,
+                                                                         row_limit, int64_t{n_tile} * Cfg::kBlockN,
+                                                                         false);
+                           } else if constexpr (kWork == TileWork::kAluOnly || kWork == TileWork::kAluLoop) {
+                             synthetic_work(kWork, acc, p, tile_row0 + 64 * c, int64_t{n_tile} * Cfg::kBlockN);
                            } else {
                              sink_tile(acc, p);
                            }
@@ -551,6 +573,8 @@ int main(int argc, char** argv) {
       "pingpong_64x256+ffma4096", pr, true));
   methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kIntOnly>, Pingpong>(
       "pingpong_64x256+int3300", pr, true));
+  methods.push_back(mainloop_method<pingpong_mainloop_kernel<Pingpong, TileWork::kAluLoop>, Pingpong>(
+      "pingpong_64x256+ffma2048_loop", pr, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192>, Coop192>("mainloop_coop_128x192", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop192C2>, Coop192C2>("mainloop_coop_128x192_c2", pr));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256>, Coop256>("mainloop_coop_128x256", pr));
@@ -561,6 +585,10 @@ int main(int argc, char** argv) {
       "coop_128x256+plain_epilogue", pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256C2, TileWork::kPlainEpilogue>, Coop256C2>(
       "coop_128x256_c2+plain_epilogue", pr, true, true));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluOnly>, Coop256>(
+      "coop_128x256+ffma2048", pr, true, true));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluLoop>, Coop256>(
+      "coop_128x256+ffma2048_loop", pr, true, true));
 
   Timer timer;
   std::vector<std::function<void()>> fns;

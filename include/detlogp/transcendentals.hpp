@@ -57,19 +57,25 @@ DETLOGP_HD float expc(float x) {
 }
 
 // The lower end of expc_normal's domain: every x >= kExpcNormalMin has k = rint(x * log2e) >= -126,
-// so expc takes its normal (non-subnormal) path.
+// so expc takes its normal (non-subnormal) path; and where k = -126 (x < -87.3 only) is not reached,
+// so every result there is a normal number (k = -126 needs x > -87.34 here, where r = x - k ln2 > 0.33
+// and the polynomial is above 1).
 inline constexpr float kExpcNormalMin = -87.0f;
+// The upper end: k <= 127 (expc's own 2^128 factor would be +inf already below kOverflow).
+inline constexpr float kExpcNormalMax = 88.0f;
 
-// expc(x) for kExpcNormalMin <= x <= kOverflow, bit for bit (exhaustively tested): the same fp32
-// operations as expc's normal path with no range branches, and the scale 2^k read off the bits of
-// `shifted` (= 0x4B400000 + k, so bits << 23 = k << 23 mod 2^32) instead of a float-to-int
-// conversion. Straight-line, so a caller can interleave many of them; the SM90 epilogue uses it
-// when a warp's whole vocab tile lies in the domain (warp-uniform test) and expc otherwise.
+// expc(x) for kExpcNormalMin <= x <= kExpcNormalMax, bit for bit (exhaustively tested): the same fp32
+// operations as expc's normal path with no range branches. The final scaling by 2^k is exact there
+// (the result is normal), so it is done as an integer add of k << 23 to the polynomial's bits, with
+// k << 23 read off the bits of `shifted` (= 0x4B400000 + k, whose << 23 is k << 23 mod 2^32): one
+// integer instruction instead of a conversion and an fp32 multiply. Straight-line, so a caller can
+// interleave many of them; the SM90 epilogues use it when a warp's whole fragment lies in the
+// domain (warp-uniform test) and expc otherwise.
 DETLOGP_HD float expc_normal(float x) {
   using namespace expc_constants;
   const float shifted = fp::fma(x, kLog2e, kRoundMagic);
   const float kf = fp::sub(shifted, kRoundMagic);
-  return fp::mul(expc_reduced(x, kf), fp::from_bits((fp::bits(shifted) << 23) + (127u << 23)));
+  return fp::from_bits(fp::bits(expc_reduced(x, kf)) + (fp::bits(shifted) << 23));
 }
 
 namespace logc_constants {

@@ -105,7 +105,7 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
           if (p.bias != nullptr) z = add_bias(z, b[e]);
           x[jj][h][e] = grad_exp_arg(z, r[h]);
           const bool needed = row_ok[h] && c + e < real;
-          normal = normal && (!needed || (x[jj][h][e] >= kExpcNormalMin && x[jj][h][e] <= expc_constants::kOverflow));
+          normal = normal && (!needed || (x[jj][h][e] >= kExpcNormalMin && x[jj][h][e] <= kExpcNormalMax));
         }
     }
     float pe[kJB][2][2];

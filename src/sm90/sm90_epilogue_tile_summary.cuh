@@ -61,6 +61,32 @@ __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col
   return last < p.local_tiles && tile_real_lanes(p, last) == kVocabTile;
 }
 
+// The per-row inputs of a thread's two rows of an m64 fragment (lane / 4 + 8 h of each warp's 16),
+// loaded raw before the fragment's mainloop so the global-load latency hides behind the K walk
+// (a non-overlapped epilogue would otherwise wait for it on every tile); rows at or past
+// row_limit load nothing.
+struct FragmentRows {
+  float temperature[2];
+  int64_t target[2];
+};
+
+__device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p, int64_t row_tile0,
+                                                           int64_t row_limit) {
+  const int t = threadIdx.x % 128;
+  FragmentRows r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row_tile0 + 16 * (t / 32) + (t % 32) / 4 + 8 * h;
+    r.temperature[h] = 1.0f;
+    r.target[h] = p.ignore_index;
+    if (row < row_limit) {
+      r.temperature[h] = p.temperature_rows ? p.temperature_rows[row] : p.temperature;
+      r.target[h] = load_target(p.targets, p.targets_i64, row);
+    }
+  }
+  return r;
+}
+
 // The plain epilogue of a whole fragment (fragment_whole; no bias, no logits output), written for
 // throughput: each phase runs over all 2 * BlockN / 64 slices (vocab tile tt, row half h) before the
 // next, in place on acc, so the dependent chains of different slices (the 16-deep max, the two
@@ -69,12 +95,18 @@ __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col
 // epilogue_tile_summaries in the same order, so the bits are the same: scale, the slice's max
 // (exact, ascending within the slice), the lane max over q, -0 normalized, x = y - m, expc
 // (expc_normal on its domain), level 1 in-thread, levels 2-3 over q, levels 4-6 in-thread.
+// Instruction count is the cost here (the fp32 work competes with the tensor cores for issue), so:
+// the scale is skipped where every inverse temperature of the warp is 1 (y == z exactly; the one
+// stored target logit still goes through scale_logit, so even a NaN's bits are unchanged), and
+// tree levels 2-3 are a reduce-scatter over the slices (each lane pair adds half of the slices,
+// tree_add commutes), after which lane q finishes and stores its own slices.
 // kPlain = false: the launch may have a bias (added to every value first, as add_bias) and a logits
 // output (z stored as float2 pairs with st.global.cs before the scale; the caller checked that the
 // pairs are 8-byte aligned, logits_vec2), both decided once per fragment.
 template <int BlockN, bool kPlain>
 __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                             int64_t row_tile0, int64_t row_limit, int64_t col0) {
+                                                             const FragmentRows& rows, int64_t row_tile0,
+                                                             int64_t row_limit, int64_t col0) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   constexpr int kTiles = BlockN / kVocabTile;
@@ -88,17 +120,17 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   int64_t row[2];
   bool row_ok[2];
   float inv_t[2];
-  int64_t target_col[2];
+  int target_rel[2];  // the target's column relative to col0 when it lies in this fragment, else -1
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
     row_ok[h] = row[h] < row_limit;
     inv_t[h] = 1.0f;
-    target_col[h] = -1;
+    target_rel[h] = -1;
     if (row_ok[h]) {
-      inv_t[h] = inverse_temperature(p.temperature_rows ? p.temperature_rows[row[h]] : p.temperature);
-      const int64_t tgt = load_target(p.targets, p.targets_i64, row[h]);
-      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
+      inv_t[h] = inverse_temperature(rows.temperature[h]);
+      const int64_t rel = rows.target[h] - p.vocab_start - col0;
+      if (rows.target[h] != p.ignore_index && rel >= 0 && rel < BlockN) target_rel[h] = static_cast<int>(rel);
     }
   }
   // acc index of value i (0..15) of slice (tt, h).
@@ -131,27 +163,38 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
     }
   }
 
-  // Scale in place and each slice's max, values ascending within a slice.
+  // Scale in place (unless every factor of the warp is 1) and each slice's max, values ascending
+  // within a slice.
   float m[kSlices];
 #pragma unroll
   for (int sl = 0; sl < kSlices; ++sl) m[sl] = fp::neg_inf();
+  if (__all_sync(0xFFFFFFFFu, inv_t[0] == 1.0f && inv_t[1] == 1.0f)) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
+    for (int i = 0; i < 16; ++i)
 #pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
+      for (int tt = 0; tt < kTiles; ++tt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& v = acc[at(tt, h, i)];
-        v = scale_logit(v, inv_t[h]);
-        m[2 * tt + h] = fp::max_nan(m[2 * tt + h], v);
-      }
-      // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread q).
+        for (int h = 0; h < 2; ++h) m[2 * tt + h] = fp::max_nan(m[2 * tt + h], acc[at(tt, h, i)]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& v = acc[at(tt, h, i)];
+          v = scale_logit(v, inv_t[h]);
+          m[2 * tt + h] = fp::max_nan(m[2 * tt + h], v);
+        }
+  }
+  // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread
+  // q); scale_logit again is exact where the values were scaled (inv_t != 1) and the identity else.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t rel = target_col[h] - col0;
-    if (target_col[h] >= 0 && rel >= 0 && rel < BlockN && ((rel >> 1) & 3) == q) {
-      const int tt_t = static_cast<int>(rel / kVocabTile);
-      const int idx = static_cast<int>(((rel % kVocabTile) >> 3) * 2 + (rel & 1));
+    const int rel = target_rel[h];
+    if (rel >= 0 && ((rel >> 1) & 3) == q) {
+      const int tt_t = rel / kVocabTile;
+      const int idx = ((rel % kVocabTile) >> 3) * 2 + (rel & 1);
       float v = 0.0f;
 #pragma unroll
       for (int tt = 0; tt < kTiles; ++tt) {
@@ -160,7 +203,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
         for (int i = 1; i < 16; ++i) w = i == idx ? acc[at(tt, h, i)] : w;
         v = tt == tt_t ? w : v;
       }
-      p.target_logit[row[h] - p.row_begin] = v;  // the single owner in the grid
+      p.target_logit[row[h] - p.row_begin] = inv_t[h] == 1.0f ? scale_logit(v, 1.0f) : v;  // the single owner
     }
   }
 #pragma unroll
@@ -210,30 +253,61 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
       }
   }
 
-  // Tree levels 2-3 over q, levels 4-6 in-thread.
+  // Tree level 2 (lanes q, q ^ 1) as a reduce-scatter: of the slice pair (2 s, 2 s + 1) the lane
+  // with q bit 0 = b keeps slice 2 s + b and sends the other; afterwards lane q holds l2[s] =
+  // level 2 of slice 2 s + b0.
+  static_assert(kSlices % 2 == 0, "slices come in row-half pairs");
+  constexpr int kS2 = kSlices / 2;
+  const bool b0 = (q & 1) != 0;
+  const bool b1 = (q & 2) != 0;
+  float l2[kS2][8];
 #pragma unroll
-  for (int sl = 0; sl < kSlices; ++sl)
+  for (int s = 0; s < kS2; ++s)
 #pragma unroll
-    for (int jj = 0; jj < 8; ++jj)
-      level[sl][jj] = tree_add(level[sl][jj], __shfl_xor_sync(0xFFFFFFFFu, level[sl][jj], 1));
-#pragma unroll
-  for (int sl = 0; sl < kSlices; ++sl)
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj)
-      level[sl][jj] = tree_add(level[sl][jj], __shfl_xor_sync(0xFFFFFFFFu, level[sl][jj], 2));
-#pragma unroll
-  for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float* l = level[2 * tt + h];
-      const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
-      const float l4c = tree_add(l[4], l[5]), l4d = tree_add(l[6], l[7]);
-      float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
-      const float mx = m[2 * tt + h];
-      if (mx == fp::neg_inf()) sum = 0.0f;  // all lanes -inf
-      if (q == 0 && row_ok[h])
-        p.summaries[(row[h] - p.row_begin) * p.local_tiles + col0 / kVocabTile + tt] = TileSummary{mx, sum};
+    for (int jj = 0; jj < 8; ++jj) {
+      const float keep = b0 ? level[2 * s + 1][jj] : level[2 * s][jj];
+      const float send = b0 ? level[2 * s][jj] : level[2 * s + 1][jj];
+      l2[s][jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
     }
+  // Slice 2 s + b0 is vocab tile s, row half b0.
+  const int64_t row_h = b0 ? row[1] : row[0];
+  const bool row_ok_h = b0 ? row_ok[1] : row_ok[0];
+  // Levels 4-6 of one slice held by this lane, +0 when its max is -inf, and its summary.
+  auto finish = [&](const float (&l)[8], float mx, int tt, bool store) {
+    const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
+    const float l4c = tree_add(l[4], l[5]), l4d = tree_add(l[6], l[7]);
+    float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+    if (mx == fp::neg_inf()) sum = 0.0f;  // all lanes -inf
+    if (store && row_ok_h)
+      p.summaries[(row_h - p.row_begin) * p.local_tiles + col0 / kVocabTile + tt] = TileSummary{mx, sum};
+  };
+  if constexpr (kS2 % 2 == 0) {
+    // Level 3 (lanes q, q ^ 2, which hold the same slices) scatters again over pairs (2 u, 2 u + 1)
+    // of l2: lane q ends with slice 4 u + q = vocab tile 2 u + b1, row half b0.
+#pragma unroll
+    for (int u = 0; u < kS2 / 2; ++u) {
+      float l3[8];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const float keep = b1 ? l2[2 * u + 1][jj] : l2[2 * u][jj];
+        const float send = b1 ? l2[2 * u][jj] : l2[2 * u + 1][jj];
+        l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+      }
+      const float m_lo = b0 ? m[4 * u + 1] : m[4 * u];
+      const float m_hi = b0 ? m[4 * u + 3] : m[4 * u + 2];
+      finish(l3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
+    }
+  } else {
+    // An odd number of slice pairs (BlockN = 192): level 3 as a plain exchange (both lanes hold
+    // the same bits), stored by the lane with b1 = 0.
+#pragma unroll
+    for (int s = 0; s < kS2; ++s) {
+      float l3[8];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) l3[jj] = tree_add(l2[s][jj], __shfl_xor_sync(0xFFFFFFFFu, l2[s][jj], 2));
+      finish(l3, b0 ? m[2 * s + 1] : m[2 * s], s, !b1);
+    }
+  }
 }
 
 // One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of
@@ -288,13 +362,15 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
 
 // Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
 // `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
-// 8-row tile), its columns start at local column `col0` (a multiple of 64). acc is consumed in place.
+// 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
+// thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
+// acc is consumed in place.
 // kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
 // vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
 template <int BlockN, bool kPlain = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        int64_t row_tile0, int64_t row_limit, int64_t col0,
-                                                        bool logits_vec2) {
+                                                        const FragmentRows& rows, int64_t row_tile0,
+                                                        int64_t row_limit, int64_t col0, bool logits_vec2) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
@@ -305,7 +381,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   if (row_tile0 + 16 * warp >= row_limit) return;
   // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, row_tile0, row_limit, col0);
+    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0);
 
   int64_t row[2];
   bool row_ok[2];
@@ -318,9 +394,8 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     inv_t[h] = 1.0f;
     target_col[h] = -1;
     if (row_ok[h]) {
-      inv_t[h] = inverse_temperature(p.temperature_rows ? p.temperature_rows[row[h]] : p.temperature);
-      const int64_t tgt = load_target(p.targets, p.targets_i64, row[h]);
-      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
+      inv_t[h] = inverse_temperature(rows.temperature[h]);
+      if (rows.target[h] != p.ignore_index) target_col[h] = rows.target[h] - p.vocab_start;
     }
   }
   float y_target[2] = {0.0f, 0.0f};
@@ -422,6 +497,16 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
+}
+
+// The same, loading the rows' temperature and target first (when nothing was prefetched).
+template <int BlockN, bool kPlain = false>
+__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                        bool logits_vec2) {
+  if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;  // warp-uniform, before any load
+  const FragmentRows rows = load_fragment_rows(p, row_tile0, row_limit);
+  epilogue_tile_summaries<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, logits_vec2);
 }
 
 // The 16 accumulators of epilogue slice `slice` (vocab tile slice / 2, row half slice % 2) of a

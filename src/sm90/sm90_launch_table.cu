@@ -118,6 +118,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
       const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
       const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+      // The rows' temperature and target load while the K walk runs.
+      FragmentRows rows[Cfg::kFragments];
+#pragma unroll
+      for (int f = 0; f < Cfg::kFragments; ++f) rows[f] = load_fragment_rows(p, row0 + 64 * f, row_limit);
       float acc[Cfg::kFragments][Cfg::kAccRegs];
       const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
       pingpong_consume_issue<Cfg>(acc, smem_a, smem_b, full, empty, p.k_blocks, it0);
@@ -126,7 +130,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       pingpong_consume_tail<Cfg>(acc, empty, p.k_blocks, it0);
 #pragma unroll
       for (int f = 0; f < Cfg::kFragments; ++f)
-        epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
+        epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, rows[f], row0 + 64 * f, row_limit, col0,
+                                                      logits_vec2 != 0);
     }
   }
   // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
@@ -165,11 +170,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          // The rows' temperature and target load while the K walk runs (the epilogue is not
+          // overlapped here, so their latency would add to every tile).
+          const FragmentRows rows = load_fragment_rows(p, row0 + 64 * c, row_limit);
           float acc[1][Cfg::kAccRegs];
           // This warpgroup's 64 rows of each A stage; B is shared.
           pingpong_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
           it0 += static_cast<uint32_t>(p.k_blocks);
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[0], p, row0 + 64 * c, row_limit, col0, logits_vec2 != 0);
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[0], p, rows, row0 + 64 * c, row_limit, col0,
+                                                        logits_vec2 != 0);
         }
       });
 #endif
