@@ -585,8 +585,8 @@ int main(int argc, char** argv) {
       "coop_128x256+plain_epilogue", pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256C2, TileWork::kPlainEpilogue>, Coop256C2>(
       "coop_128x256_c2+plain_epilogue", pr, true, true));
-  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluOnly>, Coop256>(
-      "coop_128x256+ffma2048", pr, true, true));
+  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluOnly>, Coop256>("coop_128x256+ffma2048",
+                                                                                                pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluLoop>, Coop256>(
       "coop_128x256+ffma2048_loop", pr, true, true));
 

@@ -60,8 +60,7 @@ TEST(ExhaustiveTranscendentals, ExpcNormalEqualsExpcOnItsWholeDomain) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto differs = [](float x) { return bits(detlogp::expc_normal(x)) != bits(detlogp::expc(x)); };
   const auto [bad_neg, first_neg] = detlogp_test::count_bits_where(0x80000000u, bits(detlogp::kExpcNormalMin), differs);
-  const auto [bad_pos, first_pos] =
-      detlogp_test::count_bits_where(0u, bits(detlogp::kExpcNormalMax), differs);
+  const auto [bad_pos, first_pos] = detlogp_test::count_bits_where(0u, bits(detlogp::kExpcNormalMax), differs);
   std::printf("expc_normal vs expc on [%g, %a]: %llu values, %llu differ  [%.1f s]\n",
               static_cast<double>(detlogp::kExpcNormalMin), static_cast<double>(detlogp::kExpcNormalMax),
               static_cast<unsigned long long>(bits(detlogp::kExpcNormalMin) - 0x80000000u + 1 +

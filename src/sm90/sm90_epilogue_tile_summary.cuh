@@ -70,8 +70,7 @@ struct FragmentRows {
   int64_t target[2];
 };
 
-__device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p, int64_t row_tile0,
-                                                           int64_t row_limit) {
+__device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p, int64_t row_tile0, int64_t row_limit) {
   const int t = threadIdx.x % 128;
   FragmentRows r;
 #pragma unroll
@@ -273,7 +272,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   const int64_t row_h = b0 ? row[1] : row[0];
   const bool row_ok_h = b0 ? row_ok[1] : row_ok[0];
   // Levels 4-6 of one slice held by this lane, +0 when its max is -inf, and its summary.
-  auto finish = [&](const float (&l)[8], float mx, int tt, bool store) {
+  auto finish = [&](const float(&l)[8], float mx, int tt, bool store) {
     const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
     const float l4c = tree_add(l[4], l[5]), l4d = tree_add(l[6], l[7]);
     float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
@@ -369,8 +368,8 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
 // vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
 template <int BlockN, bool kPlain = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        const FragmentRows& rows, int64_t row_tile0,
-                                                        int64_t row_limit, int64_t col0, bool logits_vec2) {
+                                                        const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
+                                                        int64_t col0, bool logits_vec2) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
