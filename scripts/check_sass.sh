@@ -4,7 +4,8 @@
 #   - no contract kernel (all of namespace detlogp::sm90) contains ATOM/RED (no atomics: the
 #     reductions are ordered) or MUFU.EX2/MUFU.LG2 (no hardware approximations of exp/log: the
 #     contract's expc/logc are built from IEEE fp32 operations);
-#   - reports local-memory traffic (LDL/STL) per kernel.
+#   - reports local-memory traffic (LDL/STL) per kernel;
+#   - (when it compiles the sources itself) ptxas serialized no kernel's wgmma (C75xx).
 # Usage: scripts/check_sass.sh [binary-or-object ...]
 #   With no argument it compiles src/sm90/*.cu for sm_90a with nvcc into a temporary directory.
 # cuobjdump: $CUOBJDUMP, else PATH, else $CUDA_HOME/bin, else the pip wheels
@@ -43,6 +44,7 @@ fi
 
 inputs=("$@")
 tmp=""
+serialized=0
 if [[ ${#inputs[@]} -eq 0 ]]; then
   NVCC="${NVCC:-$(find_tool nvcc)}"
   [[ -n "$NVCC" ]] || { echo "check_sass: nvcc not found and no binary given"; exit 2; }
@@ -50,7 +52,16 @@ if [[ ${#inputs[@]} -eq 0 ]]; then
   trap 'rm -rf "$tmp"' EXIT
   for f in "$ROOT"/src/sm90/*.cu; do
     o="$tmp/$(basename "$f" .cu).o"
-    "$NVCC" -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a --fmad=false -I"$ROOT/include" -I"$ROOT/src" -c "$f" -o "$o"
+    # ptxas reports (C75xx "Potential Performance Loss") when it serializes a kernel's wgmma
+    # (e.g. a wgmma accumulator touched on a divergent path): a silent 2x slowdown, so it fails here.
+    if ! "$NVCC" -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a --fmad=false -Xptxas -v -I"$ROOT/include" -I"$ROOT/src" \
+      -c "$f" -o "$o" 2>"$tmp/nvcc.log"; then
+      cat "$tmp/nvcc.log"; exit 1
+    fi
+    if grep -q "wgmma.mma_async instructions are serialized" "$tmp/nvcc.log"; then
+      grep "wgmma.mma_async instructions are serialized" "$tmp/nvcc.log" | cut -c1-300
+      serialized=1
+    fi
     inputs+=("$o")
   done
 fi
@@ -85,5 +96,6 @@ while read -r fn hg at mu lm; do
 done <"$sass.tab"
 rm -f "$sass.tab"
 if [[ "$fused" -eq 0 ]]; then echo "check_sass: FAIL: no fused SM90 kernel found in the inputs"; exit 1; fi
+if [[ "$serialized" -ne 0 ]]; then echo "check_sass: FAIL: ptxas serialized the wgmma of a kernel (above)"; exit 1; fi
 if [[ "$fail" -ne 0 ]]; then echo "check_sass: FAIL"; exit 1; fi
 echo "check_sass: PASS ($contract contract kernels, $fused fused kernels with HGMMA; no ATOM/RED, no MUFU.EX2/LG2)"

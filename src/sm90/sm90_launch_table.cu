@@ -173,11 +173,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // The rows' temperature and target load while the K walk runs (the epilogue is not
           // overlapped here, so their latency would add to every tile).
           const FragmentRows rows = load_fragment_rows(p, row0 + 64 * c, row_limit);
-          float acc[1][Cfg::kAccRegs];
+          float acc[Cfg::kAccRegs];
           // This warpgroup's 64 rows of each A stage; B is shared.
-          pingpong_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+          coop_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
           it0 += static_cast<uint32_t>(p.k_blocks);
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[0], p, rows, row0 + 64 * c, row_limit, col0,
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0,
                                                         logits_vec2 != 0);
         }
       });
@@ -195,7 +195,7 @@ using PrefillCfg = PingpongConfig<64, 256, 5>;  // many rows: one m64n256 wgmma 
 using PrefillC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 using CoopOverlapCfg = CoopOverlapConfig<192, 5, 1>;  // 128 x 192 CTA tile, epilogue in slices (forced only)
 using CoopOverlapC2Cfg = CoopOverlapConfig<192, 5, 2>;
-using Coop256PersistentCfg = CoopPersistentConfig<256, 4>;  // forced only until measured
+using Coop256PersistentCfg = CoopPersistentConfig<256, 4>;  // the default above N = 64 at D >= 4096
 using Coop256PersistentC2Cfg = CoopPersistentConfig<256, 4, 2>;
 using Pingpong128Cfg = PingpongConfig<128, 128, 6>;  // alternative: two m64n128 fragments per warpgroup
 using Coop64Cfg = FusedConfig<64, 128, 4, 2>;        // non-persistent variants: free-axis alternatives
@@ -332,7 +332,7 @@ BucketInfo bucket_info(Bucket b) {
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
 
-Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms) {
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, int sms) {
   if (const char* v = std::getenv(bucket_env_name()); v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
     std::string names;
     for (int i = 0; i < kBucketCount; ++i) {
@@ -345,6 +345,9 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms) {
   if (rows <= 8)
     return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
   if (rows <= 64) return most_even({Bucket::decode, Bucket::decode_n192, Bucket::prefill}, rows, vocab_local, sms);
+  // A long K walk (D >= 4096) hides a non-overlapped epilogue best: cooperative 128 x 256 tiles
+  // (docs/perf-notes.md, run 39). Short ones (Qwen3-0.6B, D = 1024) keep the ping-pong overlap.
+  if (dim >= 4096) return Bucket::coop256_persistent;
   return Bucket::prefill_c2;
 }
 

@@ -15,7 +15,8 @@ namespace detlogp::sm90 {
 // Persistent ping-pong buckets, picked by rows and by how evenly the weight tiles fill the SMs:
 //   decode8_n{128,192,256}: N <= 8, 8-row tiles (the ring holds weight, not replicated rows);
 //   decode (n128), decode_n192, prefill (n256): N <= 64;
-//   prefill_c2 (prefill's tile, 2-CTA clusters sharing the weight stage): every larger N.
+//   coop256_persistent (128 x 256 cooperative tiles, epilogue after each tile): larger N at D >= 4096;
+//   prefill_c2 (prefill's tile, 2-CTA clusters sharing the weight stage): larger N at D < 4096.
 // pingpong128x128 and coop*: further free-axis points reachable only through the knob; every
 // bucket runs any N (the tests run each one).
 enum class Bucket : int {
@@ -34,15 +35,15 @@ enum class Bucket : int {
   decode_promote256 = 11,
   prefill_promote256 = 12,
   // prefill's tile in clusters of 2 CTAs along M, the weight stage multicast (one L2 read a
-  // cluster): the default above N = 64
+  // cluster): the default above N = 64 for D < 4096
   prefill_c2 = 13,
   // Forced only, slower than prefill_c2 so far (docs/sm90-coop-overlap.md): 128 x 192 CTA tiles, both consumer
   // warpgroups on one weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
   coop_overlap_n192 = 14,
   coop_overlap_n192_c2 = 15,
-  // Forced only until measured (docs/perf-notes.md, "What the numbers say"): persistent 128 x 256
-  // CTA tiles, both consumer warpgroups on every stage (64 rows each), the epilogue after each
-  // tile's last wgmma, not overlapped, so it pays no fp32 tax on the tensor cores.
+  // Persistent 128 x 256 CTA tiles, both consumer warpgroups on every stage (64 rows each), the
+  // epilogue after each tile's last wgmma, not overlapped, so it pays no fp32 tax on the tensor
+  // cores: the default above N = 64 for D >= 4096; _c2 multicasts the weight stage (forced only).
   coop256_persistent = 16,
   coop256_persistent_c2 = 17
 };
@@ -63,9 +64,10 @@ struct BucketInfo {
 };
 
 BucketInfo bucket_info(Bucket b);
-// Bucket for a launch of `rows` rows over V_local = vocab_local on a GPU of `sms` SMs:
-// DETLOGP_SM90_BUCKET (auto or a bucket name) if set, else by size. Throws on an unknown value.
-Bucket select_bucket(int64_t rows, int64_t vocab_local, int sms);
+// Bucket for a launch of `rows` rows over V_local = vocab_local with hidden size `dim` on a GPU of
+// `sms` SMs: DETLOGP_SM90_BUCKET (auto or a bucket name) if set, else by size. Throws on an unknown
+// value.
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, int sms);
 const char* bucket_env_name();
 
 // Launches the fused kernel of bucket b over p's row chunk. The tensor maps must have been
