@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           // This warpgroup's 64 rows of each A stage; B is shared.
           coop_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
           it0 += static_cast<uint32_t>(p.k_blocks);
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0,
-                                                        logits_vec2 != 0);
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0, logits_vec2 != 0);
         }
       });
 #endif
