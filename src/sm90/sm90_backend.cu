@@ -363,7 +363,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   };
   std::vector<ChunkLaunch> launches;
   auto plan_rows = [&](int64_t row_begin, int64_t rows) {
-    const Bucket b = select_bucket(rows, p.vocab_local, p.dim, sms);
+    const Bucket b = select_bucket(rows, p.vocab_local, p.dim, f.logits != nullptr, sms);
     const BucketInfo bi = bucket_info(b);
     if (launches.empty() || launches.back().bucket != b) {
       launches.push_back({b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),

@@ -331,7 +331,7 @@ BucketInfo bucket_info(Bucket b) {
   DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
 }
 
-Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, int sms) {
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores_logits, int sms) {
   if (const char* v = std::getenv(bucket_env_name()); v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
     std::string names;
     for (int i = 0; i < kBucketCount; ++i) {
@@ -344,9 +344,10 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, int sms) {
   if (rows <= 8)
     return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
   if (rows <= 64) return most_even({Bucket::decode, Bucket::decode_n192, Bucket::prefill}, rows, vocab_local, sms);
-  // A long K walk (D >= 4096) hides a non-overlapped epilogue best: cooperative 128 x 256 tiles
-  // (docs/perf-notes.md, run 39). Short ones (Qwen3-0.6B, D = 1024) keep the ping-pong overlap.
-  if (dim >= 4096) return Bucket::coop256_persistent;
+  // A long K walk (D >= 4096) amortizes a non-overlapped epilogue best: cooperative 128 x 256 tiles
+  // (docs/perf-notes.md, runs 39-40). Short ones (Qwen3-0.6B, D = 1024), and launches that store
+  // the logits (the stores are then exposed too), keep the ping-pong overlap.
+  if (dim >= 4096 && !stores_logits) return Bucket::coop256_persistent;
   return Bucket::prefill_c2;
 }
 

@@ -15,8 +15,9 @@ namespace detlogp::sm90 {
 // Persistent ping-pong buckets, picked by rows and by how evenly the weight tiles fill the SMs:
 //   decode8_n{128,192,256}: N <= 8, 8-row tiles (the ring holds weight, not replicated rows);
 //   decode (n128), decode_n192, prefill (n256): N <= 64;
-//   coop256_persistent (128 x 256 cooperative tiles, epilogue after each tile): larger N at D >= 4096;
-//   prefill_c2 (prefill's tile, 2-CTA clusters sharing the weight stage): larger N at D < 4096.
+//   coop256_persistent (128 x 256 cooperative tiles, epilogue after each tile): larger N at
+//   D >= 4096 without a logits output;
+//   prefill_c2 (prefill's tile, 2-CTA clusters sharing the weight stage): every other larger N.
 // pingpong128x128 and coop*: further free-axis points reachable only through the knob; every
 // bucket runs any N (the tests run each one).
 enum class Bucket : int {
@@ -35,7 +36,7 @@ enum class Bucket : int {
   decode_promote256 = 11,
   prefill_promote256 = 12,
   // prefill's tile in clusters of 2 CTAs along M, the weight stage multicast (one L2 read a
-  // cluster): the default above N = 64 for D < 4096
+  // cluster): the default above N = 64 for D < 4096 or a logits output
   prefill_c2 = 13,
   // Forced only, slower than prefill_c2 so far (docs/sm90-coop-overlap.md): 128 x 192 CTA tiles, both consumer
   // warpgroups on one weight stage, the previous tile's epilogue in slices between the next tile's wgmma groups.
@@ -43,7 +44,8 @@ enum class Bucket : int {
   coop_overlap_n192_c2 = 15,
   // Persistent 128 x 256 CTA tiles, both consumer warpgroups on every stage (64 rows each), the
   // epilogue after each tile's last wgmma, not overlapped, so it pays no fp32 tax on the tensor
-  // cores: the default above N = 64 for D >= 4096; _c2 multicasts the weight stage (forced only).
+  // cores: the default above N = 64 for D >= 4096 without logits output; _c2 multicasts the
+  // weight stage (forced only).
   coop256_persistent = 16,
   coop256_persistent_c2 = 17
 };
@@ -64,10 +66,10 @@ struct BucketInfo {
 };
 
 BucketInfo bucket_info(Bucket b);
-// Bucket for a launch of `rows` rows over V_local = vocab_local with hidden size `dim` on a GPU of
-// `sms` SMs: DETLOGP_SM90_BUCKET (auto or a bucket name) if set, else by size. Throws on an unknown
-// value.
-Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, int sms);
+// Bucket for a launch of `rows` rows over V_local = vocab_local with hidden size `dim` (and fp32
+// logits stored or not) on a GPU of `sms` SMs: DETLOGP_SM90_BUCKET (auto or a bucket name) if set,
+// else by size. Throws on an unknown value.
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores_logits, int sms);
 const char* bucket_env_name();
 
 // Launches the fused kernel of bucket b over p's row chunk. The tensor maps must have been
