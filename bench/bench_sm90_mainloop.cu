@@ -531,6 +531,7 @@ int main(int argc, char** argv) {
   fused.ignore_index = -100;
   fused.targets = targets;
   fused.temperature = 1.0f;
+  fused.inv_temperature = 1.0f;
   fused.summaries = summaries;
   fused.local_tiles = local_tiles;
   fused.target_logit = target_logit;

@@ -349,6 +349,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.targets = p.targets;
   f.targets_i64 = p.targets_i64 ? 1 : 0;
   f.temperature = p.temperature;
+  f.inv_temperature = inverse_temperature(p.temperature);  // IEEE fl(1 / T), as on the device
   f.temperature_rows = p.temperature_rows;
   f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
   f.local_tiles = p.local_tiles();

@@ -75,6 +75,7 @@ struct FusedParams {
   const void* targets;
   int32_t targets_i64;
   float temperature;
+  float inv_temperature;          // inverse_temperature(temperature), computed on the host
   const float* temperature_rows;  // [N] or null
   float* logits;                  // [N][V_local] unscaled z, or null (trainer entry)
   TileSummary* summaries;         // [row - row_begin][local_tiles]

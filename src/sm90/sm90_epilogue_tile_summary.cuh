@@ -63,11 +63,24 @@ __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col
 
 // The per-row inputs of a thread's two rows of an m64 fragment (lane / 4 + 8 h of each warp's 16),
 // loaded raw before the fragment's mainloop so the global-load latency hides behind the K walk
-// (a non-overlapped epilogue would otherwise wait for it on every tile); rows at or past
-// row_limit load nothing.
+// (a non-overlapped epilogue would otherwise wait for it on every tile). Raw means no instruction
+// touches the loaded registers until the epilogue: an int32 target is widened there, not here (a
+// sign extension right after the load stalled every tile ~400 cycles before its K walk, ncu run 41),
+// and the temperature is inverted there. Rows at or past row_limit load nothing (and are not used).
 struct FragmentRows {
   float temperature[2];
-  int64_t target[2];
+  int32_t target_lo[2];  // an int32 target, or the low word of an int64 one
+  int32_t target_hi[2];  // the high word of an int64 target
+
+  __device__ __forceinline__ int64_t target(int h, const FusedParams& p) const {
+    return p.targets_i64 ? static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(target_hi[h])) << 32) |
+                                                static_cast<uint32_t>(target_lo[h]))
+                         : static_cast<int64_t>(target_lo[h]);
+  }
+  // fl(1 / T): the host's for a scalar temperature (the same IEEE division), else this row's.
+  __device__ __forceinline__ float inv_t(int h, const FusedParams& p) const {
+    return p.temperature_rows ? inverse_temperature(temperature[h]) : p.inv_temperature;
+  }
 };
 
 __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p, int64_t row_tile0, int64_t row_limit) {
@@ -77,10 +90,18 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_tile0 + 16 * (t / 32) + (t % 32) / 4 + 8 * h;
     r.temperature[h] = 1.0f;
-    r.target[h] = p.ignore_index;
+    r.target_lo[h] = 0;
+    r.target_hi[h] = 0;
     if (row < row_limit) {
-      r.temperature[h] = p.temperature_rows ? p.temperature_rows[row] : p.temperature;
-      r.target[h] = load_target(p.targets, p.targets_i64, row);
+      if (p.temperature_rows) r.temperature[h] = p.temperature_rows[row];
+      const int32_t* words = static_cast<const int32_t*>(p.targets);
+      if (p.targets_i64) {
+        const int2 w = reinterpret_cast<const int2*>(p.targets)[row];
+        r.target_lo[h] = w.x;
+        r.target_hi[h] = w.y;
+      } else {
+        r.target_lo[h] = words[row];
+      }
     }
   }
   return r;
@@ -127,9 +148,10 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
     inv_t[h] = 1.0f;
     target_rel[h] = -1;
     if (row_ok[h]) {
-      inv_t[h] = inverse_temperature(rows.temperature[h]);
-      const int64_t rel = rows.target[h] - p.vocab_start - col0;
-      if (rows.target[h] != p.ignore_index && rel >= 0 && rel < BlockN) target_rel[h] = static_cast<int>(rel);
+      inv_t[h] = rows.inv_t(h, p);
+      const int64_t tgt = rows.target(h, p);
+      const int64_t rel = tgt - p.vocab_start - col0;
+      if (tgt != p.ignore_index && rel >= 0 && rel < BlockN) target_rel[h] = static_cast<int>(rel);
     }
   }
   // acc index of value i (0..15) of slice (tt, h).
@@ -212,18 +234,32 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
 #pragma unroll
   for (int sl = 0; sl < kSlices; ++sl) m[sl] = normalize_zero(m[sl]);
 
-  // x = y - m in place; one vote for the whole fragment.
-  bool normal = true;
+  // x = y - m in place; one vote for the whole fragment on "every x >= kExpcNormalMin", decided
+  // per slice as: m finite, and the largest bit pattern of its x (unsigned) at most that of
+  // kExpcNormalMin. With m finite no y is NaN and every y <= m, so x = fl(y - m) is +0 (bits 0) or
+  // negative (bits 0x80000000 + |x|, increasing with |x|, -inf the largest): the same decision as
+  // the per-value test x >= kExpcNormalMin, and with m NaN or infinite that test fails too. The
+  // 3-way unsigned max is one instruction per two values (VIMNMX3) and 2 * BlockN / 64 independent
+  // chains, where the per-value compare was one predicate chain through every value.
+  uint32_t xbits_max[kSlices];
 #pragma unroll
-  for (int i = 0; i < 16; ++i)
+  for (int sl = 0; sl < kSlices; ++sl) xbits_max[sl] = 0u;
+#pragma unroll
+  for (int i = 0; i < 16; i += 2)
 #pragma unroll
     for (int tt = 0; tt < kTiles; ++tt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float& v = acc[at(tt, h, i)];
-        v = fp::sub(v, m[2 * tt + h]);
-        normal = normal && v >= kExpcNormalMin;
+        float& v0 = acc[at(tt, h, i)];
+        float& v1 = acc[at(tt, h, i + 1)];
+        v0 = fp::sub(v0, m[2 * tt + h]);
+        v1 = fp::sub(v1, m[2 * tt + h]);
+        xbits_max[2 * tt + h] = __vimax3_u32(xbits_max[2 * tt + h], fp::bits(v0), fp::bits(v1));
       }
+  bool normal = true;
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl)
+    normal = normal && (fp::bits(m[sl]) & 0x7F800000u) != 0x7F800000u && xbits_max[sl] <= fp::bits(kExpcNormalMin);
   // Exponentials and tree level 1 (in-thread pairs) per slice, so each pair frees its registers.
   float level[kSlices][8];
   if (__all_sync(0xFFFFFFFFu, normal)) {
@@ -393,8 +429,9 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
     inv_t[h] = 1.0f;
     target_col[h] = -1;
     if (row_ok[h]) {
-      inv_t[h] = inverse_temperature(rows.temperature[h]);
-      if (rows.target[h] != p.ignore_index) target_col[h] = rows.target[h] - p.vocab_start;
+      inv_t[h] = rows.inv_t(h, p);
+      const int64_t tgt = rows.target(h, p);
+      if (tgt != p.ignore_index) target_col[h] = tgt - p.vocab_start;
     }
   }
   float y_target[2] = {0.0f, 0.0f};
