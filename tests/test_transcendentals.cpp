@@ -67,6 +67,17 @@ TEST(Expc, SampledAccuracyWithinOneUlp) {
   EXPECT_LE(worst.max_ulp, 1.0);
 }
 
+TEST(Expc, ScaleOverflowsToInfFromKEquals128) {
+  // Outside the contract's domain (x <= 0), pinned as implemented (docs/contract.md 4.1 step 5):
+  // k = 128 builds 2^k as +inf, so +inf already from x = 0x1.61814ep+6 (88.376...), below kOverflow.
+  const float first_inf = 0x1.61814ep+6f;
+  EXPECT_EQ(detlogp::fp::bits(expc(first_inf)), detlogp::fp::bits(kInf));
+  EXPECT_EQ(detlogp::fp::bits(expc(detlogp::expc_constants::kOverflow)), detlogp::fp::bits(kInf));
+  const float last_finite = std::nextafter(first_inf, 0.0f);
+  EXPECT_TRUE(std::isfinite(expc(last_finite))) << expc(last_finite);
+  EXPECT_GT(expc(last_finite), 0x1.6p+127f);
+}
+
 TEST(Expc, NormalPathVariantGivesTheSameBitsOnSamples) {
   // The exhaustive suite covers the whole domain; here: both ends, and a million samples.
   for (float x : {detlogp::kExpcNormalMin, std::nextafter(detlogp::kExpcNormalMin, 0.0f), -1e-30f, -0.0f, 0.0f, -1.0f,

@@ -22,7 +22,8 @@ inline constexpr float kC4 = 0x1.555b5cp-5f;
 inline constexpr float kC5 = 0x1.123bdcp-7f;
 inline constexpr float kC6 = 0x1.687b46p-10f;
 inline constexpr float kUnderflow = -104.0f;        // e^x < 2^-150 below: rounds to +0
-inline constexpr float kOverflow = 0x1.62e42ep+6f;  // e^x > FLT_MAX above: +inf
+inline constexpr float kOverflow = 0x1.62e42ep+6f;  // e^x > FLT_MAX above: +inf (and from
+                                                    // 0x1.61814ep+6 on, k = 128 makes 2^k +inf)
 }  // namespace expc_constants
 
 // e^r for the reduced argument r = x - kf * ln 2 (kf = rint(x * log2e), ln 2 in two parts): the
