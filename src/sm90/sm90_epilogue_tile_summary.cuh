@@ -260,50 +260,41 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
 #pragma unroll
   for (int sl = 0; sl < kSlices; ++sl)
     normal = normal && (fp::bits(m[sl]) & 0x7F800000u) != 0x7F800000u && xbits_max[sl] <= fp::bits(kExpcNormalMin);
-  // Exponentials and tree level 1 (in-thread pairs) per slice, so each pair frees its registers.
-  float level[kSlices][8];
-  if (__all_sync(0xFFFFFFFFu, normal)) {
+  const bool fast = __all_sync(0xFFFFFFFFu, normal);
+  // Exponentials and tree level 1 (in-thread pairs) of slice (tt, h) into lv: expc_normal, or, when
+  // the vote failed (an argument below -87 or a NaN somewhere in the warp's fragment), expc with its
+  // range branches through a local copy (a rolled loop keeps the rare path's code small).
+  auto level1 = [&]<bool kFast>(int tt, int h, float(&lv)[8]) {
+    if constexpr (kFast) {
 #pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
+      for (int jj = 0; jj < 8; ++jj)
+        lv[jj] = tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
+    } else {
+      float xs[16];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
-          level[2 * tt + h][jj] =
-              tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
-  } else {
-    // Rare (an argument below -87 or a NaN somewhere in the warp's fragment): expc with its range
-    // branches, one slice at a time through a local copy (a rolled loop keeps the code small).
-#pragma unroll
-    for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float xs[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xs[i] = acc[at(tt, h, i)];
+      for (int i = 0; i < 16; ++i) xs[i] = acc[at(tt, h, i)];
 #pragma unroll 1
-        for (int i = 0; i < 16; ++i) xs[i] = expc(xs[i]);
+      for (int i = 0; i < 16; ++i) xs[i] = expc(xs[i]);
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) level[2 * tt + h][jj] = tree_add(xs[2 * jj], xs[2 * jj + 1]);
-      }
-  }
+      for (int jj = 0; jj < 8; ++jj) lv[jj] = tree_add(xs[2 * jj], xs[2 * jj + 1]);
+    }
+  };
 
   // Tree level 2 (lanes q, q ^ 1) as a reduce-scatter: of the slice pair (2 s, 2 s + 1) the lane
-  // with q bit 0 = b keeps slice 2 s + b and sends the other; afterwards lane q holds l2[s] =
-  // level 2 of slice 2 s + b0.
+  // with q bit 0 = b keeps slice 2 s + b and sends the other, so afterwards it holds level 2 of
+  // slice 2 s + b0.
   static_assert(kSlices % 2 == 0, "slices come in row-half pairs");
   constexpr int kS2 = kSlices / 2;
   const bool b0 = (q & 1) != 0;
   const bool b1 = (q & 2) != 0;
-  float l2[kS2][8];
-#pragma unroll
-  for (int s = 0; s < kS2; ++s)
+  auto level2 = [&](const float(&even)[8], const float(&odd)[8], float(&out)[8]) {
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
-      const float keep = b0 ? level[2 * s + 1][jj] : level[2 * s][jj];
-      const float send = b0 ? level[2 * s][jj] : level[2 * s + 1][jj];
-      l2[s][jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
+      const float keep = b0 ? odd[jj] : even[jj];
+      const float send = b0 ? even[jj] : odd[jj];
+      out[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
     }
+  };
   // Slice 2 s + b0 is vocab tile s, row half b0.
   const int64_t row_h = b0 ? row[1] : row[0];
   const bool row_ok_h = b0 ? row_ok[1] : row_ok[0];
@@ -316,33 +307,53 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
     if (store && row_ok_h)
       p.summaries[(row_h - p.row_begin) * p.local_tiles + col0 / kVocabTile + tt] = TileSummary{mx, sum};
   };
-  if constexpr (kS2 % 2 == 0) {
-    // Level 3 (lanes q, q ^ 2, which hold the same slices) scatters again over pairs (2 u, 2 u + 1)
-    // of l2: lane q ends with slice 4 u + q = vocab tile 2 u + b1, row half b0.
+  // The groups below, with the exponentials of the vote's outcome (one branch for the fragment, so
+  // each path is straight-line code the scheduler can interleave).
+  auto groups = [&]<bool kFast>() {
+    if constexpr (kS2 % 2 == 0) {
+      // Vocab tiles 2 u and 2 u + 1 (slices 4 u .. 4 u + 3) make a closed group: level 2 pairs slices
+      // (4 u, 4 u + 1) and (4 u + 2, 4 u + 3), level 3 (lanes q, q ^ 2, which hold the same slices)
+      // scatters again over those two pairs, and lane q ends with slice 4 u + q = vocab tile
+      // 2 u + b1, row half b0. Each group runs its exponentials and then its tree, so one group's
+      // shuffle rounds can overlap the next group's exponentials (same operations, same bits).
 #pragma unroll
-    for (int u = 0; u < kS2 / 2; ++u) {
-      float l3[8];
+      for (int u = 0; u < kS2 / 2; ++u) {
+        float lv[4][8];
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const float keep = b1 ? l2[2 * u + 1][jj] : l2[2 * u][jj];
-        const float send = b1 ? l2[2 * u][jj] : l2[2 * u + 1][jj];
-        l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+        for (int k = 0; k < 4; ++k) level1.template operator()<kFast>(2 * u + k / 2, k % 2, lv[k]);
+        float l2a[8], l2b[8], l3[8];
+        level2(lv[0], lv[1], l2a);
+        level2(lv[2], lv[3], l2b);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const float keep = b1 ? l2b[jj] : l2a[jj];
+          const float send = b1 ? l2a[jj] : l2b[jj];
+          l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+        }
+        const float m_lo = b0 ? m[4 * u + 1] : m[4 * u];
+        const float m_hi = b0 ? m[4 * u + 3] : m[4 * u + 2];
+        finish(l3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
       }
-      const float m_lo = b0 ? m[4 * u + 1] : m[4 * u];
-      const float m_hi = b0 ? m[4 * u + 3] : m[4 * u + 2];
-      finish(l3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
-    }
-  } else {
-    // An odd number of slice pairs (BlockN = 192): level 3 as a plain exchange (both lanes hold
-    // the same bits), stored by the lane with b1 = 0.
+    } else {
+      // An odd number of slice pairs (BlockN = 192): per vocab tile, level 2 as above and level 3 as
+      // a plain exchange (both lanes hold the same bits), stored by the lane with b1 = 0.
 #pragma unroll
-    for (int s = 0; s < kS2; ++s) {
-      float l3[8];
+      for (int s = 0; s < kS2; ++s) {
+        float lv[2][8];
+        level1.template operator()<kFast>(s, 0, lv[0]);
+        level1.template operator()<kFast>(s, 1, lv[1]);
+        float l2[8], l3[8];
+        level2(lv[0], lv[1], l2);
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj) l3[jj] = tree_add(l2[s][jj], __shfl_xor_sync(0xFFFFFFFFu, l2[s][jj], 2));
-      finish(l3, b0 ? m[2 * s + 1] : m[2 * s], s, !b1);
+        for (int jj = 0; jj < 8; ++jj) l3[jj] = tree_add(l2[jj], __shfl_xor_sync(0xFFFFFFFFu, l2[jj], 2));
+        finish(l3, b0 ? m[2 * s + 1] : m[2 * s], s, !b1);
+      }
     }
-  }
+  };
+  if (fast)
+    groups.template operator()<true>();
+  else
+    groups.template operator()<false>();
 }
 
 // One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of
