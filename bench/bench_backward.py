@@ -5,7 +5,11 @@ Default shapes: Qwen3-8B's head (D = 4096, V = 151936), N = 4096 tokens, bf16. O
 
     PYTHONPATH=build/python python3 bench/bench_backward.py [--json out.json]
 
-Time: CUDA events around forward + backward (median of --iters after --warmup). Peak memory:
+Time: CUDA events around forward + backward, median of --iters after --warmup. Every timed case
+(the cuBLAS forward GEMM, each method's forward + backward and its forward alone) is timed once
+per repetition, round-robin in a fresh shuffled order, so all of them run in the same thermal and
+power state (a GEMM timed alone on a cool GPU ran ~8 % faster than under the power cap the
+backward runs at). Peak memory:
 torch.cuda.max_memory_allocated() above the inputs, the gradient buffers included (both sides
 produce the same gradients). The SM90 forward's own workspace is cudaMalloc'ed by the library and
 is reported separately by the library's DETLOGP_SM90_WORKSPACE_MB setting, not here.
@@ -18,12 +22,18 @@ torch chunk loop, for comparison (setting that variable for the whole run forces
 (DETLOGP_SM90_GRAD_CLUSTER=1) and "contract-1gib" with 1 GiB dz chunks instead of 256 MiB.
 The "bwd path" column says which backward served each method. "fwd ms" times the forward alone
 in the same harness, "bwd ms" is the difference of the two medians, and "bwd/GEMM" divides it by
-the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (issue 6's target: <= 3.3).
+the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (issue 6's target: <= 3.3);
+"ref fwd/fwd" is the torch materializing forward (bf16 F.linear, fp32 log_softmax over [N, V],
+gather) over the method's forward, when "ref" is among the methods.
+--profile prints the CUDA kernels of one forward, and of one forward + backward, of the contract
+method (torch profiler), summed per kernel name, with the timeline of a short step: where the
+time goes, and the gaps between kernels.
 """
 
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 
@@ -56,6 +66,8 @@ METHODS = {
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
 }
+METHOD_KEYS = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane"),
+                       METHODS))  # fmt: skip
 # Module settings of detlogp.torch set around a method's steps (free choices of the backward).
 METHOD_MODULE = {
     "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": {"BACKWARD_FUSED_CHUNK_BYTES": 1 << 30},
@@ -67,7 +79,9 @@ METHOD_ENV = {
 }
 
 
-def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False, module=None):
+def make_step(fn, h, w, t, g, env=None, forward_only=False, module=None):
+    """One forward (+ backward) of fn on fresh leaf copies of h and w, with env and module settings
+    applied around it. Returns (step, grads) where grads() gives the last step's gradients."""
     hh = h.clone().requires_grad_()
     ww = w.clone().requires_grad_()
 
@@ -92,32 +106,79 @@ def run(fn, h, w, t, g, iters, warmup, cuda, env=None, forward_only=False, modul
                 else:
                     os.environ[k] = v
 
-    for _ in range(warmup):
-        step()
-    times = []
-    peak = None
+    return step, lambda: (hh.grad, ww.grad)
+
+
+def time_once(step, cuda):
+    """Milliseconds of one step: CUDA events on a GPU, wall clock on a CPU."""
     if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
         torch.cuda.synchronize()
-        hh.grad = None
-        ww.grad = None
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    step()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def peak_extra_bytes(step):
+    """Peak memory of one step above what was allocated before it (GPU only)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def round_robin(cases, iters, warmup, cuda, seed=0):
+    """Times every case once per repetition in a fresh shuffled order; returns {key: [ms, ...]}."""
+    for step in cases.values():
+        for _ in range(warmup):
+            step()
+    rng = random.Random(seed)
+    times = {k: [] for k in cases}
+    for _ in range(iters):
+        order = list(cases)
+        rng.shuffle(order)
+        for k in order:
+            times[k].append(time_once(cases[k], cuda))
+    return times
+
+
+def profile_kernels(step, label, top=12):
+    """The CUDA kernels of one step (torch profiler): summed per name, longest first, and, for a
+    short step, the timeline (start offsets show the gaps between kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-        for _ in range(iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), peak, (hh.grad, ww.grad)
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
+    if not kernels:
+        print(f"{label}: the profiler saw no CUDA kernels")
+        return []
+    totals = {}
+    for e in kernels:
+        us, count = totals.get(e.name, (0.0, 0))
+        totals[e.name] = (us + e.time_range.elapsed_us(), count + 1)
+    busy = sum(us for us, _ in totals.values())
+    t0 = kernels[0].time_range.start
+    span = max(e.time_range.end for e in kernels) - t0
+    print(f"{label}: {len(kernels)} kernels, {busy / 1e3:.3f} ms of kernel time in a {span / 1e3:.3f} ms span")
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {us / 1e3:8.3f} ms {count:4d}x  {name[:110]}")
+    if len(kernels) <= 16:
+        print("  timeline (start us, duration us):")
+        for e in kernels:
+            print(f"  {e.time_range.start - t0:10.1f} {e.time_range.elapsed_us():10.1f}  {e.name[:100]}")
+    return [{"kernel": n, "ms": us / 1e3, "count": c} for n, (us, c) in totals.items()]
 
 
 def main():
@@ -133,6 +194,7 @@ def main():
         help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-torchloop, lane",
     )  # fmt: skip
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--profile", action="store_true", help="print the kernels of one contract forward + backward")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     gen = torch.Generator().manual_seed(0)
@@ -143,44 +205,71 @@ def main():
     t[15::16] = -100
     t = t.to(args.device)
     g = torch.rand(n, generator=gen).to(args.device)
-    keys = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane"),
-                    METHODS))  # fmt: skip
-    chosen = list(METHODS) if args.methods == "all" else [keys[k] for k in args.methods.split(",")]
+    chosen = list(METHODS) if args.methods == "all" else [METHOD_KEYS[k] for k in args.methods.split(",")]
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "
           f"{dt.BACKWARD_VOCAB_CHUNK}, fused chunk {dt._fused_chunk_rows(n, v)}")  # fmt: skip
     # The forward GEMM the backward is measured against: cuBLAS bf16 F.linear (what torch calls).
-    gemm_ms = None
+    cases = {}
     if cuda:
-        gemm_ms, _, _, _ = run(lambda a, b, _t: F.linear(a, b), h, w, t, g, args.iters, args.warmup, cuda,
-                               forward_only=True)  # fmt: skip
-        print(f"cuBLAS bf16 forward GEMM (F.linear): {gemm_ms:.2f} ms")
+        cases["gemm"], _ = make_step(lambda a, b, _t: F.linear(a, b), h, w, t, g, forward_only=True)
+    grads_of, peaks, paths, failed = {}, {}, {}, set()
+    for name in chosen:
+        env, module = METHOD_ENV.get(name), METHOD_MODULE.get(name)
+        full, grads_of[name] = make_step(METHODS[name], h, w, t, g, env, module=module)
+        fwd_only, _ = make_step(METHODS[name], h, w, t, g, env, forward_only=True, module=module)
+        try:
+            dt._last_backward["path"] = None
+            if cuda:
+                peaks[name] = peak_extra_bytes(full)
+            else:
+                full()  # one step, for the backward path
+                peaks[name] = None
+            paths[name] = dt.last_backward_path() or "-"
+        except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
+            print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
+            failed.add(name)
+            torch.cuda.empty_cache()
+            continue
+        cases[(name, "full")] = full
+        cases[(name, "fwd")] = fwd_only
+    times = round_robin(cases, args.iters, args.warmup, cuda)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    gemm_ms = med.get("gemm")
+    if gemm_ms is not None:
+        print(f"cuBLAS bf16 forward GEMM (F.linear): {gemm_ms:.2f} ms (median, timed round-robin with the methods)")
+    ref_fwd = med.get((chosen[0], "fwd")) if chosen[0] == METHOD_KEYS["ref"] else None
     print(f"{'method':55s} {'median ms':>10s} {'min ms':>9s} {'peak extra MiB':>15s} {'bwd path':>9s} "
-          f"{'fwd ms':>7s} {'bwd ms':>7s} {'bwd/GEMM':>8s}")  # fmt: skip
+          f"{'fwd ms':>7s} {'bwd ms':>7s} {'bwd/GEMM':>8s} {'fwd/GEMM':>8s} {'ref fwd/fwd':>11s}")  # fmt: skip
     results = []
     grads = {}
     for name in chosen:
-        try:
-            dt._last_backward["path"] = None
-            med, best, peak, gr = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name),
-                                      module=METHOD_MODULE.get(name))  # fmt: skip
-            path = dt.last_backward_path() or "-"
-            fwd, _, _, _ = run(METHODS[name], h, w, t, g, args.iters, args.warmup, cuda, METHOD_ENV.get(name),
-                               forward_only=True, module=METHOD_MODULE.get(name))  # fmt: skip
-        except torch.cuda.OutOfMemoryError as e:  # the materialized lanes may not fit
-            print(f"{name:55s} out of memory: {str(e).splitlines()[0]}")
+        if name in failed:
             results.append({"method": name, "error": "out of memory"})
-            torch.cuda.empty_cache()
             continue
-        grads[name] = gr
+        grads[name] = grads_of[name]()
+        full, fwd, best = med[(name, "full")], med[(name, "fwd")], min(times[(name, "full")])
+        peak = peaks[name]
         peak_s = f"{peak / 2**20:15.0f}" if peak is not None else f"{'n/a':>15s}"
-        bwd = med - fwd  # backward alone: forward + backward minus the forward, both medians
+        bwd = full - fwd  # backward alone: forward + backward minus the forward, both medians
         ratio = f"{bwd / gemm_ms:8.2f}" if gemm_ms else f"{'n/a':>8s}"
-        print(f"{name:55s} {med:10.2f} {best:9.2f} {peak_s} {path:>9s} {fwd:7.2f} {bwd:7.2f} {ratio}")
-        results.append({"method": name, "median_ms": med, "min_ms": best, "peak_extra_bytes": peak,
-                        "backward_path": path, "forward_ms": fwd, "backward_ms": bwd,
-                        "backward_over_gemm": bwd / gemm_ms if gemm_ms else None})  # fmt: skip
-        del gr
+        fwd_ratio = f"{fwd / gemm_ms:8.3f}" if gemm_ms else f"{'n/a':>8s}"
+        ref_ratio = f"{ref_fwd / fwd:11.3f}" if ref_fwd else f"{'n/a':>11s}"
+        print(f"{name:55s} {full:10.2f} {best:9.2f} {peak_s} {paths[name]:>9s} {fwd:7.2f} {bwd:7.2f} {ratio} "
+              f"{fwd_ratio} {ref_ratio}")  # fmt: skip
+        results.append({"method": name, "median_ms": full, "min_ms": best, "peak_extra_bytes": peak,
+                        "backward_path": paths[name], "forward_ms": fwd, "backward_ms": bwd,
+                        "backward_over_gemm": bwd / gemm_ms if gemm_ms else None,
+                        "forward_over_gemm": fwd / gemm_ms if gemm_ms else None,
+                        "ref_forward_over_forward": ref_fwd / fwd if ref_fwd else None})  # fmt: skip
+    profile = None
+    if args.profile and cuda:
+        profile = {
+            "forward": profile_kernels(make_step(detlogp_contract, h, w, t, g, forward_only=True)[0],
+                                       "contract forward"),
+            "forward+backward": profile_kernels(make_step(detlogp_contract, h, w, t, g)[0],
+                                                "contract forward + backward"),
+        }  # fmt: skip
     ref_name = chosen[0]
     for name in chosen[1:]:
         if name in grads and ref_name in grads:
@@ -190,7 +279,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": n, "dim": d, "vocab": v, "device": args.device, "forward_gemm_ms": gemm_ms,
-                       "results": results}, f, indent=1)  # fmt: skip
+                       "iters": args.iters, "results": results, "profile": profile}, f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":
