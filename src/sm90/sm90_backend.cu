@@ -400,12 +400,15 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
                                 p.real_vocab, p.ignore_index, p.temperature_rows,
                                 status,       verdict.device, verdict.seq};
   // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
-  // at decode sizes its first fused launch validates the inputs itself and the combine is a
-  // programmatic dependent launch (together ~7 us less at N = 1 on the H200). The other entries,
-  // and larger N (where a few us do not show against the bench's order effect, docs/perf-notes.md
-  // runs 14-18), validate first and launch the combine plainly.
-  const bool decode_sized = p.rows <= 64;
-  const bool validate_in_kernel = !p.partial_mode() && p.logits == nullptr && decode_sized;
+  // its first fused launch can validate the inputs itself (an idle producer warp of CTA 0): a
+  // separate validation kernel cost ~4 us plus a ~20-26 us gap before the fused kernel started
+  // (torch profiler, H200, N = 1024 and 4096; docs/perf-notes.md run 46). One warp scans the rows
+  // with about 1/32 of a load latency per row, hidden behind the fused kernel when every row
+  // carries >= 2^26 FLOPs (Qwen3-0.6B's head: 3e8) and at decode sizes; tiny heads with many rows
+  // keep the 1024-thread validation kernel. The other entries validate first: they write what the
+  // caller sees. The combine is a programmatic dependent launch (it waits for the whole grid).
+  const bool validation_hides = p.rows <= 64 || 2.0 * double(p.vocab_local) * double(p.dim) >= double(1 << 26);
+  const bool validate_in_kernel = !p.partial_mode() && p.logits == nullptr && validation_hides;
   if (!validate_in_kernel) launch_validate(validate, stream);
 
   if (p.partial_mode()) {
@@ -431,7 +434,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
       launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
                                    p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},
-                     stream, decode_sized);
+                     stream, /*programmatic=*/true);
     }
   }
 

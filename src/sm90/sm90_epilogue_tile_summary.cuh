@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "detlogp/reduce.hpp"
 #include "sm90/sm90_common.hpp"
@@ -264,8 +265,8 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   // Exponentials and tree level 1 (in-thread pairs) of slice (tt, h) into lv: expc_normal, or, when
   // the vote failed (an argument below -87 or a NaN somewhere in the warp's fragment), expc with its
   // range branches through a local copy (a rolled loop keeps the rare path's code small).
-  auto level1 = [&]<bool kFast>(int tt, int h, float(&lv)[8]) {
-    if constexpr (kFast) {
+  auto level1 = [&](auto fast_path, int tt, int h, float(&lv)[8]) {
+    if constexpr (decltype(fast_path)::value) {
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj)
         lv[jj] = tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
@@ -309,7 +310,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   };
   // The groups below, with the exponentials of the vote's outcome (one branch for the fragment, so
   // each path is straight-line code the scheduler can interleave).
-  auto groups = [&]<bool kFast>() {
+  auto groups = [&](auto fast_path) {  // std::true_type: expc_normal; std::false_type: expc
     if constexpr (kS2 % 2 == 0) {
       // Vocab tiles 2 u and 2 u + 1 (slices 4 u .. 4 u + 3) make a closed group: level 2 pairs slices
       // (4 u, 4 u + 1) and (4 u + 2, 4 u + 3), level 3 (lanes q, q ^ 2, which hold the same slices)
@@ -320,7 +321,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
       for (int u = 0; u < kS2 / 2; ++u) {
         float lv[4][8];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) level1.template operator()<kFast>(2 * u + k / 2, k % 2, lv[k]);
+        for (int k = 0; k < 4; ++k) level1(fast_path, 2 * u + k / 2, k % 2, lv[k]);
         float l2a[8], l2b[8], l3[8];
         level2(lv[0], lv[1], l2a);
         level2(lv[2], lv[3], l2b);
@@ -340,8 +341,8 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
 #pragma unroll
       for (int s = 0; s < kS2; ++s) {
         float lv[2][8];
-        level1.template operator()<kFast>(s, 0, lv[0]);
-        level1.template operator()<kFast>(s, 1, lv[1]);
+        level1(fast_path, s, 0, lv[0]);
+        level1(fast_path, s, 1, lv[1]);
         float l2[8], l3[8];
         level2(lv[0], lv[1], l2);
 #pragma unroll
@@ -351,9 +352,9 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
     }
   };
   if (fast)
-    groups.template operator()<true>();
+    groups(std::true_type{});
   else
-    groups.template operator()<false>();
+    groups(std::false_type{});
 }
 
 // One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of

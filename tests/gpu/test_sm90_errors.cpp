@@ -14,13 +14,13 @@ namespace {
 constexpr const char* kId = "cuda-fused-linear-logp-sm90-contract-v1";
 
 struct Case {
-  int64_t n = 16, d = 64, v = 2053;
+  int64_t n, d, v;
   DeviceModel m;
   DevBuf<uint16_t> hidden;
   DevBuf<int32_t> targets;
   Outputs out;
   std::vector<int32_t> host_targets;
-  Case() {
+  explicit Case(int64_t rows = 16, int64_t dim = 64, int64_t vocab = 2053) : n(rows), d(dim), v(vocab) {
     m.make(d, v, 5, false);
     hidden = DevBuf<uint16_t>(static_cast<size_t>(n * d + 64));
     fill_bf16_uniform(hidden.get(), n * d + 64, 6, 1.0f);
@@ -42,6 +42,13 @@ struct Case {
     o.logp = mutable_vector(out.logp.get(), DType::f32, n, Memory::cuda);
     o.lse = mutable_vector(out.lse.get(), DType::f32, n, Memory::cuda);
     o.logits = mutable_matrix(out.logits.get(), DType::f32, n, v, Memory::cuda);
+    return o;
+  }
+  // The trainer entry: logp and lse only (no logits output).
+  LinearLogpOutputs trainer_outputs() {
+    LinearLogpOutputs o;
+    o.logp = mutable_vector(out.logp.get(), DType::f32, n, Memory::cuda);
+    o.lse = mutable_vector(out.lse.get(), DType::f32, n, Memory::cuda);
     return o;
   }
   void poison() {
@@ -177,6 +184,39 @@ int main() {
                    owned_untouched,
                "partial buffers were written despite an invalid target");
     c.targets.from_host(c.host_targets);
+  }
+  // The trainer entry above 64 rows: its first fused launch validates the rows itself when every row
+  // carries >= 2^26 FLOPs (D = 4096, V = 8192), the validation kernel does it otherwise (D = 64);
+  // either way the error names the first bad row and logp / lse stay untouched.
+  for (const int64_t dim : {int64_t{4096}, int64_t{64}}) {
+    Case t(200, dim, 8192);
+    t.poison();
+    linear_logp(t.inputs(), t.trainer_outputs(), opts());
+    GPU_EXPECT(count_poison(t.out.logp.get(), t.n) == 0, "D=" << dim << ": valid trainer run left rows unwritten");
+    auto bad = t.host_targets;
+    bad[150] = 8192;
+    bad[180] = -7;
+    t.targets.from_host(bad);
+    t.poison();
+    expect_error(dim == 4096 ? "trainer N=200 D=4096 bad target (in-kernel validation)"
+                             : "trainer N=200 D=64 bad target (validation kernel)",
+                 [&] { linear_logp(t.inputs(), t.trainer_outputs(), opts()); },
+                 {"targets[150]=8192", "real_vocab=8192"});
+    GPU_EXPECT(count_poison(t.out.logp.get(), t.n) == t.n && count_poison(t.out.lse.get(), t.n) == t.n,
+               "D=" << dim << ": trainer outputs were written despite an invalid target");
+    t.targets.from_host(t.host_targets);
+    std::vector<float> temps(t.n, 1.0f);
+    temps[170] = NAN;
+    DevBuf<float> dtemp(temps.size());
+    dtemp.from_host(temps);
+    auto in = t.inputs();
+    in.temperature_rows = TensorView::vector(dtemp.get(), DType::f32, t.n, Memory::cuda);
+    t.poison();
+    expect_error(dim == 4096 ? "trainer N=200 D=4096 NaN temperature (in-kernel validation)"
+                             : "trainer N=200 D=64 NaN temperature (validation kernel)",
+                 [&] { linear_logp(in, t.trainer_outputs(), opts()); }, {"temperature_rows[170]="});
+    GPU_EXPECT(count_poison(t.out.logp.get(), t.n) == t.n && count_poison(t.out.lse.get(), t.n) == t.n,
+               "D=" << dim << ": trainer outputs were written despite a NaN temperature");
   }
   // The context is still usable and gives the same bits as before the errors.
   c.poison();
