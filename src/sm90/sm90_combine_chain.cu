@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "sm90/sm90_combine_chain.cuh"
 #include "sm90/sm90_common.hpp"
 #include "sm90/sm90_validate.cuh"
 
@@ -11,13 +12,6 @@ namespace detlogp::sm90 {
 namespace {
 
 constexpr int kValidateThreads = 1024;
-// The chain: one warp per row, 8 rows per CTA. With one 256-thread CTA per row the combine took
-// 84 us at N = 4096 and 26 us at N = 1024 (torch profiler, H200; docs/perf-notes.md run 46),
-// against ~2-3 k cycles of serial fma chain per row.
-constexpr int kCombineWarps = 8;
-constexpr int kCombineThreads = 32 * kCombineWarps;
-constexpr int kWarpChunk = 512;  // tiles staged in shared memory per warp per chain step
-static_assert(kWarpChunk % 32 == 0 && kWarpChunk % 4 == 0, "a chunk is whole lane rounds and float4 groups");
 
 // One CTA: finds the first invalid row of each kind with a block min (deterministic, no atomics)
 // and always writes the status word.
@@ -36,111 +30,30 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
   if (threadIdx.x == 0) publish_status(p, bad_target[0], bad_temp[0]);
 }
 
-// One warp per row. M = max over all tile maxima (exact, so the parallel order is free). Then the
-// ascending chain S <- fma(s_g, expc(m_g - M), S) over g = 0, 1, ... (reduce.hpp chain_step):
-// the lanes compute the factors expc(m_g - M) of a chunk of tiles in parallel into the warp's
-// shared memory and lane 0 runs the sequential fma chain over them in ascending g; then
-// finalize_row. The row's tiles are the concatenation of `count` segments in ascending global
-// tile order (one segment in full mode, one per tensor-parallel rank in the merge); y_t comes from
-// the segment that owns the target (owned == null: the segment owns every non-ignored row).
-__device__ void chain_row_warp(const MergeSegment* segments, int count, int64_t r, int64_t row, const void* targets,
-                               int targets_i64, int64_t ignore_index, float* logp, float* lse) {
-  __shared__ float4 stage_sum[kCombineWarps][kWarpChunk / 4];
-  __shared__ float4 stage_scale[kCombineWarps][kWarpChunk / 4];
-  const int lane = threadIdx.x % 32;
-  float* const sums = reinterpret_cast<float*>(stage_sum[threadIdx.x / 32]);
-  float* const scales = reinterpret_cast<float*>(stage_scale[threadIdx.x / 32]);
-
-  float global_max = fp::neg_inf();
-  for (int s = 0; s < count; ++s) {
-    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
-#pragma unroll 4
-    for (int64_t g = lane; g < segments[s].tiles; g += 32) global_max = chain_max(global_max, tiles[g].max);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
-
-  float sum = 0.0f;
-  for (int s = 0; s < count; ++s) {
-    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
-    for (int64_t base = 0; base < segments[s].tiles; base += kWarpChunk) {
-      const int64_t left = segments[s].tiles - base;
-      const int n = static_cast<int>(left < kWarpChunk ? left : kWarpChunk);
-#pragma unroll 4
-      for (int i = lane; i < n; i += 32) {
-        const TileSummary ts = tiles[base + i];
-        sums[i] = ts.sum;
-        scales[i] = chain_factor_or_skip(ts, global_max);  // off the serial path
-      }
-      __syncwarp();
-      if (lane == 0) {  // the serial path: one dependent fma per tile, operands loaded a round ahead
-        const float4* s4 = stage_sum[threadIdx.x / 32];
-        const float4* f4 = stage_scale[threadIdx.x / 32];
-        constexpr int kRound = 8;  // float4 groups per round: 32 fmas (~128 cycles) cover a load
-        const int rounds = n / (4 * kRound);
-        float4 a[kRound], b[kRound];
-#pragma unroll
-        for (int k = 0; k < kRound; ++k) {
-          a[k] = rounds > 0 ? s4[k] : float4{};
-          b[k] = rounds > 0 ? f4[k] : float4{};
-        }
-        for (int q = 0; q < rounds; ++q) {
-          float4 next_a[kRound], next_b[kRound];
-          const int next = q + 1 < rounds ? (q + 1) * kRound : q * kRound;  // the last round reloads itself
-#pragma unroll
-          for (int k = 0; k < kRound; ++k) {
-            next_a[k] = s4[next + k];
-            next_b[k] = f4[next + k];
-          }
-#pragma unroll
-          for (int k = 0; k < kRound; ++k) {
-            sum = chain_fma(sum, a[k].x, b[k].x);
-            sum = chain_fma(sum, a[k].y, b[k].y);
-            sum = chain_fma(sum, a[k].z, b[k].z);
-            sum = chain_fma(sum, a[k].w, b[k].w);
-          }
-#pragma unroll
-          for (int k = 0; k < kRound; ++k) {
-            a[k] = next_a[k];
-            b[k] = next_b[k];
-          }
-        }
-        for (int i = 4 * kRound * rounds; i < n; ++i) sum = chain_fma(sum, sums[i], scales[i]);
-      }
-      __syncwarp();  // the stage is rewritten by the next chunk
-    }
-  }
-  if (lane != 0) return;
-  const int64_t t = load_target(targets, targets_i64, row);
-  const bool ignored = t == ignore_index;
-  float y_t = 0.0f;  // no read for an ignored row
-  if (!ignored) {
-    for (int s = 0; s < count; ++s)
-      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
-  }
-  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
-  logp[row] = res.logp;
-  lse[row] = res.lse;
+// The full-mode combine, one warp per row (sm90_combine_chain.cuh). When launched as a programmatic
+// dependent of the fused kernel its CTAs may start during the fused kernel's tail; this waits for
+// the whole fused grid and its memory (a no-op for a plain launch).
+template <int kLaneTiles>
+__global__ void __launch_bounds__(32 * kCombineWarpsPerCta) combine_rows_warp_kernel(const CombineParams p) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int64_t r = int64_t{blockIdx.x} * kCombineWarpsPerCta + threadIdx.x / 32;
+  if (r >= p.rows) return;  // whole warps: no block barrier follows
+  chain_row_warp<kLaneTiles>(p.summaries, p.tiles, p.target_logit, r, p.row_begin + r, p.targets, p.targets_i64,
+                             p.ignore_index, p.logp, p.lse, p.status);
 }
 
-__global__ void __launch_bounds__(kCombineThreads) combine_rows_kernel(const CombineParams p) {
-  // When launched as a programmatic dependent of the fused kernel (decode sizes), its launch
-  // overlaps the fused kernel's tail; this waits for the whole fused grid and its memory (a
-  // no-op for a plain launch).
+// The full-mode combine for rows of more than 1280 tiles, one CTA per row.
+__global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
-  const int64_t r = int64_t{blockIdx.x} * kCombineWarps + threadIdx.x / 32;
-  if (r >= p.rows) return;  // whole warps: no block barrier follows
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_warp(&whole, 1, r, p.row_begin + r, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
+  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                p.lse);
 }
 
 static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB kernel parameter space");
-__global__ void __launch_bounds__(kCombineThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
-  const int64_t r = int64_t{blockIdx.x} * kCombineWarps + threadIdx.x / 32;
-  if (r >= p.rows) return;  // whole warps: no block barrier follows
-  chain_row_warp(p.segments, p.count, r, r, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
+__global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
+  chain_row_cta(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
 }
 
 // Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
@@ -165,15 +78,27 @@ void launch_validate(const ValidateParams& p, cudaStream_t stream) {
 void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((p.rows + kCombineWarps - 1) / kCombineWarps));
-  config.blockDim = dim3(kCombineThreads);
   config.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_kernel, p));
+  // Rows of up to 32 * 40 tiles (V = 163840 at 128-wide tiles) stay in a warp's registers.
+  const auto warp_grid = dim3(static_cast<unsigned>((p.rows + kCombineWarpsPerCta - 1) / kCombineWarpsPerCta));
+  if (p.tiles <= 32 * 20) {
+    config.gridDim = warp_grid;
+    config.blockDim = dim3(32 * kCombineWarpsPerCta);
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<20>, p));
+  } else if (p.tiles <= 32 * 40) {
+    config.gridDim = warp_grid;
+    config.blockDim = dim3(32 * kCombineWarpsPerCta);
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<40>, p));
+  } else {
+    config.gridDim = dim3(static_cast<unsigned>(p.rows));
+    config.blockDim = dim3(kCombineCtaThreads);
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_cta_kernel, p));
+  }
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
@@ -182,8 +107,7 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.count >= 1 && p.count <= kMaxMergeSegments,
                 "the device merge takes 1.." << kMaxMergeSegments << " ranks, got " << p.count);
   if (p.rows == 0) return;
-  merge_rows_kernel<<<static_cast<unsigned>((p.rows + kCombineWarps - 1) / kCombineWarps), kCombineThreads, 0,
-                      stream>>>(p);
+  merge_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

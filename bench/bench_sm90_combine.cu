@@ -1,0 +1,168 @@
+// The full-mode combine alone (the contract chain over each row's tile summaries), its schedules
+// side by side on synthetic summaries: one CTA per row (chain_row_cta, with the driver's default
+// shared-memory carveout and with the carveout set to the most shared memory) and one warp per
+// row with the row's tiles in registers (chain_row_warp<20>, <40>). Every schedule's logp / lse
+// must match the CTA schedule's bits (else it exits 1). Times: CUDA events, median of --reps,
+// L2 flushed before each launch, all schedules of a shape timed round-robin.
+//   bench_sm90_combine [--n 1,64,1024,4096,16384] [--tiles 594,1187] [--reps 30]
+// Prints one line per (N, tiles, schedule): ms, us per row and CTAs resident per SM.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+#include "sm90/sm90_combine_chain.cuh"
+
+namespace {
+
+using namespace detlogp;
+using namespace detlogp::sm90;
+using detlogp_bench::Timer;
+
+__global__ void __launch_bounds__(kCombineCtaThreads) cta_kernel(const CombineParams p) {
+  if (p.status->code != kStatusOk) return;
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
+  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                p.lse);
+}
+
+// A copy of cta_kernel, so its carveout attribute does not change cta_kernel's.
+__global__ void __launch_bounds__(kCombineCtaThreads) cta_max_shared_kernel(const CombineParams p) {
+  if (p.status->code != kStatusOk) return;
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
+  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                p.lse);
+}
+
+template <int kLaneTiles>
+__global__ void __launch_bounds__(32 * kCombineWarpsPerCta) warp_kernel(const CombineParams p) {
+  const int64_t r = int64_t{blockIdx.x} * kCombineWarpsPerCta + threadIdx.x / 32;
+  if (r >= p.rows) return;
+  chain_row_warp<kLaneTiles>(p.summaries, p.tiles, p.target_logit, r, p.row_begin + r, p.targets, p.targets_i64,
+                             p.ignore_index, p.logp, p.lse, p.status);
+}
+
+// Summaries like the fused kernel's: maxima around 12 with a spread, sums in [1, 64], some tiles
+// all -inf (sum 0), targets with some ignored rows.
+__global__ void make_inputs(TileSummary* s, int64_t count, float* y_t, int32_t* targets, int64_t rows, int64_t tiles) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    uint64_t z = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    const float u = static_cast<float>(z >> 40) * 0x1p-24f;
+    const float w = static_cast<float>((z >> 8) & 0xFFFF) * 0x1p-16f;
+    if ((z & 0x3FF) == 7) {
+      s[i] = TileSummary{-INFINITY, 0.0f};
+    } else {
+      s[i] = TileSummary{12.0f + 6.0f * (u - 0.5f), 1.0f + 63.0f * w};
+    }
+    if (i < rows) {
+      y_t[i] = 10.0f + u;
+      targets[i] = (i % 16 == 5) ? -100 : static_cast<int32_t>(z % static_cast<uint64_t>(tiles * 256));
+    }
+  }
+}
+
+struct Schedule {
+  const char* name;
+  const void* kernel;
+  int threads;
+  int rows_per_cta;
+  int max_tiles;  // 0: any
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> ns = {1, 64, 1024, 4096, 16384};
+  std::vector<int64_t> tile_counts = {594, 1187};
+  int reps = 30;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--n")) ns = detlogp_bench::parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--tiles")) tile_counts = detlogp_bench::parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+  }
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaFuncSetAttribute(cta_max_shared_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                          cudaSharedmemCarveoutMaxShared));
+  const std::vector<Schedule> schedules = {
+      {"cta_per_row", reinterpret_cast<const void*>(cta_kernel), kCombineCtaThreads, 1, 0},
+      {"cta_per_row_maxshared", reinterpret_cast<const void*>(cta_max_shared_kernel), kCombineCtaThreads, 1, 0},
+      {"warp_per_row_regs20", reinterpret_cast<const void*>(warp_kernel<20>), 32 * kCombineWarpsPerCta,
+       kCombineWarpsPerCta, 0},
+      {"warp_per_row_regs40", reinterpret_cast<const void*>(warp_kernel<40>), 32 * kCombineWarpsPerCta,
+       kCombineWarpsPerCta, 0},
+  };
+  Timer timer;
+  bool all_identical = true;
+  std::printf("%-7s %-6s %-24s %10s %10s %8s %5s %s\n", "N", "tiles", "schedule", "ms", "us/row", "CTA/SM", "regs",
+              "bits vs cta_per_row");
+  for (int64_t tiles : tile_counts) {
+    for (int64_t n : ns) {
+      const int64_t count = n * tiles;
+      TileSummary* sums = nullptr;
+      float *y_t = nullptr, *logp = nullptr, *lse = nullptr;
+      int32_t* targets = nullptr;
+      DeviceStatus* status = nullptr;
+      CK(cudaMalloc(&sums, count * sizeof(TileSummary)));
+      CK(cudaMalloc(&y_t, n * 4));
+      CK(cudaMalloc(&targets, n * 4));
+      CK(cudaMalloc(&logp, n * 4 * schedules.size()));
+      CK(cudaMalloc(&lse, n * 4 * schedules.size()));
+      CK(cudaMalloc(&status, sizeof(DeviceStatus)));
+      CK(cudaMemset(status, 0, sizeof(DeviceStatus)));  // kStatusOk
+      make_inputs<<<1024, 256>>>(sums, count, y_t, targets, n, tiles);
+      CK(cudaGetLastError());
+      std::vector<std::function<void()>> fns;
+      std::vector<CombineParams> params(schedules.size());
+      for (size_t k = 0; k < schedules.size(); ++k) {
+        CombineParams& p = params[k];
+        p = CombineParams{0, n, tiles, sums, y_t, targets, 0, -100, logp + k * n, lse + k * n, status};
+        const Schedule& s = schedules[k];
+        const unsigned grid = static_cast<unsigned>((n + s.rows_per_cta - 1) / s.rows_per_cta);
+        fns.push_back([&, k, grid] {
+          void* args[] = {&params[k]};
+          CK(cudaLaunchKernel(schedules[k].kernel, dim3(grid), dim3(schedules[k].threads), args, 0, nullptr));
+        });
+      }
+      const std::vector<double> ms = timer.interleaved_medians(fns, reps);
+      std::vector<float> ref_logp(n), ref_lse(n), got_logp(n), got_lse(n);
+      CK(cudaMemcpy(ref_logp.data(), logp, n * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(ref_lse.data(), lse, n * 4, cudaMemcpyDeviceToHost));
+      for (size_t k = 0; k < schedules.size(); ++k) {
+        CK(cudaMemcpy(got_logp.data(), logp + k * n, n * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(got_lse.data(), lse + k * n, n * 4, cudaMemcpyDeviceToHost));
+        int64_t first = -1;
+        for (int64_t i = 0; i < n && first < 0; ++i)
+          if (std::memcmp(&got_logp[i], &ref_logp[i], 4) || std::memcmp(&got_lse[i], &ref_lse[i], 4)) first = i;
+        all_identical = all_identical && first < 0;
+        int per_sm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, schedules[k].kernel, schedules[k].threads, 0));
+        cudaFuncAttributes fa{};
+        CK(cudaFuncGetAttributes(&fa, schedules[k].kernel));
+        char bits[96];
+        if (first < 0)
+          std::snprintf(bits, sizeof bits, "identical (%lld rows)", static_cast<long long>(n));
+        else
+          std::snprintf(bits, sizeof bits, "DIFFER first at row %lld: lse %a vs %a", static_cast<long long>(first),
+                        got_lse[first], ref_lse[first]);
+        std::printf("%-7lld %-6lld %-24s %10.4f %10.4f %8d %5d %s\n", static_cast<long long>(n),
+                    static_cast<long long>(tiles), schedules[k].name, ms[k], ms[k] * 1e3 / static_cast<double>(n),
+                    per_sm, fa.numRegs, bits);
+      }
+      CK(cudaFree(sums));
+      CK(cudaFree(y_t));
+      CK(cudaFree(targets));
+      CK(cudaFree(logp));
+      CK(cudaFree(lse));
+      CK(cudaFree(status));
+    }
+  }
+  std::printf("%s (%d SMs)\n", all_identical ? "Passed: every schedule matches the CTA schedule's bits" : "FAILED",
+              sms);
+  return all_identical ? 0 : 1;
+}

@@ -1,0 +1,199 @@
+// The contract chain over a row's tile summaries on the device (docs/contract.md: M = max over
+// the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
+// schedules with identical operations and bits:
+//   chain_row_cta:  one CTA per row, any number of segments (the tensor-parallel merge);
+//   chain_row_warp: one warp per row of one segment (the full-mode combine), the row's tiles held
+//                   in registers so they are read from memory once, all loads in flight together.
+// Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/sm90_common.hpp"
+
+namespace detlogp::sm90 {
+
+inline constexpr int kCombineCtaThreads = 256;  // chain_row_cta: one CTA per row
+inline constexpr int kChainChunk = 2048;        // chain_row_cta: tiles staged per chain step
+inline constexpr int kCombineWarpsPerCta = 2;   // chain_row_warp: rows per CTA
+
+// The serial fma chain of one staged chunk, by one thread, in ascending tile order. The operands
+// of the next 16 tiles are loaded while the current 16 fmas run (~64 cycles cover a shared load).
+__device__ __forceinline__ float chain_fma_staged(float sum, const float* sums, const float* scales, int n) {
+  const float4* s4 = reinterpret_cast<const float4*>(sums);
+  const float4* f4 = reinterpret_cast<const float4*>(scales);
+  constexpr int kRound = 4;  // float4 groups per round
+  const int rounds = n / (4 * kRound);
+  float4 a[kRound], b[kRound];
+#pragma unroll
+  for (int k = 0; k < kRound; ++k) {
+    a[k] = rounds > 0 ? s4[k] : float4{};
+    b[k] = rounds > 0 ? f4[k] : float4{};
+  }
+  for (int q = 0; q < rounds; ++q) {
+    const int next = (q + 1 < rounds ? q + 1 : q) * kRound;  // the last round reloads itself
+    float4 next_a[kRound], next_b[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      next_a[k] = s4[next + k];
+      next_b[k] = f4[next + k];
+    }
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      sum = chain_fma(sum, a[k].x, b[k].x);
+      sum = chain_fma(sum, a[k].y, b[k].y);
+      sum = chain_fma(sum, a[k].z, b[k].z);
+      sum = chain_fma(sum, a[k].w, b[k].w);
+    }
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      a[k] = next_a[k];
+      b[k] = next_b[k];
+    }
+  }
+  for (int i = 4 * kRound * rounds; i < n; ++i) sum = chain_fma(sum, sums[i], scales[i]);
+  return sum;
+}
+
+// One CTA (kCombineCtaThreads) per row. The CTA computes the factors expc(m_g - M) of a chunk of
+// tiles in parallel into shared memory and one thread runs the sequential fma chain over them.
+// The row's tiles are the concatenation of `count` segments in ascending global tile order (one
+// per tensor-parallel rank in the merge); y_t comes from the segment that owns the target
+// (owned == null: the segment owns every non-ignored row).
+__device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int count, int64_t r, int64_t row,
+                                              const void* targets, int targets_i64, int64_t ignore_index, float* logp,
+                                              float* lse) {
+  __shared__ float warp_max[kCombineCtaThreads / 32];
+  __shared__ alignas(16) float chunk_sum[kChainChunk];
+  __shared__ alignas(16) float chunk_scale[kChainChunk];
+  const int tid = threadIdx.x;
+
+  float global_max = fp::neg_inf();
+  for (int s = 0; s < count; ++s) {
+    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
+#pragma unroll 4
+    for (int64_t g = tid; g < segments[s].tiles; g += kCombineCtaThreads)
+      global_max = chain_max(global_max, tiles[g].max);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
+  if (tid % 32 == 0) warp_max[tid / 32] = global_max;
+  __syncthreads();
+  global_max = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kCombineCtaThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
+
+  float sum = 0.0f;
+  for (int s = 0; s < count; ++s) {
+    const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
+    for (int64_t base = 0; base < segments[s].tiles; base += kChainChunk) {
+      const int64_t left = segments[s].tiles - base;
+      const int n = static_cast<int>(left < kChainChunk ? left : kChainChunk);
+      for (int i = tid; i < n; i += kCombineCtaThreads) {
+        const TileSummary ts = tiles[base + i];
+        chunk_sum[i] = ts.sum;
+        chunk_scale[i] = chain_factor_or_skip(ts, global_max);  // off the serial path
+      }
+      __syncthreads();
+      if (tid == 0) sum = chain_fma_staged(sum, chunk_sum, chunk_scale, n);
+      __syncthreads();
+    }
+  }
+  if (tid != 0) return;
+  const int64_t t = load_target(targets, targets_i64, row);
+  const bool ignored = t == ignore_index;
+  float y_t = 0.0f;  // no read for an ignored row
+  if (!ignored) {
+    for (int s = 0; s < count; ++s)
+      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
+  }
+  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
+  logp[row] = res.logp;
+  lse[row] = res.lse;
+}
+
+// One warp per row of a single segment (kCombineWarpsPerCta rows per CTA; a warp past the last
+// row returns at once, no block barrier follows). Lane l holds tiles l + 32 k, k < kLaneTiles:
+// all of the row's loads are issued together and serve both the max and the factors. A row with
+// more than 32 * kLaneTiles tiles reads its maxima once more, then its tiles chunk by chunk.
+// Lane 0 runs the fma chain over each chunk staged in the warp's shared memory. The status word
+// is read with the tiles and checked before anything is written.
+template <int kLaneTiles>
+__device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t n_tiles, const float* target_logit,
+                                               int64_t r, int64_t row, const void* targets, int targets_i64,
+                                               int64_t ignore_index, float* logp, float* lse,
+                                               const DeviceStatus* status) {
+  constexpr int kChunk = 32 * kLaneTiles;
+  static_assert(kChunk % 16 == 0, "chain_fma_staged reads whole float4 rounds of a chunk");
+  __shared__ alignas(16) float stage_sum[kCombineWarpsPerCta][kChunk];
+  __shared__ alignas(16) float stage_scale[kCombineWarpsPerCta][kChunk];
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const TileSummary* row_tiles = tiles + r * n_tiles;
+  // One 8-byte load per tile (the workspace's summaries are 8-byte aligned, as is every row).
+  auto load = [&](int64_t g) {
+    const float2 v = reinterpret_cast<const float2*>(row_tiles)[g];
+    return TileSummary{v.x, v.y};
+  };
+
+  // Lane 0's row inputs first: their latency overlaps the tiles' loads.
+  int64_t t = 0;
+  float y_t_loaded = 0.0f;
+  int code = kStatusOk;
+  if (lane == 0) {
+    code = status->code;
+    t = load_target(targets, targets_i64, row);
+    y_t_loaded = target_logit[r];  // workspace of this row; unused when the row is ignored
+  }
+
+  const bool resident = n_tiles <= kChunk;
+  TileSummary held[kLaneTiles];
+  float global_max = fp::neg_inf();
+  if (resident) {
+#pragma unroll
+    for (int k = 0; k < kLaneTiles; ++k) {
+      const int64_t g = lane + 32 * k;
+      held[k] = g < n_tiles ? load(g) : TileSummary{fp::neg_inf(), 0.0f};  // -inf: no effect on M
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
+  } else {
+#pragma unroll 8
+    for (int64_t g = lane; g < n_tiles; g += 32) global_max = chain_max(global_max, row_tiles[g].max);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
+
+  float sum = 0.0f;
+  for (int64_t base = 0; base < n_tiles; base += kChunk) {
+    const int64_t left = n_tiles - base;
+    const int n = static_cast<int>(left < kChunk ? left : kChunk);
+    if (!resident) {
+#pragma unroll
+      for (int k = 0; k < kLaneTiles; ++k) {
+        const int i = lane + 32 * k;
+        held[k] = i < n ? load(base + i) : TileSummary{fp::neg_inf(), 0.0f};
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kLaneTiles; ++k) {
+      const int i = lane + 32 * k;
+      if (i < n) {
+        stage_sum[warp][i] = held[k].sum;
+        stage_scale[warp][i] = chain_factor_or_skip(held[k], global_max);  // off the serial path
+      }
+    }
+    __syncwarp();
+    if (lane == 0) sum = chain_fma_staged(sum, stage_sum[warp], stage_scale[warp], n);
+    __syncwarp();  // the stage is rewritten by the next chunk
+  }
+  if (lane != 0 || code != kStatusOk) return;
+  const bool ignored = t == ignore_index;
+  const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_t_loaded, ignored);
+  logp[row] = res.logp;
+  lse[row] = res.lse;
+}
+
+}  // namespace detlogp::sm90
