@@ -81,9 +81,12 @@ int main(int argc, char** argv) {
   std::vector<int64_t> tile_counts = {594, 1187};
   int reps = 30;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--n")) ns = detlogp_bench::parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--tiles")) tile_counts = detlogp_bench::parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--n"))
+      ns = detlogp_bench::parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--tiles"))
+      tile_counts = detlogp_bench::parse_list(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--reps"))
+      reps = std::atoi(argv[i + 1]);
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
