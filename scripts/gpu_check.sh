@@ -5,8 +5,9 @@
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
 #   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes][,mainloop]
-#   (default: all but profile, shapes and mainloop). mainloop: bench_sm90_mainloop, the mainloops
-#   alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv. shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
+#   [,combine] (default: all but profile, shapes, mainloop and combine). mainloop: bench_sm90_mainloop,
+#   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
+#   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
 #   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
 #   BENCH_ARGS="--n 1,4096". GPU_CHECK_BUDGET_S=N: a step that would start after N seconds is
 #   skipped (and says so), so a call stays inside the device limit. GPU_CHECK_PACK=1: "$OUT" gets
@@ -208,6 +209,19 @@ if has mainloop; then
     (cd "$OUT" && timeout 120 "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
     say "mainloop: rc=$? (bench_mainloop.log, bench_mainloop.csv)"
     grep -E "^(method|cublas|mainloop|pingpong|coop|timeline)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
+  fi
+fi
+done_step
+
+if has combine; then
+  cb="$(find_bin bench_sm90_combine)"
+  if [[ -z "$cb" ]]; then
+    say "combine: bench_sm90_combine not built"
+  else
+    # shellcheck disable=SC2086
+    timeout 120 "$cb" ${COMBINE_ARGS:-} >"$OUT/bench_combine.log" 2>&1
+    say "combine: rc=$? (bench_combine.log; rc 1: a schedule's bits differ)"
+    cat "$OUT/bench_combine.log" >>"$SUMMARY"
   fi
 fi
 done_step

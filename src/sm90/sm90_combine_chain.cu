@@ -36,13 +36,14 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
 template <int kLaneTiles>
 __global__ void __launch_bounds__(32 * kCombineWarpsPerCta) combine_rows_warp_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  static_assert(32 * kLaneTiles * 2 * kCombineWarpsPerCta * 4 <= 48 * 1024, "static shared memory of the stages");
   const int64_t r = int64_t{blockIdx.x} * kCombineWarpsPerCta + threadIdx.x / 32;
   if (r >= p.rows) return;  // whole warps: no block barrier follows
   chain_row_warp<kLaneTiles>(p.summaries, p.tiles, p.target_logit, r, p.row_begin + r, p.targets, p.targets_i64,
                              p.ignore_index, p.logp, p.lse, p.status);
 }
 
-// The full-mode combine for rows of more than 1280 tiles, one CTA per row.
+// The full-mode combine one CTA per row: up to 64 rows, or rows of more than 1280 tiles.
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
@@ -84,13 +85,17 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Rows of up to 32 * 40 tiles (V = 163840 at 128-wide tiles) stay in a warp's registers.
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md run 47): above 64 rows a
+  // warp per row with the row's tiles in registers (up to 32 * 40 tiles) takes 1.1-2.2x less time
+  // than a CTA per row (594 tiles: 21.8 against 37.3 us at N = 4096); at N <= 64 a CTA's 256
+  // threads reach a long row's tiles sooner (1187 tiles, N = 1: 9.1 against 11.1 us).
   const auto warp_grid = dim3(static_cast<unsigned>((p.rows + kCombineWarpsPerCta - 1) / kCombineWarpsPerCta));
-  if (p.tiles <= 32 * 20) {
+  const bool many_rows = p.rows > 64;
+  if (many_rows && p.tiles <= 32 * 20) {
     config.gridDim = warp_grid;
     config.blockDim = dim3(32 * kCombineWarpsPerCta);
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<20>, p));
-  } else if (p.tiles <= 32 * 40) {
+  } else if (many_rows && p.tiles <= 32 * 40) {
     config.gridDim = warp_grid;
     config.blockDim = dim3(32 * kCombineWarpsPerCta);
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<40>, p));

@@ -2,8 +2,9 @@
 // the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
 // schedules with identical operations and bits:
 //   chain_row_cta:  one CTA per row, any number of segments (the tensor-parallel merge);
-//   chain_row_warp: one warp per row of one segment (the full-mode combine), the row's tiles held
-//                   in registers so they are read from memory once, all loads in flight together.
+//   chain_row_warp: one warp per row of one segment of up to 32 * kLaneTiles tiles (the full-mode
+//                   combine), the row's tiles held in registers: read from memory once, all loads
+//                   in flight together.
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
@@ -113,29 +114,25 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   lse[row] = res.lse;
 }
 
-// One warp per row of a single segment (kCombineWarpsPerCta rows per CTA; a warp past the last
-// row returns at once, no block barrier follows). Lane l holds tiles l + 32 k, k < kLaneTiles:
-// all of the row's loads are issued together and serve both the max and the factors. A row with
-// more than 32 * kLaneTiles tiles reads its maxima once more, then its tiles chunk by chunk.
-// Lane 0 runs the fma chain over each chunk staged in the warp's shared memory. The status word
-// is read with the tiles and checked before anything is written.
+// One warp per row of a single segment of at most 32 * kLaneTiles tiles (the launcher checks;
+// kCombineWarpsPerCta rows per CTA; a warp past the last row returns at once, no block barrier
+// follows). Lane l holds tiles l + 32 k: all of the row's loads are issued together and serve both
+// the max and the factors. Lane 0 runs the fma chain over the factors staged in the warp's shared
+// memory. The status word is read with the tiles and checked before anything is written.
 template <int kLaneTiles>
 __device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t n_tiles, const float* target_logit,
                                                int64_t r, int64_t row, const void* targets, int targets_i64,
                                                int64_t ignore_index, float* logp, float* lse,
                                                const DeviceStatus* status) {
   constexpr int kChunk = 32 * kLaneTiles;
-  static_assert(kChunk % 16 == 0, "chain_fma_staged reads whole float4 rounds of a chunk");
+  static_assert(kChunk % 16 == 0, "chain_fma_staged reads whole float4 rounds");
   __shared__ alignas(16) float stage_sum[kCombineWarpsPerCta][kChunk];
   __shared__ alignas(16) float stage_scale[kCombineWarpsPerCta][kChunk];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const TileSummary* row_tiles = tiles + r * n_tiles;
+  const int n = static_cast<int>(n_tiles);
   // One 8-byte load per tile (the workspace's summaries are 8-byte aligned, as is every row).
-  auto load = [&](int64_t g) {
-    const float2 v = reinterpret_cast<const float2*>(row_tiles)[g];
-    return TileSummary{v.x, v.y};
-  };
+  const float2* row_tiles = reinterpret_cast<const float2*>(tiles + r * n_tiles);
 
   // Lane 0's row inputs first: their latency overlaps the tiles' loads.
   int64_t t = 0;
@@ -147,49 +144,32 @@ __device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t
     y_t_loaded = target_logit[r];  // workspace of this row; unused when the row is ignored
   }
 
-  const bool resident = n_tiles <= kChunk;
   TileSummary held[kLaneTiles];
-  float global_max = fp::neg_inf();
-  if (resident) {
 #pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) {
-      const int64_t g = lane + 32 * k;
-      held[k] = g < n_tiles ? load(g) : TileSummary{fp::neg_inf(), 0.0f};  // -inf: no effect on M
-    }
-#pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
-  } else {
-#pragma unroll 8
-    for (int64_t g = lane; g < n_tiles; g += 32) global_max = chain_max(global_max, row_tiles[g].max);
+  for (int k = 0; k < kLaneTiles; ++k) {
+    const int g = lane + 32 * k;
+    const float2 v = g < n ? row_tiles[g] : float2{fp::neg_inf(), 0.0f};  // -inf: no effect on M
+    held[k] = TileSummary{v.x, v.y};
   }
+  float global_max = fp::neg_inf();
+#pragma unroll
+  for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2)
     global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
 
-  float sum = 0.0f;
-  for (int64_t base = 0; base < n_tiles; base += kChunk) {
-    const int64_t left = n_tiles - base;
-    const int n = static_cast<int>(left < kChunk ? left : kChunk);
-    if (!resident) {
 #pragma unroll
-      for (int k = 0; k < kLaneTiles; ++k) {
-        const int i = lane + 32 * k;
-        held[k] = i < n ? load(base + i) : TileSummary{fp::neg_inf(), 0.0f};
-      }
+  for (int k = 0; k < kLaneTiles; ++k) {
+    const int g = lane + 32 * k;
+    if (g < n) {
+      stage_sum[warp][g] = held[k].sum;
+      stage_scale[warp][g] = chain_factor_or_skip(held[k], global_max);  // off the serial path
     }
-#pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) {
-      const int i = lane + 32 * k;
-      if (i < n) {
-        stage_sum[warp][i] = held[k].sum;
-        stage_scale[warp][i] = chain_factor_or_skip(held[k], global_max);  // off the serial path
-      }
-    }
-    __syncwarp();
-    if (lane == 0) sum = chain_fma_staged(sum, stage_sum[warp], stage_scale[warp], n);
-    __syncwarp();  // the stage is rewritten by the next chunk
   }
-  if (lane != 0 || code != kStatusOk) return;
+  __syncwarp();
+  if (lane != 0) return;
+  const float sum = chain_fma_staged(0.0f, stage_sum[warp], stage_scale[warp], n);
+  if (code != kStatusOk) return;
   const bool ignored = t == ignore_index;
   const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_t_loaded, ignored);
   logp[row] = res.logp;
