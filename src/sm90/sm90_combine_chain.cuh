@@ -97,7 +97,10 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
         chunk_scale[i] = chain_factor_or_skip(ts, global_max);  // off the serial path
       }
       __syncthreads();
-      if (tid == 0) sum = chain_fma_staged(sum, chunk_sum, chunk_scale, n);
+      if (tid == 0) {  // the serial path: one dependent fma per tile (a plain loop keeps 32 registers)
+#pragma unroll 16
+        for (int i = 0; i < n; ++i) sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
+      }
       __syncthreads();
     }
   }
