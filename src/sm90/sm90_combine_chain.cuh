@@ -2,9 +2,8 @@
 // the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
 // schedules with identical operations and bits:
 //   chain_row_cta:  one CTA per row, any number of segments (the tensor-parallel merge);
-//   chain_row_warp: one warp per row of one segment of up to 32 * kLaneTiles tiles (the full-mode
-//                   combine), the row's tiles held in registers: read from memory once, all loads
-//                   in flight together.
+//   chain_row_warp: one warp per row of one segment (the full-mode combine), the row's tiles
+//                   held in registers a chunk at a time, all loads of a chunk in flight together.
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
@@ -117,11 +116,14 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   lse[row] = res.lse;
 }
 
-// One warp per row of a single segment of at most 32 * kLaneTiles tiles (the launcher checks;
-// kCombineWarpsPerCta rows per CTA; a warp past the last row returns at once, no block barrier
-// follows). Lane l holds tiles l + 32 k: all of the row's loads are issued together and serve both
-// the max and the factors. Lane 0 runs the fma chain over the factors staged in the warp's shared
-// memory. The status word is read with the tiles and checked before anything is written.
+// One warp per row of a single segment (kCombineWarpsPerCta rows per CTA; a warp past the last row
+// returns at once, no block barrier follows). The row's tiles go in chunks of 32 * kLaneTiles:
+// lane l holds tiles base + l + 32 k of a chunk in registers, every load of a chunk in flight
+// together. A row of one chunk is read from memory once. A longer row is read twice: the max pass
+// walks its chunks from the last to the first, so chunk 0 is in registers when it ends; then per
+// chunk the lanes stage the factors in the warp's shared memory and issue the next chunk's loads,
+// and lane 0 runs the fma chain over the stage while those loads are in flight. The status word
+// is read with the tiles and checked before anything is written.
 template <int kLaneTiles>
 __device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t n_tiles, const float* target_logit,
                                                int64_t r, int64_t row, const void* targets, int targets_i64,
@@ -148,31 +150,42 @@ __device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t
   }
 
   TileSummary held[kLaneTiles];
+  auto load_chunk = [&](int base) {
 #pragma unroll
-  for (int k = 0; k < kLaneTiles; ++k) {
-    const int g = lane + 32 * k;
-    const float2 v = g < n ? row_tiles[g] : float2{fp::neg_inf(), 0.0f};  // -inf: no effect on M
-    held[k] = TileSummary{v.x, v.y};
-  }
+    for (int k = 0; k < kLaneTiles; ++k) {
+      const int g = base + lane + 32 * k;
+      const float2 v = g < n ? row_tiles[g] : float2{fp::neg_inf(), 0.0f};  // -inf: no effect on M
+      held[k] = TileSummary{v.x, v.y};
+    }
+  };
   float global_max = fp::neg_inf();
+  const int last_base = n > 0 ? (n - 1) / kChunk * kChunk : 0;
+  for (int base = last_base; base >= 0; base -= kChunk) {  // the max is exact: any order
+    load_chunk(base);
 #pragma unroll
-  for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
+    for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
+  }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2)
     global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
 
+  float sum = 0.0f;
+  for (int base = 0; base < n; base += kChunk) {  // held: this chunk
+    const int count = n - base < kChunk ? n - base : kChunk;
 #pragma unroll
-  for (int k = 0; k < kLaneTiles; ++k) {
-    const int g = lane + 32 * k;
-    if (g < n) {
-      stage_sum[warp][g] = held[k].sum;
-      stage_scale[warp][g] = chain_factor_or_skip(held[k], global_max);  // off the serial path
+    for (int k = 0; k < kLaneTiles; ++k) {
+      const int i = lane + 32 * k;
+      if (i < count) {
+        stage_sum[warp][i] = held[k].sum;
+        stage_scale[warp][i] = chain_factor_or_skip(held[k], global_max);  // off the serial path
+      }
     }
+    __syncwarp();
+    if (base + kChunk < n) load_chunk(base + kChunk);  // in flight during the chain below
+    if (lane == 0) sum = chain_fma_staged(sum, stage_sum[warp], stage_scale[warp], count);
+    __syncwarp();  // lane 0 has read the stage before the next chunk rewrites it
   }
-  __syncwarp();
-  if (lane != 0) return;
-  const float sum = chain_fma_staged(0.0f, stage_sum[warp], stage_scale[warp], n);
-  if (code != kStatusOk) return;
+  if (lane != 0 || code != kStatusOk) return;
   const bool ignored = t == ignore_index;
   const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_t_loaded, ignored);
   logp[row] = res.logp;
