@@ -78,64 +78,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   asm volatile("griddepcontrol.launch_dependents;");  // the combine may launch now and wait for us
 
   extern __shared__ uint8_t smem_raw[];
-  const auto ring = RingSmem<Cfg>::carve(smem_raw);
-  uint8_t* smem_a = ring.a;
-  uint8_t* smem_b = ring.b;
-  uint64_t* full = ring.full;
-  uint64_t* empty = ring.empty;
-  uint64_t* mainloop_done = empty + Cfg::kStages;  // [2]: one phase per finished mainloop of each consumer
-
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 4 * Cfg::kClusterM);  // each consuming warp of every cluster CTA
-    ptx::mbar_init(&mainloop_done[0], 4);
-    ptx::mbar_init(&mainloop_done[1], 4);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();  // peers' barriers exist before any multicast
-
-  if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
-    if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, smem_a, smem_b, full, empty, p.k_blocks, p.row_begin, p.m_tiles,
-                            p.n_tiles, p.group_m);
-  } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int c = warpgroup - 1;
-    const int lane = threadIdx.x % 32;
-    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-    uint32_t n = 0;  // tiles this warpgroup has taken so far
-    for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
-      // Mainloops run in local tile order: wait for the other warpgroup's mainloop of tile j - 1.
-      if (j >= 1) {
-        const uint32_t completion = c == 1 ? n : n - 1;
-        ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
-      }
-      int m_tile, n_tile;
-      walk.coords(unit, m_tile, n_tile);
-      const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-      const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
-      const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
-      // The rows' temperature and target load while the K walk runs.
-      FragmentRows rows[Cfg::kFragments];
+  // Each consuming warp of every cluster CTA releases each stage; two more barriers, one phase per
+  // finished mainloop of each consumer warpgroup.
+  const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 4 * Cfg::kClusterM, 2);
+  uint64_t* mainloop_done = ring.empty + Cfg::kStages;
+  warp_specialize<Cfg>(
+      [&] {
+        if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
+        if (threadIdx.x == 0)
+          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
+                                p.row_begin, p.m_tiles, p.n_tiles, p.group_m);
+      },
+      [&](int c) {
+        const int lane = threadIdx.x % 32;
+        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+        uint32_t n = 0;  // tiles this warpgroup has taken so far
+        for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
+          // Mainloops run in local tile order: wait for the other warpgroup's mainloop of tile j - 1.
+          if (j >= 1) {
+            const uint32_t completion = c == 1 ? n : n - 1;
+            ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
+          }
+          int m_tile, n_tile;
+          walk.coords(unit, m_tile, n_tile);
+          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+          const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
+          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          // The rows' temperature and target load while the K walk runs.
+          FragmentRows rows[Cfg::kFragments];
 #pragma unroll
-      for (int f = 0; f < Cfg::kFragments; ++f) rows[f] = load_fragment_rows(p, row0 + 64 * f, row_limit);
-      float acc[Cfg::kFragments][Cfg::kAccRegs];
-      const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
-      pingpong_consume_issue<Cfg>(acc, smem_a, smem_b, full, empty, p.k_blocks, it0);
-      // Hand the tensor cores over while this tile's last wgmma still runs.
-      if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
-      pingpong_consume_tail<Cfg>(acc, empty, p.k_blocks, it0);
+          for (int f = 0; f < Cfg::kFragments; ++f) rows[f] = load_fragment_rows(p, row0 + 64 * f, row_limit);
+          float acc[Cfg::kFragments][Cfg::kAccRegs];
+          const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
+          pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+          // Hand the tensor cores over while this tile's last wgmma still runs.
+          if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
+          pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
 #pragma unroll
-      for (int f = 0; f < Cfg::kFragments; ++f)
-        epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, rows[f], row0 + 64 * f, row_limit, col0,
-                                                      logits_vec2 != 0);
-    }
-  }
-  // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+          for (int f = 0; f < Cfg::kFragments; ++f)
+            epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, rows[f], row0 + 64 * f, row_limit, col0,
+                                                          logits_vec2 != 0);
+        }
+      });
 #endif
 }
 
