@@ -43,6 +43,13 @@ __global__ void __launch_bounds__(32 * kCombineWarpsPerCta) combine_rows_warp_ke
                              p.ignore_index, p.logp, p.lse, p.status);
 }
 
+// The full-mode combine, kRows rows per CTA, one chain per lane (sm90_combine_chain.cuh).
+template <int kRows>
+__global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const CombineParams p) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  chain_rows_lanes<kRows>(p);
+}
+
 // The full-mode combine one CTA per row, up to 64 rows.
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -85,22 +92,14 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md run 47): above 64 rows a
-  // warp per row with the row's tiles in registers takes 1.1-2.2x less time than a CTA per row
-  // (594 tiles: 21.8 against 37.3 us at N = 4096; 1187 tiles: 41.5 against 51.2 us); at N <= 64 a
-  // CTA's 256 threads reach a long row's tiles sooner (1187 tiles, N = 1: 9.1 against 11.1 us).
-  // Rows longer than 1280 tiles (Qwen3-8B: 2374) stream through <20>'s registers chunk by chunk
-  // (not measured yet: branch wip/combine-long).
-  const auto warp_grid = dim3(static_cast<unsigned>((p.rows + kCombineWarpsPerCta - 1) / kCombineWarpsPerCta));
-  const bool many_rows = p.rows > 64;
-  if (many_rows && (p.tiles <= 32 * 20 || p.tiles > 32 * 40)) {
-    config.gridDim = warp_grid;
-    config.blockDim = dim3(32 * kCombineWarpsPerCta);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<20>, p));
-  } else if (many_rows) {
-    config.gridDim = warp_grid;
-    config.blockDim = dim3(32 * kCombineWarpsPerCta);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_warp_kernel<40>, p));
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 47, 50): above 64
+  // rows kLanesRows chains per CTA, one per lane of its chain warp (fed through shared memory);
+  // at N <= 64 a CTA's 256 threads per row reach a long row's tiles sooner.
+  constexpr int kLanesRows = 8;
+  if (p.rows > 64) {
+    config.gridDim = dim3(static_cast<unsigned>((p.rows + kLanesRows - 1) / kLanesRows));
+    config.blockDim = dim3(kLanesThreads);
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<kLanesRows>, p));
   } else {
     config.gridDim = dim3(static_cast<unsigned>(p.rows));
     config.blockDim = dim3(kCombineCtaThreads);

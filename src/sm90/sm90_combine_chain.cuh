@@ -1,14 +1,17 @@
 // The contract chain over a row's tile summaries on the device (docs/contract.md: M = max over
 // the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
 // schedules with identical operations and bits:
-//   chain_row_cta:  one CTA per row, any number of segments (the tensor-parallel merge);
-//   chain_row_warp: one warp per row of one segment (the full-mode combine), the row's tiles
-//                   held in registers a chunk at a time, all loads of a chunk in flight together.
+//   chain_row_cta:    one CTA per row, any number of segments (the tensor-parallel merge);
+//   chain_row_warp:   one warp per row of one segment (the full-mode combine), the row's tiles
+//                     held in registers a chunk at a time, all loads of a chunk in flight together;
+//   chain_rows_lanes: kRows rows per CTA, one chain per lane of a chain warp (kRows chains per
+//                     fma instruction) fed through shared memory by four factor warps.
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
 #include <cstdint>
 
+#include "sm90/ptx.cuh"
 #include "sm90/sm90_common.hpp"
 
 namespace detlogp::sm90 {
@@ -190,6 +193,143 @@ __device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t
   const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_t_loaded, ignored);
   logp[row] = res.logp;
   lse[row] = res.lse;
+}
+
+// ---- chain_rows_lanes ------------------------------------------------------------------------
+inline constexpr int kLanesChunk = 128;                         // tiles per stage (one per factor thread)
+inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
+inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the chains
+inline constexpr int kLanesBarFull = 1;                         // named barriers 1, 2: stage b filled
+inline constexpr int kLanesBarEmpty = 3;                        // named barriers 3, 4: stage b read
+
+// The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. The next
+// 16 pairs are loaded while the current 16 fmas run.
+__device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int n) {
+  constexpr int kRound = 16;
+  const int rounds = n / kRound;
+  float2 cur[kRound];
+#pragma unroll
+  for (int k = 0; k < kRound; ++k) cur[k] = rounds > 0 ? v[k] : float2{};
+  for (int q = 0; q < rounds; ++q) {
+    const int next = (q + 1 < rounds ? q + 1 : q) * kRound;  // the last round reloads itself
+    float2 nxt[kRound];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) nxt[k] = v[next + k];
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) sum = chain_fma(sum, cur[k].x, cur[k].y);
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) cur[k] = nxt[k];
+  }
+  for (int i = kRound * rounds; i < n; ++i) sum = chain_fma(sum, v[i].x, v[i].y);
+  return sum;
+}
+
+// kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's
+// chain is serial, so the schedule runs many at once: lane l of warp 0 walks row l % kRows (lanes
+// past kRows repeat a row and read the same words: no divergence, no bank conflict), so one fma
+// instruction advances kRows chains. First every thread takes part in the max pass (over
+// p.group_max when the fused kernel wrote it, else over the tile maxima). Then warps 1..4 stream
+// the rows' summaries a stage of kLanesChunk tiles at a time (the next stage's loads in flight),
+// write {s_g, expc(m_g - M) or skip} to one of two shared stages and hand it to warp 0 through
+// named barriers. Rows past p.rows repeat the CTA's last row and write nothing.
+template <int kRows>
+__device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
+  static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
+  // Row stride kLanesChunk + 1 pairs: the chain lanes' 8-byte reads of one tile hit distinct banks.
+  __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 1];
+  __shared__ float warp_max[kLanesThreads / 32][kRows];
+  __shared__ float row_max[kRows];
+  static_assert(sizeof(stage) + sizeof(warp_max) + sizeof(row_max) <= 48 * 1024, "static shared memory");
+  if (p.status->code != kStatusOk) return;  // uniform: before any barrier
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int64_t r0 = int64_t{blockIdx.x} * kRows;
+  const int rows_here = static_cast<int>(p.rows - r0 < kRows ? p.rows - r0 : kRows);
+  const int64_t n = p.tiles;
+
+  // The max pass: kRows independent loads per step, all threads.
+  {
+    const bool grouped = p.group_max != nullptr;
+    const int64_t items = grouped ? (n + p.group_tiles - 1) / p.group_tiles : n;
+    const float* src = grouped ? p.group_max : &p.summaries[0].max;
+    const int64_t stride = grouped ? 1 : 2;  // floats between items
+    float m[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) m[r] = fp::neg_inf();
+    for (int64_t i = tid; i < items; i += kLanesThreads) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = r0 + (r < rows_here ? r : rows_here - 1);
+        m[r] = chain_max(m[r], src[(row * items + i) * stride]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) m[r] = chain_max(m[r], __shfl_xor_sync(0xFFFFFFFFu, m[r], off));
+      if (lane == 0) warp_max[warp][r] = m[r];
+    }
+    __syncthreads();
+    if (tid < kRows) {
+      float mr = warp_max[0][tid];
+#pragma unroll
+      for (int w = 1; w < kLanesThreads / 32; ++w) mr = chain_max(mr, warp_max[w][tid]);
+      row_max[tid] = mr;
+    }
+    __syncthreads();
+  }
+
+  const int chunks = static_cast<int>((n + kLanesChunk - 1) / kLanesChunk);
+  if (warp == 0) {  // the chains
+    const int r = lane % kRows;
+    float sum = 0.0f;
+    for (int c = 0; c < chunks; ++c) {
+      const int b = c & 1;
+      ptx::named_bar_sync(kLanesBarFull + b, kLanesThreads);
+      const int64_t left = n - int64_t{c} * kLanesChunk;
+      sum = chain_fma_pairs(sum, stage[b][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
+      if (c + 2 < chunks) ptx::named_bar_arrive(kLanesBarEmpty + b, kLanesThreads);  // stage b is free
+    }
+    if (lane >= rows_here) return;
+    const int64_t rr = r0 + lane;
+    const int64_t t = load_target(p.targets, p.targets_i64, p.row_begin + rr);
+    const bool ignored = t == p.ignore_index;
+    const RowResult res = finalize_row(row_max[lane], sum, ignored ? 0.0f : p.target_logit[rr], ignored);
+    p.logp[p.row_begin + rr] = res.logp;
+    p.lse[p.row_begin + rr] = res.lse;
+    return;
+  }
+
+  // Warps 1..4: thread f owns tile f of every stage, for all kRows rows.
+  const int f = tid - 32;
+  float global_max[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) global_max[r] = row_max[r];
+  const float2* rows_tiles[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    rows_tiles[r] = reinterpret_cast<const float2*>(p.summaries + (r0 + (r < rows_here ? r : rows_here - 1)) * n);
+  float2 next[kRows];
+  auto load_stage = [&](int c) {
+    const int64_t g = int64_t{c} * kLanesChunk + f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) next[r] = g < n ? rows_tiles[r][g] : float2{fp::neg_inf(), 0.0f};
+  };
+  load_stage(0);
+  for (int c = 0; c < chunks; ++c) {
+    const int b = c & 1;
+    float2 cur[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) cur[r] = next[r];
+    if (c + 1 < chunks) load_stage(c + 1);  // in flight while this stage is computed and handed over
+    if (c >= 2) ptx::named_bar_sync(kLanesBarEmpty + b, kLanesThreads);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      stage[b][r][f] = float2{cur[r].y, chain_factor_or_skip(TileSummary{cur[r].x, cur[r].y}, global_max[r])};
+    ptx::named_bar_arrive(kLanesBarFull + b, kLanesThreads);
+  }
 }
 
 }  // namespace detlogp::sm90
