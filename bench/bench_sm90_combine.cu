@@ -2,7 +2,7 @@
 // side by side on synthetic summaries: one CTA per row (chain_row_cta, with the driver's default
 // shared-memory carveout and with the carveout set to the most shared memory) and one warp per
 // row with the row's tiles in registers a chunk of 640 / 1280 at a time (chain_row_warp<20>,
-// <40>), and 4 / 8 / 16 rows per CTA with one chain per lane (chain_rows_lanes), its max pass over
+// <40>), and 1 / 2 / 4 / 8 rows per CTA with one chain per lane (chain_rows_lanes), its max pass over
 // the tile maxima or over the maxima of groups of 4 tiles (as the 256-column fused kernels can
 // write them; built here outside the timing). Every schedule's logp / lse must match the CTA schedule's bits (else it
 // exits 1). Times: CUDA events, median of --reps, L2 flushed before each launch, all schedules of a shape timed
@@ -120,11 +120,12 @@ int main(int argc, char** argv) {
        kCombineWarpsPerCta},
       {"warp_per_row_regs40", reinterpret_cast<const void*>(warp_kernel<40>), 32 * kCombineWarpsPerCta,
        kCombineWarpsPerCta},
+      {"lanes1", reinterpret_cast<const void*>(lanes_kernel<1>), kLanesThreads, 1},
+      {"lanes2", reinterpret_cast<const void*>(lanes_kernel<2>), kLanesThreads, 2},
       {"lanes4", reinterpret_cast<const void*>(lanes_kernel<4>), kLanesThreads, 4},
       {"lanes8", reinterpret_cast<const void*>(lanes_kernel<8>), kLanesThreads, 8},
-      {"lanes16", reinterpret_cast<const void*>(lanes_kernel<16>), kLanesThreads, 16},
       {"lanes8_groupmax4", reinterpret_cast<const void*>(lanes_kernel<8>), kLanesThreads, 8, true},
-      {"lanes16_groupmax4", reinterpret_cast<const void*>(lanes_kernel<16>), kLanesThreads, 16, true},
+      {"lanes4_groupmax4", reinterpret_cast<const void*>(lanes_kernel<4>), kLanesThreads, 4, true},
   };
   Timer timer;
   bool all_identical = true;
