@@ -229,14 +229,14 @@ done_step
 # Optional: hardware counters (ncu, clocks left alone). PROFILE_JOBS: space-separated
 # N:bucket:kernel-regex entries, each profiling the first matching launch of a bench run at N with
 # DETLOGP_SM90_BUCKET=bucket ("auto" for the default); cuBLAS kernels match regex "nvjet|gemm".
-# PROFILE_SECTIONS="--section SourceCounters ...": more ncu sections; PROFILE_N1_KERNELS=0 skips the
-# per-kernel durations at N = 1.
+# PROFILE_JOBS="" skips them. PROFILE_SECTIONS="--section SourceCounters ...": more ncu sections.
+# PROFILE_KERNELS_N="1 1024": the N at which every kernel's duration is listed (default 1; "" none).
 if has profile; then
   bench="$(find_bin bench_sm90)"
   NCU="$(command -v ncu || true)"
   if [[ -n "$bench" && -n "$NCU" ]]; then
     rcs=""
-    for job in ${PROFILE_JOBS:-1:auto:fused_linear_logp 4096:auto:fused_linear_logp}; do
+    for job in ${PROFILE_JOBS-1:auto:fused_linear_logp 4096:auto:fused_linear_logp}; do
       IFS=: read -r n bucket regex <<<"$job"
       echo "== ncu N=$n bucket=$bucket kernel=$regex" >>"$OUT/profile.log"
       # shellcheck disable=SC2086
@@ -246,12 +246,14 @@ if has profile; then
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
       rcs+=" $job=$?"
     done
-    # Every kernel's duration at N=1 (validate, fused, combine; cuBLAS for comparison).
-    if [[ "${PROFILE_N1_KERNELS:-1}" == 1 ]]; then
+    # Every kernel's duration at each N of PROFILE_KERNELS_N (default 1; validate, fused, combine;
+    # cuBLAS for comparison), serialized by ncu, clocks not locked.
+    for n in ${PROFILE_KERNELS_N-1}; do
+      echo "== kernels N=$n" >>"$OUT/profile_kernels.log"
       timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
-        "$bench" --n 1 --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
-      rcs+=" n1-kernels=$?"
-    fi
+        "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
+      rcs+=" n$n-kernels=$?"
+    done
     say "profile: ncu rc per job:$rcs (profile.log, profile_kernels.log)"
   else
     say "profile: skipped (ncu or bench missing)"

@@ -92,14 +92,19 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 47, 50): above 64
-  // rows kLanesRows chains per CTA, one per lane of its chain warp (fed through shared memory);
-  // at N <= 64 a CTA's 256 threads per row reach a long row's tiles sooner.
-  constexpr int kLanesRows = 8;
-  if (p.rows > 64) {
-    config.gridDim = dim3(static_cast<unsigned>((p.rows + kLanesRows - 1) / kLanesRows));
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 47, 50-52; 2374
+  // tiles, cold L2): above 64 rows, chains on the lanes of a warp fed through a shared-memory ring,
+  // 4 rows per CTA up to 2048 rows (N = 1024: 25.6 us against 28.5 for a CTA per row), 8 above
+  // (N = 4096 / 16384: 56.7 / 165 us against 91 / 314); at N <= 64 a CTA per row (N = 1: 17.4 us,
+  // the lanes schedule 17.6).
+  if (p.rows > 2048) {
+    config.gridDim = dim3(static_cast<unsigned>((p.rows + 7) / 8));
     config.blockDim = dim3(kLanesThreads);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<kLanesRows>, p));
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<8>, p));
+  } else if (p.rows > 64) {
+    config.gridDim = dim3(static_cast<unsigned>((p.rows + 3) / 4));
+    config.blockDim = dim3(kLanesThreads);
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<4>, p));
   } else {
     config.gridDim = dim3(static_cast<unsigned>(p.rows));
     config.blockDim = dim3(kCombineCtaThreads);
