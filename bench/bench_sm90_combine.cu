@@ -1,12 +1,9 @@
 // The full-mode combine alone (the contract chain over each row's tile summaries), its schedules
 // side by side on synthetic summaries: one CTA per row (chain_row_cta, with the driver's default
-// shared-memory carveout and with the carveout set to the most shared memory) and one warp per
-// row with the row's tiles in registers a chunk of 640 / 1280 at a time (chain_row_warp<20>,
-// <40>), and 1 / 2 / 4 / 8 rows per CTA with one chain per lane (chain_rows_lanes), its max pass over
-// the tile maxima or over the maxima of groups of 4 tiles (as the 256-column fused kernels can
-// write them; built here outside the timing). Every schedule's logp / lse must match the CTA schedule's bits (else it
-// exits 1). Times: CUDA events, median of --reps, L2 flushed before each launch, all schedules of a shape timed
-// round-robin.
+// shared-memory carveout and with the carveout set to the most shared memory) and 1 / 2 / 4 / 8
+// rows per CTA with one chain per lane (chain_rows_lanes). Every schedule's logp / lse must match
+// the CTA schedule's bits (else it exits 1). Times: CUDA events, median of --reps, L2 flushed
+// before each launch, all schedules of a shape timed round-robin.
 //   bench_sm90_combine [--n 1,64,1024,4096,16384] [--tiles 594,1187,2374] [--reps 30]
 // (a row has V / 64 tiles: 2374 for Qwen3-8B's head, 1188 for its TP = 2 shard).
 // Prints one line per (N, tiles, schedule): ms, us per row and CTAs resident per SM.
@@ -41,29 +38,9 @@ __global__ void __launch_bounds__(kCombineCtaThreads) cta_max_shared_kernel(cons
                 p.lse);
 }
 
-template <int kLaneTiles>
-__global__ void __launch_bounds__(32 * kCombineWarpsPerCta) warp_kernel(const CombineParams p) {
-  const int64_t r = int64_t{blockIdx.x} * kCombineWarpsPerCta + threadIdx.x / 32;
-  if (r >= p.rows) return;
-  chain_row_warp<kLaneTiles>(p.summaries, p.tiles, p.target_logit, r, p.row_begin + r, p.targets, p.targets_i64,
-                             p.ignore_index, p.logp, p.lse, p.status);
-}
-
 template <int kRows>
 __global__ void __launch_bounds__(kLanesThreads) lanes_kernel(const CombineParams p) {
   chain_rows_lanes<kRows>(p);
-}
-
-// The maxima of groups of `group` consecutive tiles of each row.
-__global__ void make_group_max(const TileSummary* s, float* out, int64_t rows, int64_t tiles, int64_t group) {
-  const int64_t groups = (tiles + group - 1) / group;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * groups;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t row = i / groups, g = i % groups;
-    float m = fp::neg_inf();
-    for (int64_t t = g * group; t < tiles && t < (g + 1) * group; ++t) m = chain_max(m, s[row * tiles + t].max);
-    out[i] = m;
-  }
 }
 
 // Summaries like the fused kernel's: maxima around 12 with a spread, sums in [1, 64], some tiles
@@ -92,7 +69,6 @@ struct Schedule {
   const void* kernel;
   int threads;
   int rows_per_cta;
-  bool grouped = false;  // max pass over make_group_max's groups of 4
 };
 
 }  // namespace
@@ -116,16 +92,10 @@ int main(int argc, char** argv) {
   const std::vector<Schedule> schedules = {
       {"cta_per_row", reinterpret_cast<const void*>(cta_kernel), kCombineCtaThreads, 1},
       {"cta_per_row_maxshared", reinterpret_cast<const void*>(cta_max_shared_kernel), kCombineCtaThreads, 1},
-      {"warp_per_row_regs20", reinterpret_cast<const void*>(warp_kernel<20>), 32 * kCombineWarpsPerCta,
-       kCombineWarpsPerCta},
-      {"warp_per_row_regs40", reinterpret_cast<const void*>(warp_kernel<40>), 32 * kCombineWarpsPerCta,
-       kCombineWarpsPerCta},
       {"lanes1", reinterpret_cast<const void*>(lanes_kernel<1>), kLanesThreads, 1},
       {"lanes2", reinterpret_cast<const void*>(lanes_kernel<2>), kLanesThreads, 2},
       {"lanes4", reinterpret_cast<const void*>(lanes_kernel<4>), kLanesThreads, 4},
       {"lanes8", reinterpret_cast<const void*>(lanes_kernel<8>), kLanesThreads, 8},
-      {"lanes8_groupmax4", reinterpret_cast<const void*>(lanes_kernel<8>), kLanesThreads, 8, true},
-      {"lanes4_groupmax4", reinterpret_cast<const void*>(lanes_kernel<4>), kLanesThreads, 4, true},
   };
   Timer timer;
   bool all_identical = true;
@@ -147,20 +117,11 @@ int main(int argc, char** argv) {
       CK(cudaMemset(status, 0, sizeof(DeviceStatus)));  // kStatusOk
       make_inputs<<<1024, 256>>>(sums, count, y_t, targets, n, tiles);
       CK(cudaGetLastError());
-      constexpr int64_t kGroup = 4;
-      float* group_max = nullptr;
-      CK(cudaMalloc(&group_max, n * ((tiles + kGroup - 1) / kGroup) * sizeof(float)));
-      make_group_max<<<1024, 256>>>(sums, group_max, n, tiles, kGroup);
-      CK(cudaGetLastError());
       std::vector<std::function<void()>> fns;
       std::vector<CombineParams> params(schedules.size());
       for (size_t k = 0; k < schedules.size(); ++k) {
         CombineParams& p = params[k];
         p = CombineParams{0, n, tiles, sums, y_t, targets, 0, -100, logp + k * n, lse + k * n, status};
-        if (schedules[k].grouped) {
-          p.group_max = group_max;
-          p.group_tiles = kGroup;
-        }
         const Schedule& s = schedules[k];
         const unsigned grid = static_cast<unsigned>((n + s.rows_per_cta - 1) / s.rows_per_cta);
         fns.push_back([&, k, grid] {
@@ -194,7 +155,6 @@ int main(int argc, char** argv) {
                     per_sm, fa.numRegs, bits);
       }
       CK(cudaFree(sums));
-      CK(cudaFree(group_max));
       CK(cudaFree(y_t));
       CK(cudaFree(targets));
       CK(cudaFree(logp));

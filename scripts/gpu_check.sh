@@ -186,8 +186,11 @@ if has sanitizer; then
   else
     tp="$(find_bin test_sm90_tp)"
     grad="$(find_bin test_sm90_grad_logits)"
+    # The combine's schedules over 19 stages of a ring (bits checked against each other).
+    combine="$(find_bin bench_sm90_combine)"
     for tool in memcheck racecheck synccheck; do
-      for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"}; do
+      for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"} \
+        ${combine:+"$combine --n 70 --tiles 2374 --reps 1"}; do
         echo "== compute-sanitizer --tool $tool $target" >>"$OUT/sanitizer.log"
         # shellcheck disable=SC2086
         timeout 600 "$CS" --tool "$tool" --error-exitcode 3 $target >>"$OUT/sanitizer.log" 2>&1

@@ -30,20 +30,9 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
   if (threadIdx.x == 0) publish_status(p, bad_target[0], bad_temp[0]);
 }
 
-// The full-mode combine, one warp per row (sm90_combine_chain.cuh). When launched as a programmatic
-// dependent of the fused kernel its CTAs may start during the fused kernel's tail; this waits for
-// the whole fused grid and its memory (a no-op for a plain launch).
-template <int kLaneTiles>
-__global__ void __launch_bounds__(32 * kCombineWarpsPerCta) combine_rows_warp_kernel(const CombineParams p) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  static_assert(32 * kLaneTiles * 2 * kCombineWarpsPerCta * 4 <= 48 * 1024, "static shared memory of the stages");
-  const int64_t r = int64_t{blockIdx.x} * kCombineWarpsPerCta + threadIdx.x / 32;
-  if (r >= p.rows) return;  // whole warps: no block barrier follows
-  chain_row_warp<kLaneTiles>(p.summaries, p.tiles, p.target_logit, r, p.row_begin + r, p.targets, p.targets_i64,
-                             p.ignore_index, p.logp, p.lse, p.status);
-}
-
-// The full-mode combine, kRows rows per CTA, one chain per lane (sm90_combine_chain.cuh).
+// The full-mode combine, kRows rows per CTA, one chain per lane (sm90_combine_chain.cuh). When
+// launched as a programmatic dependent of the fused kernel its CTAs may start during the fused
+// kernel's tail; this waits for the whole fused grid and its memory (a no-op for a plain launch).
 template <int kRows>
 __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -1,11 +1,11 @@
 // The contract chain over a row's tile summaries on the device (docs/contract.md: M = max over
 // the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
 // schedules with identical operations and bits:
-//   chain_row_cta:    one CTA per row, any number of segments (the tensor-parallel merge);
-//   chain_row_warp:   one warp per row of one segment (the full-mode combine), the row's tiles
-//                     held in registers a chunk at a time, all loads of a chunk in flight together;
-//   chain_rows_lanes: kRows rows per CTA, one chain per lane of a chain warp (kRows chains per
-//                     fma instruction) fed through shared memory by four factor warps.
+//   chain_row_cta:    one CTA per row, any number of segments (the tensor-parallel merge, and the
+//                     full-mode combine up to 64 rows);
+//   chain_rows_lanes: kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
+//                     chains per fma instruction) fed through shared memory by four factor warps
+//                     (the full-mode combine above 64 rows).
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
@@ -18,45 +18,6 @@ namespace detlogp::sm90 {
 
 inline constexpr int kCombineCtaThreads = 256;  // chain_row_cta: one CTA per row
 inline constexpr int kChainChunk = 2048;        // chain_row_cta: tiles staged per chain step
-inline constexpr int kCombineWarpsPerCta = 2;   // chain_row_warp: rows per CTA
-
-// The serial fma chain of one staged chunk, by one thread, in ascending tile order. The operands
-// of the next 16 tiles are loaded while the current 16 fmas run (~64 cycles cover a shared load).
-__device__ __forceinline__ float chain_fma_staged(float sum, const float* sums, const float* scales, int n) {
-  const float4* s4 = reinterpret_cast<const float4*>(sums);
-  const float4* f4 = reinterpret_cast<const float4*>(scales);
-  constexpr int kRound = 4;  // float4 groups per round
-  const int rounds = n / (4 * kRound);
-  float4 a[kRound], b[kRound];
-#pragma unroll
-  for (int k = 0; k < kRound; ++k) {
-    a[k] = rounds > 0 ? s4[k] : float4{};
-    b[k] = rounds > 0 ? f4[k] : float4{};
-  }
-  for (int q = 0; q < rounds; ++q) {
-    const int next = (q + 1 < rounds ? q + 1 : q) * kRound;  // the last round reloads itself
-    float4 next_a[kRound], next_b[kRound];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      next_a[k] = s4[next + k];
-      next_b[k] = f4[next + k];
-    }
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      sum = chain_fma(sum, a[k].x, b[k].x);
-      sum = chain_fma(sum, a[k].y, b[k].y);
-      sum = chain_fma(sum, a[k].z, b[k].z);
-      sum = chain_fma(sum, a[k].w, b[k].w);
-    }
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      a[k] = next_a[k];
-      b[k] = next_b[k];
-    }
-  }
-  for (int i = 4 * kRound * rounds; i < n; ++i) sum = chain_fma(sum, sums[i], scales[i]);
-  return sum;
-}
 
 // One CTA (kCombineCtaThreads) per row. The CTA computes the factors expc(m_g - M) of a chunk of
 // tiles in parallel into shared memory and one thread runs the sequential fma chain over them.
@@ -119,82 +80,6 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   lse[row] = res.lse;
 }
 
-// One warp per row of a single segment (kCombineWarpsPerCta rows per CTA; a warp past the last row
-// returns at once, no block barrier follows). The row's tiles go in chunks of 32 * kLaneTiles:
-// lane l holds tiles base + l + 32 k of a chunk in registers, every load of a chunk in flight
-// together. A row of one chunk is read from memory once. A longer row is read twice: the max pass
-// walks its chunks from the last to the first, so chunk 0 is in registers when it ends; then per
-// chunk the lanes stage the factors in the warp's shared memory and issue the next chunk's loads,
-// and lane 0 runs the fma chain over the stage while those loads are in flight. The status word
-// is read with the tiles and checked before anything is written.
-template <int kLaneTiles>
-__device__ __forceinline__ void chain_row_warp(const TileSummary* tiles, int64_t n_tiles, const float* target_logit,
-                                               int64_t r, int64_t row, const void* targets, int targets_i64,
-                                               int64_t ignore_index, float* logp, float* lse,
-                                               const DeviceStatus* status) {
-  constexpr int kChunk = 32 * kLaneTiles;
-  static_assert(kChunk % 16 == 0, "chain_fma_staged reads whole float4 rounds");
-  __shared__ alignas(16) float stage_sum[kCombineWarpsPerCta][kChunk];
-  __shared__ alignas(16) float stage_scale[kCombineWarpsPerCta][kChunk];
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int n = static_cast<int>(n_tiles);
-  // One 8-byte load per tile (the workspace's summaries are 8-byte aligned, as is every row).
-  const float2* row_tiles = reinterpret_cast<const float2*>(tiles + r * n_tiles);
-
-  // Lane 0's row inputs first: their latency overlaps the tiles' loads.
-  int64_t t = 0;
-  float y_t_loaded = 0.0f;
-  int code = kStatusOk;
-  if (lane == 0) {
-    code = status->code;
-    t = load_target(targets, targets_i64, row);
-    y_t_loaded = target_logit[r];  // workspace of this row; unused when the row is ignored
-  }
-
-  TileSummary held[kLaneTiles];
-  auto load_chunk = [&](int base) {
-#pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) {
-      const int g = base + lane + 32 * k;
-      const float2 v = g < n ? row_tiles[g] : float2{fp::neg_inf(), 0.0f};  // -inf: no effect on M
-      held[k] = TileSummary{v.x, v.y};
-    }
-  };
-  float global_max = fp::neg_inf();
-  const int last_base = n > 0 ? (n - 1) / kChunk * kChunk : 0;
-  for (int base = last_base; base >= 0; base -= kChunk) {  // the max is exact: any order
-    load_chunk(base);
-#pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) global_max = chain_max(global_max, held[k].max);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
-
-  float sum = 0.0f;
-  for (int base = 0; base < n; base += kChunk) {  // held: this chunk
-    const int count = n - base < kChunk ? n - base : kChunk;
-#pragma unroll
-    for (int k = 0; k < kLaneTiles; ++k) {
-      const int i = lane + 32 * k;
-      if (i < count) {
-        stage_sum[warp][i] = held[k].sum;
-        stage_scale[warp][i] = chain_factor_or_skip(held[k], global_max);  // off the serial path
-      }
-    }
-    __syncwarp();
-    if (base + kChunk < n) load_chunk(base + kChunk);  // in flight during the chain below
-    if (lane == 0) sum = chain_fma_staged(sum, stage_sum[warp], stage_scale[warp], count);
-    __syncwarp();  // lane 0 has read the stage before the next chunk rewrites it
-  }
-  if (lane != 0 || code != kStatusOk) return;
-  const bool ignored = t == ignore_index;
-  const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_t_loaded, ignored);
-  logp[row] = res.logp;
-  lse[row] = res.lse;
-}
-
 // ---- chain_rows_lanes ------------------------------------------------------------------------
 inline constexpr int kLanesChunk = 128;                         // tiles per stage (one per factor thread)
 inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
@@ -238,9 +123,8 @@ __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int
 // ([kRows][kLanesChunk] summaries each): each copies its tiles in with cp.async, stages ahead,
 // starting before the max pass (the raw summaries do not depend on M); once a stage's copies land
 // it rewrites them in place as {s_g, expc(m_g - M) or skip} and hands the stage to warp 0 through
-// a named barrier, and warp 0 hands it back after its chains read it. The max pass (every
-// thread) reads p.group_max when the fused kernel wrote it, else the tile maxima. Rows past
-// p.rows repeat the CTA's last row and write nothing.
+// a named barrier, and warp 0 hands it back after its chains read it. The max pass reads the tile
+// maxima with every thread. Rows past p.rows repeat the CTA's last row and write nothing.
 template <int kRows>
 __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
@@ -284,19 +168,15 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
 
   // The max pass: 4 x kRows independent loads per step, all threads.
   {
-    const bool grouped = p.group_max != nullptr;
-    const int64_t items = grouped ? (n + p.group_tiles - 1) / p.group_tiles : n;
-    const float* src = grouped ? p.group_max : &p.summaries[0].max;
-    const int64_t stride = grouped ? 1 : 2;  // floats between items
     float m[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) m[r] = fp::neg_inf();
 #pragma unroll 4
-    for (int64_t i = tid; i < items; i += kLanesThreads) {
+    for (int64_t i = tid; i < n; i += kLanesThreads) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const int64_t row = r0 + (r < rows_here ? r : rows_here - 1);
-        m[r] = chain_max(m[r], src[(row * items + i) * stride]);
+        m[r] = chain_max(m[r], p.summaries[row * n + i].max);
       }
     }
 #pragma unroll

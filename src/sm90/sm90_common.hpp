@@ -101,11 +101,6 @@ struct CombineParams {
   float* logp;  // [N]
   float* lse;   // [N]
   const DeviceStatus* status;
-  // Optional: the max of every group of `group_tiles` consecutive tile maxima of a row,
-  // [rows][ceil(tiles / group_tiles)], written by the fused kernel; null: the combine reads the
-  // tile maxima. Either gives the same M (the max is exact in any grouping).
-  const float* group_max = nullptr;
-  int64_t group_tiles = 0;
 };
 
 // A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t and, for a
