@@ -133,19 +133,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Regs));
 }
 
-// ---- cp.async (per-thread asynchronous copies into shared memory, completion by groups) --------
-// Copies 8 bytes, or writes 8 zero bytes without reading `src` when !valid.
-__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 8 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most `Pending` of this thread's committed groups are still in flight.
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
-}
-
 // ---- named barriers (a producer / consumer hand-over of shared memory between warps) -----------
 // `threads` counts every thread that syncs or arrives on the barrier; a multiple of 32.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {

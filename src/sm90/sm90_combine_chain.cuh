@@ -4,7 +4,8 @@
 //   chain_row_cta:    one CTA per row, any number of segments (the tensor-parallel merge, and the
 //                     full-mode combine up to 64 rows);
 //   chain_rows_lanes: kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
-//                     chains per fma instruction) fed through shared memory by four factor warps
+//                     chains per fma instruction) fed through two shared stages by four factor
+//                     warps
 //                     (the full-mode combine above 64 rows).
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
@@ -84,15 +85,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
 inline constexpr int kLanesChunk = 128;                         // tiles per stage (one per factor thread)
 inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
 inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the chains
-
-// Stages of the lanes schedule's ring: as many as ~46 KB of static shared memory hold, at most 7
-// (two named barriers per stage, barrier 0 is __syncthreads).
-template <int kRows>
-inline constexpr int kLanesStages = [] {
-  constexpr int stage_bytes = kRows * (kLanesChunk + 1) * 8;
-  const int fit = 46 * 1024 / stage_bytes;
-  return fit < 7 ? fit : 7;
-}();
+inline constexpr int kLanesBarFull = 1;                         // named barriers 1, 2: stage b filled
+inline constexpr int kLanesBarEmpty = 3;                        // named barriers 3, 4: stage b read
 
 // The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. The next
 // 16 pairs are loaded while the current 16 fmas run.
@@ -119,22 +113,17 @@ __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int
 // kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's
 // chain is serial, so the schedule runs many at once: lane l of warp 0 walks row l % kRows (lanes
 // past kRows repeat a row and read the same words: no divergence, no bank conflict), so one fma
-// instruction advances kRows chains. Warps 1..4 own one tile column f of a ring of stages
-// ([kRows][kLanesChunk] summaries each): each copies its tiles in with cp.async, stages ahead,
-// starting before the max pass (the raw summaries do not depend on M); once a stage's copies land
-// it rewrites them in place as {s_g, expc(m_g - M) or skip} and hands the stage to warp 0 through
-// a named barrier, and warp 0 hands it back after its chains read it. The max pass reads the tile
-// maxima with every thread. Rows past p.rows repeat the CTA's last row and write nothing.
+// instruction advances kRows chains. Warps 1..4 own one tile column f of two shared stages
+// ([kRows][kLanesChunk] each): per chunk they write {s_g, expc(m_g - M) or skip} of their tiles
+// (the next chunk's loads in flight; the first chunk's issued before the max pass) and hand the
+// stage to warp 0 through a named barrier; warp 0 hands it back after its chains read it. The max
+// pass reads the tile maxima with every thread. Rows past p.rows repeat the CTA's last row and
+// write nothing.
 template <int kRows>
 __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
-  constexpr int kStages = kLanesStages<kRows>;
-  constexpr int kAhead = kStages - 1;  // stages in flight ahead of the one being computed
-  static_assert(kStages >= 3 && 1 + 2 * kStages <= 16, "named barriers: 0, then full and empty per stage");
-  constexpr int kBarFull = 1;             // kBarFull + s: stage s filled
-  constexpr int kBarEmpty = 1 + kStages;  // kBarEmpty + s: stage s read by the chains
   // Row stride kLanesChunk + 1 pairs: the chain lanes' 8-byte reads of one tile hit distinct banks.
-  __shared__ alignas(16) float2 stage[kStages][kRows][kLanesChunk + 1];
+  __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 1];
   __shared__ float warp_max[kLanesThreads / 32][kRows];
   __shared__ float row_max[kRows];
   static_assert(sizeof(stage) + sizeof(warp_max) + sizeof(row_max) <= 48 * 1024, "static shared memory");
@@ -148,23 +137,19 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   const int64_t n = p.tiles;
   const int chunks = static_cast<int>((n + kLanesChunk - 1) / kLanesChunk);
 
-  // Factor threads: the first kAhead stages' copies go out before the max pass.
+  // Factor threads: tile f of each stage, the first chunk's loads issued now.
   const int f = tid - 32;
-  auto issue_stage = [&](int c) {  // chunk c into stage c % kStages
+  const float2* rows_tiles[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+    rows_tiles[r] = reinterpret_cast<const float2*>(p.summaries + (r0 + (r < rows_here ? r : rows_here - 1)) * n);
+  float2 next[kRows];
+  auto load_stage = [&](int c) {
     const int64_t g = int64_t{c} * kLanesChunk + f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const TileSummary* row_tiles = p.summaries + (r0 + (r < rows_here ? r : rows_here - 1)) * n;
-      ptx::cp_async_8(&stage[c % kStages][r][f], g < n ? row_tiles + g : row_tiles, g < n);
-    }
+    for (int r = 0; r < kRows; ++r) next[r] = g < n ? rows_tiles[r][g] : float2{fp::neg_inf(), 0.0f};
   };
-  if (warp > 0) {
-#pragma unroll
-    for (int c = 0; c < kAhead; ++c) {
-      if (c < chunks) issue_stage(c);
-      ptx::cp_async_commit();  // one group per chunk, empty past the last: uniform counting
-    }
-  }
+  if (warp > 0) load_stage(0);
 
   // The max pass: 4 x kRows independent loads per step, all threads.
   {
@@ -174,10 +159,7 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
 #pragma unroll 4
     for (int64_t i = tid; i < n; i += kLanesThreads) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = r0 + (r < rows_here ? r : rows_here - 1);
-        m[r] = chain_max(m[r], p.summaries[row * n + i].max);
-      }
+      for (int r = 0; r < kRows; ++r) m[r] = chain_max(m[r], reinterpret_cast<const float*>(rows_tiles[r] + i)[0]);
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -199,11 +181,11 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
     const int r = lane % kRows;
     float sum = 0.0f;
     for (int c = 0; c < chunks; ++c) {
-      const int s = c % kStages;
-      ptx::named_bar_sync(kBarFull + s, kLanesThreads);
+      const int b = c & 1;
+      ptx::named_bar_sync(kLanesBarFull + b, kLanesThreads);
       const int64_t left = n - int64_t{c} * kLanesChunk;
-      sum = chain_fma_pairs(sum, stage[s][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
-      if (c + kStages < chunks) ptx::named_bar_arrive(kBarEmpty + s, kLanesThreads);  // refilled later
+      sum = chain_fma_pairs(sum, stage[b][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
+      if (c + 2 < chunks) ptx::named_bar_arrive(kLanesBarEmpty + b, kLanesThreads);  // stage b is free
     }
     if (lane >= rows_here) return;
     const int64_t rr = r0 + lane;
@@ -219,21 +201,16 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) global_max[r] = row_max[r];
   for (int c = 0; c < chunks; ++c) {
-    const int s = c % kStages;
-    ptx::cp_async_wait<kAhead - 1>();  // chunk c's group landed (kAhead + c groups committed so far)
+    const int b = c & 1;
+    float2 cur[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float2 v = stage[s][r][f];  // this thread's own copy: no barrier needed
-      stage[s][r][f] = float2{v.y, chain_factor_or_skip(TileSummary{v.x, v.y}, global_max[r])};
-    }
-    ptx::named_bar_arrive(kBarFull + s, kLanesThreads);
-    // Chunk c + kAhead reuses the stage of chunk c - 1: wait until the chains have read it.
-    const int c_next = c + kAhead;
-    if (c_next < chunks) {
-      if (c_next >= kStages) ptx::named_bar_sync(kBarEmpty + c_next % kStages, kLanesThreads);
-      issue_stage(c_next);
-    }
-    ptx::cp_async_commit();
+    for (int r = 0; r < kRows; ++r) cur[r] = next[r];
+    if (c + 1 < chunks) load_stage(c + 1);  // in flight while this stage is computed and handed over
+    if (c >= 2) ptx::named_bar_sync(kLanesBarEmpty + b, kLanesThreads);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      stage[b][r][f] = float2{cur[r].y, chain_factor_or_skip(TileSummary{cur[r].x, cur[r].y}, global_max[r])};
+    ptx::named_bar_arrive(kLanesBarFull + b, kLanesThreads);
   }
 }
 
