@@ -81,11 +81,11 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 47, 50-52; 2374
-  // tiles, cold L2): above 64 rows, chains on the lanes of a warp fed through a shared-memory ring,
-  // 4 rows per CTA up to 2048 rows (N = 1024: 25.6 us against 28.5 for a CTA per row), 8 above
-  // (N = 4096 / 16384: 56.7 / 165 us against 91 / 314); at N <= 64 a CTA per row (N = 1: 17.4 us,
-  // the lanes schedule 17.6).
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-55; 2374 tiles,
+  // cold L2): above 64 rows, chains on the lanes of a warp fed through shared memory, 4 rows per
+  // CTA up to 2048 rows (N = 1024: 25.2 us against 28.4 for a CTA per row), 8 above (N = 4096 /
+  // 16384: 54.0 / 170 us against 91 / 311); at N <= 64 a CTA per row (N = 1: 17.4 us, the lanes
+  // schedule 17.6).
   if (p.rows > 2048) {
     config.gridDim = dim3(static_cast<unsigned>((p.rows + 7) / 8));
     config.blockDim = dim3(kLanesThreads);
