@@ -82,44 +82,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // finished mainloop of each consumer warpgroup.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 4 * Cfg::kClusterM, 2);
   uint64_t* mainloop_done = ring.empty + Cfg::kStages;
-  warp_specialize<Cfg>(
-      [&] {
-        if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
-        if (threadIdx.x == 0)
-          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
-                                p.row_begin, p.m_tiles, p.n_tiles, p.group_m);
-      },
-      [&](int c) {
-        const int lane = threadIdx.x % 32;
-        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-        uint32_t n = 0;  // tiles this warpgroup has taken so far
-        for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
-          // Mainloops run in local tile order: wait for the other warpgroup's mainloop of tile j - 1.
-          if (j >= 1) {
-            const uint32_t completion = c == 1 ? n : n - 1;
-            ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
-          }
-          int m_tile, n_tile;
-          walk.coords(unit, m_tile, n_tile);
-          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-          const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
-          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
-          // The rows' temperature and target load while the K walk runs.
-          FragmentRows rows[Cfg::kFragments];
+  warp_specialize<Cfg>([&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
+                       [&](int c) {
+                         const int lane = threadIdx.x % 32;
+                         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         uint32_t n = 0;  // tiles this warpgroup has taken so far
+                         for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count;
+                              j += 2, unit += 2 * walk.stride, ++n) {
+                           // Mainloops run in local tile order: wait for the other warpgroup's mainloop of tile j - 1.
+                           if (j >= 1) {
+                             const uint32_t completion = c == 1 ? n : n - 1;
+                             ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
+                           }
+                           int m_tile, n_tile;
+                           walk.coords(unit, m_tile, n_tile);
+                           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+                           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
+                           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+                           // The rows' temperature and target load while the K walk runs.
+                           FragmentRows rows[Cfg::kFragments];
 #pragma unroll
-          for (int f = 0; f < Cfg::kFragments; ++f) rows[f] = load_fragment_rows(p, row0 + 64 * f, row_limit);
-          float acc[Cfg::kFragments][Cfg::kAccRegs];
-          const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
-          pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
-          // Hand the tensor cores over while this tile's last wgmma still runs.
-          if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
-          pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
+                           for (int f = 0; f < Cfg::kFragments; ++f)
+                             rows[f] = load_fragment_rows(p, row0 + 64 * f, row_limit);
+                           float acc[Cfg::kFragments][Cfg::kAccRegs];
+                           const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
+                           pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+                           // Hand the tensor cores over while this tile's last wgmma still runs.
+                           if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
+                           pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
 #pragma unroll
-          for (int f = 0; f < Cfg::kFragments; ++f)
-            epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, rows[f], row0 + 64 * f, row_limit, col0,
-                                                          logits_vec2 != 0);
-        }
-      });
+                           for (int f = 0; f < Cfg::kFragments; ++f)
+                             epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc[f], p, rows[f], row0 + 64 * f, row_limit,
+                                                                           col0, logits_vec2 != 0);
+                         }
+                       });
 #endif
 }
 
@@ -139,12 +135,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Every consuming warp of both warpgroups, of every cluster CTA, releases each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
   warp_specialize<Cfg>(
-      [&] {
-        if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
-        if (threadIdx.x == 0)
-          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
-                                p.row_begin, p.m_tiles, p.n_tiles, p.group_m);
-      },
+      [&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
       [&](int c) {
         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
         // A tile's coordinates and its rows' temperature and target are taken one tile ahead,

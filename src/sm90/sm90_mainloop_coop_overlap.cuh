@@ -222,10 +222,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
-    if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, p.row_begin,
-                            p.m_tiles, p.n_tiles, p.group_m);
+    produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const int c = warpgroup - 1;

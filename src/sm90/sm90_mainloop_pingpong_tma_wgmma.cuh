@@ -13,6 +13,7 @@
 #include "sm90/ptx.cuh"
 #include "sm90/ptx_wgmma_bf16.cuh"
 #include "sm90/sm90_tile_schedule.hpp"
+#include "sm90/sm90_validate.cuh"
 
 namespace detlogp::sm90 {
 
@@ -209,6 +210,17 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
       }
     }
   }
+}
+
+// The producer warpgroup of the persistent kernels: warp 1 of CTA 0 validates the inputs when the
+// launch asks for it (the trainer's first launch), thread 0 streams the ring.
+template <class Cfg, class Ring>
+__device__ __forceinline__ void produce_persistent(const FusedParams& p, const CUtensorMap* map_hidden,
+                                                   const CUtensorMap* map_weight, const Ring& ring) {
+  if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) validate_rows_warp(p.validate);
+  if (threadIdx.x == 0)
+    pingpong_produce<Cfg>(map_hidden, map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, p.row_begin,
+                          p.m_tiles, p.n_tiles, p.group_m);
 }
 
 // Releases ring stage s: one arrival per warp on this CTA's empty barrier, or with ClusterM > 1
