@@ -4,8 +4,8 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,shapes][,mainloop]
-#   [,combine] (default: all but profile, shapes, mainloop and combine). mainloop: bench_sm90_mainloop,
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,shapes]
+#   [,mainloop][,combine] (default: all but profile, pyprofile, shapes, mainloop and combine). mainloop: bench_sm90_mainloop,
 #   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
 #   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
 #   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
@@ -235,11 +235,28 @@ if has combine; then
 fi
 done_step
 
+# Optional: bench/profile_forward.py (torch profiler, power-capped state): the cuBLAS GEMM and the
+# trainer forward round-robin, each call split into host time, gaps and kernels
+# (PYPROFILE_ARGS="--rows 1024,4096"). Needs the Python module of this build tree.
+if has pyprofile; then
+  if ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    PYTHONPATH="$BUILD/python" timeout 300 python3 "$ROOT/bench/profile_forward.py" ${PYPROFILE_ARGS:-} \
+      >"$OUT/profile_forward.log" 2>&1
+    say "pyprofile: rc=$? (profile_forward.log)"
+    grep -vE "^GPU" "$OUT/profile_forward.log" | cut -c1-160 >>"$SUMMARY"
+  else
+    say "pyprofile: skipped (no Python module in $BUILD/python)"
+  fi
+fi
+done_step
+
 # Optional: hardware counters (ncu, clocks left alone). PROFILE_JOBS: space-separated
 # N:bucket:kernel-regex entries, each profiling the first matching launch of a bench run at N with
 # DETLOGP_SM90_BUCKET=bucket ("auto" for the default); cuBLAS kernels match regex "nvjet|gemm".
 # PROFILE_JOBS="" skips them. PROFILE_SECTIONS="--section SourceCounters ...": more ncu sections.
-# PROFILE_KERNELS_N="1 1024": the N at which every kernel's duration is listed (default 1; "" none).
+# PROFILE_KERNELS_N="1 1024": the N at which every kernel's duration is listed (default 1; "" none);
+# PROFILE_CLOCKS="none base": the ncu clock controls of that listing (default none).
 if has profile; then
   bench="$(find_bin bench_sm90)"
   NCU="$(command -v ncu || true)"
@@ -255,13 +272,17 @@ if has profile; then
         "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile.log" 2>&1
       rcs+=" $job=$?"
     done
-    # Every kernel's duration at each N of PROFILE_KERNELS_N (default 1; validate, fused, combine;
-    # cuBLAS for comparison), serialized by ncu, clocks not locked.
-    for n in ${PROFILE_KERNELS_N-1}; do
-      echo "== kernels N=$n" >>"$OUT/profile_kernels.log"
-      timeout 300 "$NCU" --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
-        "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
-      rcs+=" n$n-kernels=$?"
+    # Every kernel's duration and SM cycles at each N of PROFILE_KERNELS_N (default 1; validate,
+    # fused, combine; cuBLAS for comparison), serialized by ncu, under each ncu clock control of
+    # PROFILE_CLOCKS (default "none": clocks not locked; "base" locks the base clock).
+    for clock in ${PROFILE_CLOCKS:-none}; do
+      for n in ${PROFILE_KERNELS_N-1}; do
+        echo "== kernels N=$n clock-control=$clock" >>"$OUT/profile_kernels.log"
+        timeout 300 "$NCU" --clock-control "$clock" \
+          --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg,sm__cycles_elapsed.avg.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+          "$bench" --n "$n" --reps 1 --csv /dev/null >>"$OUT/profile_kernels.log" 2>&1
+        rcs+=" n$n-$clock-kernels=$?"
+      done
     done
     say "profile: ncu rc per job:$rcs (profile.log, profile_kernels.log)"
   else

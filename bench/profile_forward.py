@@ -1,0 +1,125 @@
+"""Where a forward call's time goes, under the same power and clock state as the benchmark: the
+cuBLAS bf16 GEMM (F.linear, the issue-6 reference) and detlogp's trainer forward
+(detlogp.torch.linear_logp, no logits), timed round-robin in a fresh shuffled order per
+repetition, each call after an L2 flush, with CUDA events around every call and the torch
+profiler (CUPTI) recording every kernel of every call.
+
+    PYTHONPATH=build/python python3 bench/profile_forward.py [--rows 1024,4096] [--iters 20]
+
+For each N and case it prints the medians of: the events' time of the call ("event ms"), the span
+from the call's first kernel start to its last kernel end ("span ms"), the sum of its kernels'
+durations ("kernels ms"), and each kernel's duration. The ratios then split the call's ratio to
+cuBLAS into kernel time (the fused kernel and the combine, at the clock the power cap allows) and
+the rest (host work before the first launch, gaps between kernels). ncu's kernel durations
+(`scripts/gpu_check.sh`, PROFILE_KERNELS_N) are taken with the kernels serialized and the GPU idle
+between replays, so a cooler, faster clock; these are taken while the GPU runs at its power cap.
+"""
+
+import argparse
+import random
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import detlogp.torch as dt
+
+FLUSH_BYTES = 256 << 20  # four times the H200's L2
+
+
+def cuda_kernels(prof):
+    """The profile's CUDA kernels, in start order."""
+    return sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1024,4096", help="comma-separated N")
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_forward: skipped, no CUDA device")
+        return
+    dev = "cuda"
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    # The flush kernel's name, from a profile of the flush alone: it separates the calls below.
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flush.fill_(1)
+        torch.cuda.synchronize()
+    flush_names = {e.name for e in cuda_kernels(prof)}
+    if len(flush_names) != 1:
+        raise SystemExit(f"profile_forward: expected one flush kernel, saw {sorted(flush_names)}")
+
+    gen = torch.Generator(device=dev).manual_seed(args.seed)
+    w = (torch.randn(args.vocab, args.dim, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, D = {args.dim}, V = {args.vocab}")
+    for n in (int(x) for x in args.rows.split(",")):
+        h = torch.randn(n, args.dim, device=dev, generator=gen).to(torch.bfloat16)
+        t = torch.randint(0, args.vocab, (n,), device=dev, generator=gen)
+        cases = {
+            "cublas F.linear bf16": lambda: F.linear(h, w),
+            "detlogp trainer forward": lambda: dt.linear_logp(h, w, t),
+        }
+        with torch.no_grad():
+            for fn in cases.values():
+                for _ in range(args.warmup):
+                    fn()
+            torch.cuda.synchronize()
+            rng = random.Random(args.seed + n)
+            order, events = [], []
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.iters):
+                    keys = list(cases)
+                    rng.shuffle(keys)
+                    for k in keys:
+                        flush.fill_(1)
+                        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        start.record()
+                        cases[k]()
+                        end.record()
+                        order.append(k)
+                        events.append((start, end))
+                torch.cuda.synchronize()
+        # Split the kernel stream at the flushes: segment i holds call i's kernels.
+        segments, current = [], None
+        for e in cuda_kernels(prof):
+            if e.name in flush_names:
+                current = []
+                segments.append(current)
+            elif current is not None:
+                current.append(e)
+        if len(segments) != len(order):
+            raise SystemExit(f"profile_forward: {len(segments)} flushes for {len(order)} calls")
+        stats = {k: {"event": [], "span": [], "kernels": [], "per": {}} for k in cases}
+        for k, seg, (start, end) in zip(order, segments, events):
+            s = stats[k]
+            s["event"].append(start.elapsed_time(end))
+            if not seg:
+                continue
+            s["span"].append((max(e.time_range.end for e in seg) - seg[0].time_range.start) / 1e3)
+            s["kernels"].append(sum(e.time_range.elapsed_us() for e in seg) / 1e3)
+            for e in seg:
+                s["per"].setdefault(e.name, []).append(e.time_range.elapsed_us() / 1e3)
+        med = statistics.median
+        ref = stats["cublas F.linear bf16"]
+        print(f"\nN = {n}: medians of {args.iters} calls per case")
+        print(f"  {'case':28s} {'event ms':>9s} {'span ms':>9s} {'kernels ms':>10s}   event/ref span/ref kern/ref")
+        for k, s in stats.items():
+            print(
+                f"  {k:28s} {med(s['event']):9.4f} {med(s['span']):9.4f} {med(s['kernels']):10.4f}"
+                f"   {med(s['event']) / med(ref['event']):9.4f} {med(s['span']) / med(ref['span']):8.4f}"
+                f" {med(s['kernels']) / med(ref['kernels']):8.4f}"
+            )
+            for name, times in sorted(s["per"].items(), key=lambda kv: -med(kv[1])):
+                print(f"      {med(times):9.4f} ms x{len(times) // args.iters}  {name[:100]}")
+
+
+if __name__ == "__main__":
+    main()
