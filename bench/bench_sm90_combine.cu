@@ -1,7 +1,7 @@
 // The full-mode combine alone (the contract chain over each row's tile summaries), its schedules
-// side by side on synthetic summaries: one CTA per row (chain_row_cta, with the driver's default
-// shared-memory carveout and with the carveout set to the most shared memory) and 1 / 2 / 4 / 8
-// rows per CTA with one chain per lane (chain_rows_lanes). Every schedule's logp / lse must match
+// side by side on synthetic summaries: one CTA per row (chain_row_cta, and chain_row_cta_held with
+// the row's tiles held in registers) and 1 / 2 / 4 / 8 rows per CTA with one chain per lane
+// (chain_rows_lanes). Every schedule's logp / lse must match
 // the CTA schedule's bits (else it exits 1). Times: CUDA events, median of --reps, L2 flushed
 // before each launch, all schedules of a shape timed round-robin.
 //   bench_sm90_combine [--n 1,64,1024,4096,16384] [--tiles 594,1187,2374] [--reps 30]
@@ -30,12 +30,12 @@ __global__ void __launch_bounds__(kCombineCtaThreads) cta_kernel(const CombinePa
                 p.lse);
 }
 
-// A copy of cta_kernel, so its carveout attribute does not change cta_kernel's.
-__global__ void __launch_bounds__(kCombineCtaThreads) cta_max_shared_kernel(const CombineParams p) {
+// One CTA per row with the row's tiles held in registers (chain_row_cta_held).
+__global__ void __launch_bounds__(kCombineCtaThreads) cta_held_kernel(const CombineParams p) {
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                p.lse);
+  chain_row_cta_held(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                     p.lse);
 }
 
 template <int kRows>
@@ -87,11 +87,9 @@ int main(int argc, char** argv) {
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CK(cudaFuncSetAttribute(cta_max_shared_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                          cudaSharedmemCarveoutMaxShared));
   const std::vector<Schedule> schedules = {
       {"cta_per_row", reinterpret_cast<const void*>(cta_kernel), kCombineCtaThreads, 1},
-      {"cta_per_row_maxshared", reinterpret_cast<const void*>(cta_max_shared_kernel), kCombineCtaThreads, 1},
+      {"cta_held", reinterpret_cast<const void*>(cta_held_kernel), kCombineCtaThreads, 1},
       {"lanes1", reinterpret_cast<const void*>(lanes_kernel<1>), kLanesThreads, 1},
       {"lanes2", reinterpret_cast<const void*>(lanes_kernel<2>), kLanesThreads, 2},
       {"lanes4", reinterpret_cast<const void*>(lanes_kernel<4>), kLanesThreads, 4},

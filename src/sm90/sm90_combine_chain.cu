@@ -12,6 +12,10 @@ namespace detlogp::sm90 {
 namespace {
 
 constexpr int kValidateThreads = 1024;
+// Up to this many rows a CTA per row with the tiles held in registers (latency-bound); above, the
+// schedules that keep more rows in flight per SM (bench_sm90_combine, 1024 rows: 45 us against the
+// lanes schedule's 26).
+constexpr int64_t kCombineHeldMaxRows = 256;
 
 // One CTA: finds the first invalid row of each kind with a block min (deterministic, no atomics)
 // and always writes the status word.
@@ -39,16 +43,22 @@ __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const
   chain_rows_lanes<kRows>(p);
 }
 
-// The full-mode combine one CTA per row, up to 64 rows.
+// The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency).
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                p.lse);
+  chain_row_cta_held(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                     p.lse);
 }
 
+// The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
+// 32-register chunked form for many (more CTAs resident).
 static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB kernel parameter space");
+__global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_held_kernel(const __grid_constant__ MergeParams p) {
+  chain_row_cta_held(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                     p.lse);
+}
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
   chain_row_cta(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
 }
@@ -81,16 +91,17 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-55; 2374 tiles,
-  // cold L2): above 64 rows, chains on the lanes of a warp fed through shared memory, 4 rows per
-  // CTA up to 2048 rows (N = 1024: 25.2 us against 28.4 for a CTA per row), 8 above (N = 4096 /
-  // 16384: 54.0 / 170 us against 91 / 311); at N <= 64 a CTA per row (N = 1: 17.4 us, the lanes
-  // schedule 17.6).
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-57; 2374 tiles,
+  // cold L2): above kCombineHeldMaxRows rows, chains on the lanes of a warp fed through shared
+  // memory, 4 rows per CTA up to 2048 rows (N = 1024: 25.2 us against 28.4 for a CTA per row), 8
+  // above (N = 4096 / 16384: 54.0 / 170 us against 91 / 311); up to kCombineHeldMaxRows a CTA per
+  // row with the tiles held in registers (N = 1 / 64 / 256: 12.8 / 13.3 / 14.7 us against the
+  // lanes schedule's 19.1 / 19.4 / 20.5).
   if (p.rows > 2048) {
     config.gridDim = dim3(static_cast<unsigned>((p.rows + 7) / 8));
     config.blockDim = dim3(kLanesThreads);
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<8>, p));
-  } else if (p.rows > 64) {
+  } else if (p.rows > kCombineHeldMaxRows) {
     config.gridDim = dim3(static_cast<unsigned>((p.rows + 3) / 4));
     config.blockDim = dim3(kLanesThreads);
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<4>, p));
@@ -107,7 +118,10 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.count >= 1 && p.count <= kMaxMergeSegments,
                 "the device merge takes 1.." << kMaxMergeSegments << " ranks, got " << p.count);
   if (p.rows == 0) return;
-  merge_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
+  if (p.rows <= kCombineHeldMaxRows)
+    merge_rows_held_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
+  else
+    merge_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

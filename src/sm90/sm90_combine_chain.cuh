@@ -88,26 +88,109 @@ inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the c
 inline constexpr int kLanesBarFull = 1;                         // named barriers 1, 2: stage b filled
 inline constexpr int kLanesBarEmpty = 3;                        // named barriers 3, 4: stage b read
 
-// The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. The next
-// 16 pairs are loaded while the current 16 fmas run.
+// The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. Two
+// register buffers of kRound pairs take turns: one is loaded while the other's fmas run, so the
+// shared loads' latency hides behind the chain (a single buffer copied forward let ptxas reuse its
+// registers, which put each load right before its first use).
+template <int kRound = 16>
 __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int n) {
-  constexpr int kRound = 16;
   const int rounds = n / kRound;
-  float2 cur[kRound];
+  float2 a[kRound], b[kRound];
+  auto load = [&](float2(&dst)[kRound], int q) {
 #pragma unroll
-  for (int k = 0; k < kRound; ++k) cur[k] = rounds > 0 ? v[k] : float2{};
-  for (int q = 0; q < rounds; ++q) {
-    const int next = (q + 1 < rounds ? q + 1 : q) * kRound;  // the last round reloads itself
-    float2 nxt[kRound];
+    for (int k = 0; k < kRound; ++k) dst[k] = v[q * kRound + k];
+  };
+  auto run = [&](const float2(&src)[kRound]) {
 #pragma unroll
-    for (int k = 0; k < kRound; ++k) nxt[k] = v[next + k];
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) sum = chain_fma(sum, cur[k].x, cur[k].y);
-#pragma unroll
-    for (int k = 0; k < kRound; ++k) cur[k] = nxt[k];
+    for (int k = 0; k < kRound; ++k) sum = chain_fma(sum, src[k].x, src[k].y);
+  };
+  if (rounds > 0) load(a, 0);
+  int q = 0;
+  for (; q + 1 < rounds; q += 2) {
+    load(b, q + 1);
+    run(a);
+    if (q + 2 < rounds) load(a, q + 2);
+    run(b);
   }
+  if (q < rounds) run(a);
   for (int i = kRound * rounds; i < n; ++i) sum = chain_fma(sum, v[i].x, v[i].y);
   return sum;
+}
+
+// One CTA (kCombineCtaThreads) per row, latency first (the combine of up to a few hundred rows is
+// about one CTA's latency after the fused kernel): each thread loads its tiles
+// g = tid + kCombineCtaThreads k, k < kHeld, into registers, all loads in flight together, and
+// takes the row maximum from them; then the whole row's {s_g, expc(m_g - M) or skip} goes to shared
+// memory in one step, and one thread runs the fma chain over it with its shared loads kRound ahead
+// (chain_fma_pairs). Rows longer than a chunk (kCombineCtaThreads x kHeld tiles) go chunk by chunk,
+// the chunks after the first loaded again. Same operations and order as chain_row_cta, so the same
+// bits; the row's tiles are the concatenation of `count` segments in ascending global tile order,
+// as there. bench_sm90_combine (H200, 2374 tiles): 12.8 us at N = 1 against chain_row_cta's 17.3;
+// copying the tiles to shared memory first (fewer registers, several rows per CTA) was slower: the
+// loads then go in rounds.
+inline constexpr int kHeldTiles = 12;  // 3072 tiles a chunk: Qwen3-8B's 2374 in one
+template <int kHeld = kHeldTiles, int kRound = 16>
+__device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments, int count, int64_t r, int64_t row,
+                                                   const void* targets, int targets_i64, int64_t ignore_index,
+                                                   float* logp, float* lse) {
+  constexpr int kChunk = kCombineCtaThreads * kHeld;
+  __shared__ float warp_max[kCombineCtaThreads / 32];
+  __shared__ alignas(16) float2 pairs[kChunk];
+  static_assert(sizeof(pairs) + sizeof(warp_max) <= 48 * 1024, "static shared memory");
+  const int tid = threadIdx.x;
+  int64_t total = 0;
+  for (int s = 0; s < count; ++s) total += segments[s].tiles;
+  auto tile_at = [&](int64_t g) {  // tile g of the row across the segments
+    int s = 0;
+    while (s + 1 < count && g >= segments[s].tiles) g -= segments[s++].tiles;
+    return segments[s].summaries[r * segments[s].tiles + g];
+  };
+
+  TileSummary held[kHeld];
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) {
+    const int64_t g = tid + int64_t{kCombineCtaThreads} * k;
+    held[k] = g < total ? tile_at(g) : TileSummary{fp::neg_inf(), 0.0f};
+  }
+  float global_max = fp::neg_inf();
+#pragma unroll
+  for (int k = 0; k < kHeld; ++k) global_max = chain_max(global_max, held[k].max);
+  for (int64_t g = kChunk + tid; g < total; g += kCombineCtaThreads) global_max = chain_max(global_max, tile_at(g).max);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2)
+    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
+  if (tid % 32 == 0) warp_max[tid / 32] = global_max;
+  __syncthreads();
+  global_max = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kCombineCtaThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
+
+  float sum = 0.0f;
+  for (int64_t base = 0; base < total; base += kChunk) {
+    const int n = static_cast<int>(total - base < kChunk ? total - base : kChunk);
+    if (base > 0) __syncthreads();  // the chain thread is done with the previous chunk
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int i = tid + kCombineCtaThreads * k;
+      if (i < n) {
+        const TileSummary ts = base == 0 ? held[k] : tile_at(base + i);
+        pairs[i] = float2{ts.sum, chain_factor_or_skip(ts, global_max)};  // off the serial path
+      }
+    }
+    __syncthreads();
+    if (tid == 0) sum = chain_fma_pairs<kRound>(sum, pairs, n);  // the serial path
+  }
+  if (tid != 0) return;
+  const int64_t t = load_target(targets, targets_i64, row);
+  const bool ignored = t == ignore_index;
+  float y_t = 0.0f;  // no read for an ignored row
+  if (!ignored) {
+    for (int s = 0; s < count; ++s)
+      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
+  }
+  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
+  logp[row] = res.logp;
+  lse[row] = res.lse;
 }
 
 // kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's

@@ -179,6 +179,9 @@ int main() {
       {"V30522-D1024", 9, 1024, 30522, 30522, true, 1.0f, false},
       {"V2053-D64-padded-real2000", 7, 64, 2053, 2000, false, 1.0f, false},
       {"V2053-D72-oddK", 6, 72, 2053, 2053, true, 2.0f, false},
+      // 3126 tiles a row: more than one chunk of the held-tiles combine (3072), the bits still the
+      // CPU's.
+      {"V200003-D64-long-row", 3, 64, 200003, 200003, false, 1.0f, false},
   };
   uint64_t seed = 1234;
   for (const auto& s : shapes) {
