@@ -85,8 +85,6 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
 inline constexpr int kLanesChunk = 128;                         // tiles per stage (one per factor thread)
 inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
 inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the chains
-inline constexpr int kLanesBarFull = 1;                         // named barriers 1, 2: stage b filled
-inline constexpr int kLanesBarEmpty = 3;                        // named barriers 3, 4: stage b read
 
 // The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. Two
 // register buffers of kRound pairs take turns: one is loaded while the other's fmas run, so the
@@ -199,9 +197,12 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
 // instruction advances kRows chains. Warps 1..4 own one tile column f of two shared stages
 // ([kRows][kLanesChunk] each): per chunk they write {s_g, expc(m_g - M) or skip} of their tiles
 // (the next chunk's loads in flight; the first chunk's issued before the max pass) and hand the
-// stage to warp 0 through a named barrier; warp 0 hands it back after its chains read it. The max
-// pass reads the tile maxima with every thread. Rows past p.rows repeat the CTA's last row and
-// write nothing.
+// stage to warp 0 through an mbarrier (full: the 128 factor threads arrive); warp 0 hands it back
+// through a second one after its chains read it (empty: its 32 lanes arrive). An arrive releases
+// the thread's shared-memory accesses before it and a completed wait acquires them, so both
+// hand-overs are ordered for compute-sanitizer's racecheck too (named barriers with bar.arrive
+// were not, for the write after read). The max pass reads the tile maxima with every thread. Rows
+// past p.rows repeat the CTA's last row and write nothing.
 template <int kRows>
 __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
@@ -209,10 +210,18 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 1];
   __shared__ float warp_max[kLanesThreads / 32][kRows];
   __shared__ float row_max[kRows];
-  static_assert(sizeof(stage) + sizeof(warp_max) + sizeof(row_max) <= 48 * 1024, "static shared memory");
+  __shared__ alignas(8) uint64_t full_bar[2], empty_bar[2];
+  static_assert(sizeof(stage) + sizeof(warp_max) + sizeof(row_max) + sizeof(full_bar) + sizeof(empty_bar) <= 48 * 1024,
+                "static shared memory");
   if (p.status->code != kStatusOk) return;  // uniform: before any barrier
 
   const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      ptx::mbar_init(&full_bar[b], kLanesFactorThreads);
+      ptx::mbar_init(&empty_bar[b], 32);
+    }
+  }  // the max pass's __syncthreads orders the init before any use
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int64_t r0 = int64_t{blockIdx.x} * kRows;
@@ -265,10 +274,10 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
     float sum = 0.0f;
     for (int c = 0; c < chunks; ++c) {
       const int b = c & 1;
-      ptx::named_bar_sync(kLanesBarFull + b, kLanesThreads);
+      ptx::mbar_wait(&full_bar[b], static_cast<uint32_t>(c >> 1) & 1u);  // use c >> 1 of stage b
       const int64_t left = n - int64_t{c} * kLanesChunk;
       sum = chain_fma_pairs(sum, stage[b][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
-      if (c + 2 < chunks) ptx::named_bar_arrive(kLanesBarEmpty + b, kLanesThreads);  // stage b is free
+      if (c + 2 < chunks) ptx::mbar_arrive(&empty_bar[b]);  // stage b is free
     }
     if (lane >= rows_here) return;
     const int64_t rr = r0 + lane;
@@ -289,11 +298,11 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) cur[r] = next[r];
     if (c + 1 < chunks) load_stage(c + 1);  // in flight while this stage is computed and handed over
-    if (c >= 2) ptx::named_bar_sync(kLanesBarEmpty + b, kLanesThreads);
+    if (c >= 2) ptx::mbar_wait(&empty_bar[b], static_cast<uint32_t>((c >> 1) - 1) & 1u);  // read by the chains
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       stage[b][r][f] = float2{cur[r].y, chain_factor_or_skip(TileSummary{cur[r].x, cur[r].y}, global_max[r])};
-    ptx::named_bar_arrive(kLanesBarFull + b, kLanesThreads);
+    ptx::mbar_arrive(&full_bar[b]);
   }
 }
 
