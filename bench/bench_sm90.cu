@@ -4,7 +4,7 @@
 // all methods are timed round-robin in a shuffled order per repetition.
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 //
-//   bench_sm90 [--n 1,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
+//   bench_sm90 [--n 1,8,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -69,7 +69,7 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> ns = {1, 64, 1024, 4096, 16384};
+  std::vector<int64_t> ns = {1, 8, 64, 1024, 4096, 16384};
   int64_t d = 4096, v = 151936;
   std::string csv = "bench_sm90.csv";
   int reps_override = 0;
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
 
   std::vector<Row> rows;
   for (int64_t n : ns) {
-    const int reps = reps_override ? reps_override : (n >= 4096 ? 10 : 30);
+    const int reps = reps_override ? reps_override : (n >= 4096 ? 15 : 30);
     const double flops = 2.0 * n * v * d;
     const double in_bytes = weight_bytes + 2.0 * n * d;
     detlogp::detail::LogpProblem p;
