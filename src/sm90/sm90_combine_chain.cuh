@@ -20,6 +20,35 @@ namespace detlogp::sm90 {
 inline constexpr int kCombineCtaThreads = 256;  // chain_row_cta: one CTA per row
 inline constexpr int kChainChunk = 2048;        // chain_row_cta: tiles staged per chain step
 
+// The CTA's maximum of every thread's `m` (kCombineCtaThreads threads; one __syncthreads).
+__device__ __forceinline__ float cta_row_max(float m, float (&warp_max)[kCombineCtaThreads / 32]) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = chain_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kCombineCtaThreads / 32; ++w) m = chain_max(m, warp_max[w]);
+  return m;
+}
+
+// Row r's logp and lse from its maximum and chain sum; y_t from the segment that owns the target
+// (no read for an ignored row).
+__device__ __forceinline__ void finish_segmented_row(const MergeSegment* segments, int count, int64_t r, int64_t row,
+                                                     const void* targets, int targets_i64, int64_t ignore_index,
+                                                     float global_max, float sum, float* logp, float* lse) {
+  const int64_t t = load_target(targets, targets_i64, row);
+  const bool ignored = t == ignore_index;
+  float y_t = 0.0f;
+  if (!ignored) {
+    for (int s = 0; s < count; ++s)
+      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
+  }
+  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
+  logp[row] = res.logp;
+  lse[row] = res.lse;
+}
+
 // One CTA (kCombineCtaThreads) per row. The CTA computes the factors expc(m_g - M) of a chunk of
 // tiles in parallel into shared memory and one thread runs the sequential fma chain over them.
 // The row's tiles are the concatenation of `count` segments in ascending global tile order (one
@@ -40,14 +69,7 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
     for (int64_t g = tid; g < segments[s].tiles; g += kCombineCtaThreads)
       global_max = chain_max(global_max, tiles[g].max);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
-  if (tid % 32 == 0) warp_max[tid / 32] = global_max;
-  __syncthreads();
-  global_max = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kCombineCtaThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
+  global_max = cta_row_max(global_max, warp_max);
 
   float sum = 0.0f;
   for (int s = 0; s < count; ++s) {
@@ -68,17 +90,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
       __syncthreads();
     }
   }
-  if (tid != 0) return;
-  const int64_t t = load_target(targets, targets_i64, row);
-  const bool ignored = t == ignore_index;
-  float y_t = 0.0f;  // no read for an ignored row
-  if (!ignored) {
-    for (int s = 0; s < count; ++s)
-      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
-  }
-  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
-  logp[row] = res.logp;
-  lse[row] = res.lse;
+  if (tid == 0)
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, logp, lse);
 }
 
 // ---- chain_rows_lanes ------------------------------------------------------------------------
@@ -154,14 +167,7 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) global_max = chain_max(global_max, held[k].max);
   for (int64_t g = kChunk + tid; g < total; g += kCombineCtaThreads) global_max = chain_max(global_max, tile_at(g).max);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2)
-    global_max = chain_max(global_max, __shfl_xor_sync(0xFFFFFFFFu, global_max, off));
-  if (tid % 32 == 0) warp_max[tid / 32] = global_max;
-  __syncthreads();
-  global_max = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kCombineCtaThreads / 32; ++w) global_max = chain_max(global_max, warp_max[w]);
+  global_max = cta_row_max(global_max, warp_max);
 
   float sum = 0.0f;
   for (int64_t base = 0; base < total; base += kChunk) {
@@ -178,17 +184,8 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
     __syncthreads();
     if (tid == 0) sum = chain_fma_pairs<kRound>(sum, pairs, n);  // the serial path
   }
-  if (tid != 0) return;
-  const int64_t t = load_target(targets, targets_i64, row);
-  const bool ignored = t == ignore_index;
-  float y_t = 0.0f;  // no read for an ignored row
-  if (!ignored) {
-    for (int s = 0; s < count; ++s)
-      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
-  }
-  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
-  logp[row] = res.logp;
-  lse[row] = res.lse;
+  if (tid == 0)
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, logp, lse);
 }
 
 // kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's
