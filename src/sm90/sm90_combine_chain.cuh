@@ -1,12 +1,13 @@
 // The contract chain over a row's tile summaries on the device (docs/contract.md: M = max over
-// the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in two
-// schedules with identical operations and bits:
-//   chain_row_cta:    one CTA per row, any number of segments (the tensor-parallel merge, and the
-//                     full-mode combine up to 64 rows);
-//   chain_rows_lanes: kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
-//                     chains per fma instruction) fed through two shared stages by four factor
-//                     warps
-//                     (the full-mode combine above 64 rows).
+// the tile maxima, then S <- fma(s_g, expc(m_g - M), S) in ascending g, then finalize_row), in
+// three schedules with identical operations and bits:
+//   chain_row_cta:      one CTA per row, any number of segments, 32 registers (the tensor-parallel
+//                       merge of more than 256 rows);
+//   chain_row_cta_held: one CTA per row, any number of segments, the row's tiles held in registers
+//                       (latency first: the full-mode combine and the merge up to 256 rows);
+//   chain_rows_lanes:   kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
+//                       chains per fma instruction) fed through two shared stages by four factor
+//                       warps (the full-mode combine above 256 rows).
 // Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
