@@ -195,12 +195,24 @@ struct Timer {
         mhz[m] = mhz_sum[m] / samples[m];
         watts[m] = watt_sum[m] / samples[m];
       }
+    times = t;  // per method, in repetition order
     std::vector<double> med(k);
     for (size_t m = 0; m < k; ++m) {
       std::sort(t[m].begin(), t[m].end());
       med[m] = t[m][t[m].size() / 2];
     }
     return med;
+  }
+  // The last interleaved_medians call's times, per method in repetition order.
+  std::vector<std::vector<double>> times;
+  // Median over the repetitions of method m's time over method ref's in the same repetition: the
+  // two ran within one shuffled round, so slow drifts of clock and temperature cancel in the ratio.
+  double paired_ratio_median(size_t m, size_t ref) const {
+    std::vector<double> q;
+    for (size_t r = 0; r < times[m].size() && r < times[ref].size(); ++r) q.push_back(times[m][r] / times[ref][r]);
+    if (q.empty()) return std::nan("");
+    std::sort(q.begin(), q.end());
+    return q[q.size() / 2];
   }
 };
 

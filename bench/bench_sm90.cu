@@ -1,7 +1,9 @@
 // SM90 benchmark: detlogp trainer and serving entries against cuBLAS bf16 GEMM alone (fp32 and
 // bf16 output) and cuBLAS GEMM + an fp32 log-softmax kernel (the materializing path), in one run.
 // CUDA-event timing, median of many, L2 flushed before every timed launch, random data; at each N
-// all methods are timed round-robin in a shuffled order per repetition.
+// all methods are timed round-robin in a shuffled order per repetition. Ratios to cuBLAS bf16-out:
+// of the medians, and ("paired") the median of each repetition's own ratio, in which drifts of
+// clock and temperature slower than one round cancel.
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 //
 //   bench_sm90 [--n 1,8,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
@@ -64,6 +66,7 @@ struct Row {
   double ratio_bf16, ratio_f32;
   double sm_mhz, watts;
   unsigned long long clock_reasons;
+  double paired_bf16;  // median of the per-repetition ratios to cuBLAS bf16-out
 };
 
 }  // namespace
@@ -227,7 +230,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < methods.size(); ++i) {
       const double ms = med[i];
       rows.push_back({n, methods[i].name, ms, flops / (ms * 1e-3) / 1e12, methods[i].bytes / (ms * 1e-3) / 1e9,
-                      methods[i].extra, ms / t_bf16, ms / t_f32, timer.mhz[i], timer.watts[i], timer.reasons[i]});
+                      methods[i].extra, ms / t_bf16, ms / t_f32, timer.mhz[i], timer.watts[i], timer.reasons[i],
+                      timer.paired_ratio_median(i, 0)});
     }
     std::printf("N=%lld done\n", (long long)n);
     std::fflush(stdout);
@@ -238,21 +242,23 @@ int main(int argc, char** argv) {
     std::fprintf(
         f,
         "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
-        "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons\n");
+        "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons,"
+        "ratio_vs_cublas_bf16out_paired\n");
     for (const auto& r : rows)
       std::fprintf(
-          f, "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx\n",
+          f,
+          "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx,%.4f\n",
           prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d, (long long)v,
           r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16, r.ratio_f32, copy_gbps,
-          floor_ms, r.sm_mhz, r.watts, r.clock_reasons);
+          floor_ms, r.sm_mhz, r.watts, r.clock_reasons, r.paired_bf16);
     std::fclose(f);
   }
-  std::printf("\n%-7s %-36s %10s %9s %9s %12s %10s %10s %7s %6s %8s\n", "N", "method", "ms", "TFLOP/s", "GB/s",
-              "extra_MB", "vs_bf16", "vs_f32", "SM_MHz", "W", "reasons");
+  std::printf("\n%-7s %-36s %10s %9s %9s %12s %10s %10s %10s %7s %6s %8s\n", "N", "method", "ms", "TFLOP/s", "GB/s",
+              "extra_MB", "vs_bf16", "paired", "vs_f32", "SM_MHz", "W", "reasons");
   for (const auto& r : rows)
-    std::printf("%-7lld %-36s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f %7.0f %6.0f %8llx\n", (long long)r.n,
-                r.method.c_str(), r.ms, r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.ratio_f32,
-                r.sm_mhz, r.watts, r.clock_reasons);
+    std::printf("%-7lld %-36s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f %10.3f %7.0f %6.0f %8llx\n", (long long)r.n,
+                r.method.c_str(), r.ms, r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.paired_bf16,
+                r.ratio_f32, r.sm_mhz, r.watts, r.clock_reasons);
   for (const auto& r : rows)
     if (r.n == 1 && r.method == "detlogp_trainer")
       std::printf("N=1 trainer vs HBM floor (%.4f ms at %.0f GB/s copy): %.3fx\n", floor_ms, copy_gbps,

@@ -37,15 +37,21 @@ def main(argv=None):
     head = rows[0]
     title = (f"{head['gpu']}, D={head['D']} V={head['V']} bf16, {head['date'][:10]}"
              f"{', ' + head['git_sha'] if head.get('git_sha') else ''}")  # fmt: skip
+    # Median of the per-repetition ratios (CSVs from 2026-11-30 run 60 on), else absent.
+    paired = {int(r["N"]): float(r["ratio_vs_cublas_bf16out_paired"])
+              for r in rows if r["method"] == "detlogp_trainer" and r.get("ratio_vs_cublas_bf16out_paired")}  # fmt: skip
     if args.table:
-        print("| N | " + " | ".join(label for _, label in PATHS) + " | trainer / cuBLAS bf16 | trainer / HBM floor |")
-        print("|---" * (len(PATHS) + 3) + "|")
+        extra = " trainer / cuBLAS bf16, paired |" if paired else ""
+        print("| N | " + " | ".join(label for _, label in PATHS) + " | trainer / cuBLAS bf16 |" + extra +
+              " trainer / HBM floor |")  # fmt: skip
+        print("|---" * (len(PATHS) + 3 + (1 if paired else 0)) + "|")
         for n in ns:
             cells = [f"{ms[(m, n)]:.3f}" if (m, n) in ms else "" for m, _ in PATHS]
             t, c = ms.get(("detlogp_trainer", n)), ms.get(("cublas_gemm_bf16out", n))
             ratio = f"{t / c:.2f}" if t and c else ""
+            pr = (f" {paired[n]:.3f} |" if n in paired else " |") if paired else ""
             fl = f"{t / floor:.2f}" if t and n <= 64 else ""
-            print(f"| {n} | " + " | ".join(cells) + f" | {ratio} | {fl} |")
+            print(f"| {n} | " + " | ".join(cells) + f" | {ratio} |{pr} {fl} |")
     if args.png:
         import matplotlib
 
