@@ -398,18 +398,25 @@ double median(std::vector<double> v) {
 
 // Cooperative kernels: medians over warpgroup 0's steady-state tiles of the stamped CTAs: the K walk
 // (first issue to last wgmma done), the tile work after it, and the period per tile.
+// Also warpgroup 1's tile work and the skew between the two: warpgroup 1's end of tile work minus
+// warpgroup 0's (both warpgroups' warps share the four schedulers, so one can finish first and
+// start the next K walk alone).
 void print_coop_timeline(const char* name, const std::vector<uint64_t>& st, int tiles_per_cta) {
-  std::vector<double> walk, work, period;
+  std::vector<double> walk, work, work1, skew, period;
   const int local = std::min(tiles_per_cta, kStampTiles);
   for (int cta = 0; cta < kStampCtas; ++cta)
     for (int j = 1; j + 2 < local; ++j) {
-      auto at = [&](int tile, int point) { return static_cast<double>(st[stamp_index(cta, 0, tile, point)]); };
-      walk.push_back(at(j, 1) - at(j, 0));
-      work.push_back(at(j, 4) - at(j, 1));
-      period.push_back(at(j + 1, 0) - at(j, 0));
+      auto at = [&](int wg, int tile, int point) { return static_cast<double>(st[stamp_index(cta, wg, tile, point)]); };
+      walk.push_back(at(0, j, 1) - at(0, j, 0));
+      work.push_back(at(0, j, 4) - at(0, j, 1));
+      work1.push_back(at(1, j, 4) - at(1, j, 1));
+      skew.push_back(at(1, j, 4) - at(0, j, 4));
+      period.push_back(at(0, j + 1, 0) - at(0, j, 0));
     }
-  std::printf("timeline %-28s K walk %7.0f tile work %7.0f period %7.0f (128-row tiles)\n", name, median(walk),
-              median(work), median(period));
+  std::printf(
+      "timeline %-28s K walk %7.0f tile work %7.0f period %7.0f (128-row tiles); warpgroup 1 tile work %7.0f, "
+      "end skew %6.0f\n",
+      name, median(walk), median(work), median(period), median(work1), median(skew));
 }
 
 // Medians (cycles) over the steady-state tiles of the stamped CTAs: the ordering wait, the issue

@@ -6,10 +6,14 @@
 // larger than the work.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
 #include <vector>
 
 #include "sm90/sm90_tile_schedule.hpp"
 
+using detlogp::sm90::FastDivider;
+using detlogp::sm90::raster_tile;
 using detlogp::sm90::TileWalk;
 
 namespace {
@@ -56,6 +60,48 @@ TEST(TileSchedule, TwoCtaClustersShareWeightTilesInLockstep) {
     for (int n_tiles : {1, 5, 17, 594})
       for (int group_m : {1, 2, 8, 32})
         for (int grid : {2, 6, 132, 1000}) check_grid(m_tiles, n_tiles, group_m, 2, grid);
+}
+
+TEST(TileSchedule, FastDividerIsExactBelowTwoToThe31) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t s = 12; s < 31; ++s)
+    for (uint32_t d : {(1u << s) - 1, 1u << s, (1u << s) + 1}) divisors.push_back(d);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + rng() % 0x7FFFFFFFu);
+  for (uint32_t d : divisors) {
+    const FastDivider f = FastDivider::make(d);
+    std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 0x7FFFFFFFu, 0x7FFFFFFFu - d};
+    for (uint32_t k : {1u, 2u, 3u, 1000u, 65535u}) {  // around multiples of d
+      const uint64_t kd = uint64_t{k} * d;
+      if (kd < 0x80000000u) {
+        ns.push_back(static_cast<uint32_t>(kd));
+        ns.push_back(static_cast<uint32_t>(kd - 1));
+      }
+    }
+    for (int i = 0; i < 200; ++i) ns.push_back(rng() & 0x7FFFFFFFu);
+    for (uint32_t n : ns) {
+      if (n > 0x7FFFFFFFu) continue;
+      ASSERT_EQ(f.divide(n), n / d) << "n=" << n << " d=" << d;
+    }
+  }
+}
+
+TEST(TileSchedule, WalkOrderIsTheRasterOrder) {
+  for (int m_tiles : {1, 3, 7, 16, 33, 64, 129})
+    for (int n_tiles : {1, 5, 17, 594, 2374})
+      for (int group_m : {1, 2, 8, 16, 32}) {
+        const TileWalk w = TileWalk::make(m_tiles, n_tiles, group_m, 1, 0, 1, 0);
+        for (int unit = 0; unit < w.count; ++unit) {
+          int m, n, rm, rn;
+          w.coords(unit, m, n);
+          raster_tile(unit, m_tiles, n_tiles, group_m, rm, rn);
+          ASSERT_EQ(m, rm) << "unit " << unit << " m_tiles=" << m_tiles << " n_tiles=" << n_tiles
+                           << " group_m=" << group_m;
+          ASSERT_EQ(n, rn) << "unit " << unit << " m_tiles=" << m_tiles << " n_tiles=" << n_tiles
+                           << " group_m=" << group_m;
+        }
+      }
 }
 
 TEST(TileSchedule, RasterGroupsKeepWeightTilesTogether) {
