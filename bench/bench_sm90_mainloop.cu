@@ -114,8 +114,7 @@ enum class TileWork {
   kAlu1024,
   kAlu4096,
   kIntOnly,
-  kAluLoop,
-  kPlainEpilogueHeldTail  // the cooperative kernel's form: the last group's tree after the next K block 0
+  kAluLoop
 };
 
 // The plain epilogue one (vocab tile, row half) at a time (plain_whole_tile_summary), the form the
@@ -290,9 +289,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          const MainloopParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(kWork == TileWork::kNone || kWork == TileWork::kPlainEpilogue || kWork == TileWork::kAluOnly ||
-                    kWork == TileWork::kAluLoop || kWork == TileWork::kPlainEpilogueHeldTail,
+                    kWork == TileWork::kAluLoop,
                 "cooperative tile work");
-  constexpr bool kEpi = kWork == TileWork::kPlainEpilogue || kWork == TileWork::kPlainEpilogueHeldTail;
   extern __shared__ uint8_t smem_raw[];
   // Both consumer warpgroups release each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
@@ -304,8 +302,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                          float acc[Cfg::kAccRegs];
                          uint32_t it = 0;
                          uint32_t n = 0;
-                         GroupTail tail;
-                         tail.pending = false;
                          for (int unit = walk.first; unit < walk.count; unit += walk.stride, ++n) {
                            int m_tile, n_tile;
                            walk.coords(unit, m_tile, n_tile);
@@ -313,11 +309,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            const int64_t row_limit = min(p.fused.row_end, tile_row0 + Cfg::kTileRows);
                            // As the library's kernel: the rows' inputs load before the K walk.
                            FragmentRows rows{};
-                           if constexpr (kEpi) rows = load_fragment_rows(p.fused, tile_row0 + 64 * c, row_limit);
+                           if constexpr (kWork == TileWork::kPlainEpilogue)
+                             rows = load_fragment_rows(p.fused, tile_row0 + 64 * c, row_limit);
                            const uint64_t t0 = clock64();
                            // K block 0 apart (the overwriting first k16 step), so every K block is one wgmma group.
                            overlap_issue<Cfg, 1>(acc, r, it, true);
-                           if constexpr (kWork == TileWork::kPlainEpilogueHeldTail) finish_pending_tail(tail);
                            overlap_retire<Cfg>(acc, r, it, 0);
                            ++it;
                            for (int kb = 1; kb < p.k_blocks; ++kb, ++it) {
@@ -329,10 +325,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
                            release_stage<Cfg>(r.empty<Cfg>(), (it - 1) % Cfg::kStages, threadIdx.x % 32);
                            const uint64_t t1 = clock64();
-                           if constexpr (kEpi) {
-                             epilogue_tile_summaries<Cfg::kBlockN, true>(
-                                 acc, p.fused, rows, tile_row0 + 64 * c, row_limit, int64_t{n_tile} * Cfg::kBlockN,
-                                 false, kWork == TileWork::kPlainEpilogueHeldTail ? &tail : nullptr);
+                           if constexpr (kWork == TileWork::kPlainEpilogue) {
+                             epilogue_tile_summaries<Cfg::kBlockN, true>(acc, p.fused, rows, tile_row0 + 64 * c,
+                                                                         row_limit, int64_t{n_tile} * Cfg::kBlockN,
+                                                                         false);
                            } else if constexpr (kWork == TileWork::kAluOnly || kWork == TileWork::kAluLoop) {
                              synthetic_work(kWork, acc, p, tile_row0 + 64 * c, int64_t{n_tile} * Cfg::kBlockN);
                            } else {
@@ -345,7 +341,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                              p.stamps[stamp_index(static_cast<int>(blockIdx.x), c, static_cast<int>(n), 4)] = t2;
                            }
                          }
-                         finish_pending_tail(tail);
                        });
 #endif
 }
@@ -596,8 +591,6 @@ int main(int argc, char** argv) {
                                                                                              pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kPlainEpilogue>, Coop256>(
       "coop_128x256+plain_epilogue", pr, true, true));
-  methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kPlainEpilogueHeldTail>, Coop256>(
-      "coop_128x256+plain_held_tail", pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256C2, TileWork::kPlainEpilogue>, Coop256C2>(
       "coop_128x256_c2+plain_epilogue", pr, true, true));
   methods.push_back(mainloop_method<coop_mainloop_kernel<Coop256, TileWork::kAluOnly>, Coop256>("coop_128x256+ffma2048",

@@ -108,55 +108,6 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
   return r;
 }
 
-// Tree levels 2-6 of one group of two vocab tiles of the wide epilogue (slices 4u .. 4u + 3: tiles
-// 2u, 2u + 1, row halves 0, 1) from each slice's eight level-1 sums, the -inf rule and the summary
-// store. Level 2 (lanes q, q ^ 1) is a reduce-scatter: of the slice pair (even, odd) the lane with
-// q bit 0 = b0 keeps slice b0 and sends the other; level 3 (lanes q, q ^ 2, holding the same two
-// slices) scatters again over the tiles, so lane q ends with tile 2u + b1 of row half b0 and
-// finishes levels 4-6 in-thread. m_lo, m_hi: this lane's row half's maxima of tiles 2u, 2u + 1;
-// out: that row's summary of tile 2u, or null where the row is past the chunk.
-struct GroupTail {
-  float lv[4][8];
-  float m_lo, m_hi;
-  TileSummary* out;
-  bool pending;
-};
-
-__device__ __forceinline__ void finish_group(const float (&lv)[4][8], float m_lo, float m_hi, TileSummary* out) {
-  const int q = (threadIdx.x % 32) % 4;
-  const bool b0 = (q & 1) != 0;
-  const bool b1 = (q & 2) != 0;
-  auto level2 = [&](const float(&even)[8], const float(&odd)[8], float(&l2)[8]) {
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-      const float keep = b0 ? odd[jj] : even[jj];
-      const float send = b0 ? even[jj] : odd[jj];
-      l2[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
-    }
-  };
-  float l2a[8], l2b[8], l3[8];
-  level2(lv[0], lv[1], l2a);
-  level2(lv[2], lv[3], l2b);
-#pragma unroll
-  for (int jj = 0; jj < 8; ++jj) {
-    const float keep = b1 ? l2b[jj] : l2a[jj];
-    const float send = b1 ? l2a[jj] : l2b[jj];
-    l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
-  }
-  const float l4a = tree_add(l3[0], l3[1]), l4b = tree_add(l3[2], l3[3]);
-  const float l4c = tree_add(l3[4], l3[5]), l4d = tree_add(l3[6], l3[7]);
-  float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
-  const float mx = b1 ? m_hi : m_lo;
-  if (mx == fp::neg_inf()) sum = 0.0f;  // all lanes -inf
-  if (out != nullptr) out[b1 ? 1 : 0] = TileSummary{mx, sum};
-}
-
-// A held-back group tail, if any (warp-uniform), and then none.
-__device__ __forceinline__ void finish_pending_tail(GroupTail& tail) {
-  if (tail.pending) finish_group(tail.lv, tail.m_lo, tail.m_hi, tail.out);
-  tail.pending = false;
-}
-
 // The plain epilogue of a whole fragment (fragment_whole; no bias, no logits output), written for
 // throughput: each phase runs over all 2 * BlockN / 64 slices (vocab tile tt, row half h) before the
 // next, in place on acc, so the dependent chains of different slices (the 16-deep max, the two
@@ -173,11 +124,10 @@ __device__ __forceinline__ void finish_pending_tail(GroupTail& tail) {
 // kPlain = false: the launch may have a bias (added to every value first, as add_bias) and a logits
 // output (z stored as float2 pairs with st.global.cs before the scale; the caller checked that the
 // pairs are 8-byte aligned, logits_vec2), both decided once per fragment.
-// defer (may be null): where the last group's tree tail is held back instead of run (GroupTail).
 template <int BlockN, bool kPlain>
 __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
                                                              const FragmentRows& rows, int64_t row_tile0,
-                                                             int64_t row_limit, int64_t col0, GroupTail* defer) {
+                                                             int64_t row_limit, int64_t col0) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   constexpr int kTiles = BlockN / kVocabTile;
@@ -350,10 +300,6 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   // Slice 2 s + b0 is vocab tile s, row half b0.
   const int64_t row_h = b0 ? row[1] : row[0];
   const bool row_ok_h = b0 ? row_ok[1] : row_ok[0];
-  // This lane's row's summaries from vocab tile tt of the fragment on, or null past the chunk.
-  auto summaries_at = [&](int tt) -> TileSummary* {
-    return row_ok_h ? p.summaries + (row_h - p.row_begin) * p.local_tiles + col0 / kVocabTile + tt : nullptr;
-  };
   // Levels 4-6 of one slice held by this lane, +0 when its max is -inf, and its summary.
   auto finish = [&](const float(&l)[8], float mx, int tt, bool store) {
     const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
@@ -367,29 +313,28 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   // each path is straight-line code the scheduler can interleave).
   auto groups = [&](auto fast_path) {  // std::true_type: expc_normal; std::false_type: expc
     if constexpr (kS2 % 2 == 0) {
-      // Vocab tiles 2 u and 2 u + 1 (slices 4 u .. 4 u + 3) make a closed group (finish_group).
-      // Each group runs its exponentials and then its tree, so one group's shuffle rounds can
-      // overlap the next group's exponentials (same operations, same bits). With `defer`, the last
-      // group's tree is held back for the caller (its latency then hides behind tensor work).
+      // Vocab tiles 2 u and 2 u + 1 (slices 4 u .. 4 u + 3) make a closed group: level 2 pairs slices
+      // (4 u, 4 u + 1) and (4 u + 2, 4 u + 3), level 3 (lanes q, q ^ 2, which hold the same slices)
+      // scatters again over those two pairs, and lane q ends with slice 4 u + q = vocab tile
+      // 2 u + b1, row half b0. Each group runs its exponentials and then its tree, so one group's
+      // shuffle rounds can overlap the next group's exponentials (same operations, same bits).
 #pragma unroll
       for (int u = 0; u < kS2 / 2; ++u) {
         float lv[4][8];
 #pragma unroll
         for (int k = 0; k < 4; ++k) level1(fast_path, 2 * u + k / 2, k % 2, lv[k]);
+        float l2a[8], l2b[8], l3[8];
+        level2(lv[0], lv[1], l2a);
+        level2(lv[2], lv[3], l2b);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const float keep = b1 ? l2b[jj] : l2a[jj];
+          const float send = b1 ? l2a[jj] : l2b[jj];
+          l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+        }
         const float m_lo = b0 ? m[4 * u + 1] : m[4 * u];
         const float m_hi = b0 ? m[4 * u + 3] : m[4 * u + 2];
-        if (defer != nullptr && u == kS2 / 2 - 1) {
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) defer->lv[k][jj] = lv[k][jj];
-          defer->m_lo = m_lo;
-          defer->m_hi = m_hi;
-          defer->out = summaries_at(2 * u);
-          defer->pending = true;
-        } else {
-          finish_group(lv, m_lo, m_hi, summaries_at(2 * u));
-        }
+        finish(l3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
       }
     } else {
       // An odd number of slice pairs (BlockN = 192): per vocab tile, level 2 as above and level 3 as
@@ -470,24 +415,21 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
 // acc is consumed in place.
 // kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
 // vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
-// defer (null: none): the wide form holds its last group's tree tail back there (GroupTail; the
-// caller runs finish_pending_tail later); every other form finishes in place and leaves it empty.
 template <int BlockN, bool kPlain = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
-                                                        int64_t col0, bool logits_vec2, GroupTail* defer = nullptr) {
+                                                        int64_t col0, bool logits_vec2) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
   const int lane = t % 32;
   const int q = lane % 4;
-  if (defer != nullptr) defer->pending = false;
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * warp >= row_limit) return;
   // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, defer);
+    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0);
 
   int64_t row[2];
   bool row_ok[2];

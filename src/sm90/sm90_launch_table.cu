@@ -134,49 +134,39 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Every consuming warp of both warpgroups, of every cluster CTA, releases each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
-  warp_specialize<Cfg>([&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
-                       [&](int c) {
-                         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-                         // A tile's coordinates and its rows' temperature and target are taken one tile ahead,
-                         // before the previous tile's epilogue: the walk's integer divisions and the loads' latency
-                         // then hide behind that epilogue instead of sitting between it and the next K walk.
-                         auto tile_rows = [&](int unit, int& m_tile, int& n_tile, FragmentRows& rows) {
-                           walk.coords(unit, m_tile, n_tile);
-                           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-                           rows = load_fragment_rows(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
-                         };
-                         int m_tile = 0, n_tile = 0;
-                         FragmentRows rows{};
-                         if (walk.first < walk.count) tile_rows(walk.first, m_tile, n_tile, rows);
-                         uint32_t it0 = 0;
-                         // The last tree tail of the previous tile's epilogue, run while this tile's first K block
-                         // is on the tensor cores: its shuffle and add latency otherwise sat between the epilogue
-                         // and the next K walk.
-                         GroupTail tail;
-                         tail.pending = false;
-                         for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
-                           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-                           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
-                           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
-                           float acc[Cfg::kAccRegs];
-                           // This warpgroup's 64 rows of each A stage; B is shared.
-                           coop_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty,
-                                             p.k_blocks, it0, [&] { finish_pending_tail(tail); });
-                           it0 += static_cast<uint32_t>(p.k_blocks);
-                           int next_m = 0, next_n = 0;
-                           FragmentRows next_rows{};
-                           if (unit + walk.stride < walk.count)
-                             tile_rows(unit + walk.stride, next_m, next_n, next_rows);
-                           // Only the plain (trainer) form holds a tail back: with bias and logits the extra live
-                           // registers across the K walk made ptxas spill.
-                           epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0,
-                                                                         logits_vec2 != 0, kPlain ? &tail : nullptr);
-                           m_tile = next_m;
-                           n_tile = next_n;
-                           rows = next_rows;
-                         }
-                         finish_pending_tail(tail);
-                       });
+  warp_specialize<Cfg>(
+      [&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
+      [&](int c) {
+        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+        // A tile's coordinates and its rows' temperature and target are taken one tile ahead,
+        // before the previous tile's epilogue: the walk's integer divisions and the loads' latency
+        // then hide behind that epilogue instead of sitting between it and the next K walk.
+        auto tile_rows = [&](int unit, int& m_tile, int& n_tile, FragmentRows& rows) {
+          walk.coords(unit, m_tile, n_tile);
+          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+          rows = load_fragment_rows(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
+        };
+        int m_tile = 0, n_tile = 0;
+        FragmentRows rows{};
+        if (walk.first < walk.count) tile_rows(walk.first, m_tile, n_tile, rows);
+        uint32_t it0 = 0;
+        for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+          const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
+          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          float acc[Cfg::kAccRegs];
+          // This warpgroup's 64 rows of each A stage; B is shared.
+          coop_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
+          it0 += static_cast<uint32_t>(p.k_blocks);
+          int next_m = 0, next_n = 0;
+          FragmentRows next_rows{};
+          if (unit + walk.stride < walk.count) tile_rows(unit + walk.stride, next_m, next_n, next_rows);
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0, logits_vec2 != 0);
+          m_tile = next_m;
+          n_tile = next_n;
+          rows = next_rows;
+        }
+      });
 #endif
 }
 

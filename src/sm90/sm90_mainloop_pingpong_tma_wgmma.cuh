@@ -331,29 +331,19 @@ __device__ __forceinline__ void coop_k_block(float (&acc)[Cfg::kAccRegs], const 
 // instead of around every K block, and each K block's stage is released once the next block's
 // wgmma group is in flight. The same wgmma sequence as pingpong_consume, so the same bits;
 // bench_sm90_mainloop measures this form of the K walk at 0.92-0.93x the cuBLAS GEMM (D = 4096).
-// after_first: work with no accumulator access, run once the first K block's wgmma group is in
-// flight (the cooperative kernel's held-back epilogue tail of the previous tile).
-template <class Cfg, class AfterFirst>
+template <class Cfg>
 __device__ __forceinline__ void coop_consume(float (&acc)[Cfg::kAccRegs], const uint8_t* smem_a, const uint8_t* smem_b,
-                                             uint64_t* full, uint64_t* empty, int k_blocks, uint32_t it0,
-                                             AfterFirst&& after_first) {
+                                             uint64_t* full, uint64_t* empty, int k_blocks, uint32_t it0) {
   static_assert(ptx::WgmmaBf16<Cfg::kBlockN>::kAccRegs == Cfg::kAccRegs && Cfg::kFragments == 1,
                 "one accumulator fragment per warpgroup");
   const int lane = threadIdx.x % 32;
   coop_k_block<Cfg, true>(acc, smem_a, smem_b, full, empty, it0, lane);
-  after_first();
   for (int kb = 1; kb < k_blocks; ++kb)
     coop_k_block<Cfg, false>(acc, smem_a, smem_b, full, empty, it0 + static_cast<uint32_t>(kb), lane);
   ptx::wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < Cfg::kAccRegs; ++i) ptx::fence_operand(acc[i]);
   release_stage<Cfg>(empty, (it0 + k_blocks - 1) % Cfg::kStages, lane);
-}
-
-template <class Cfg>
-__device__ __forceinline__ void coop_consume(float (&acc)[Cfg::kAccRegs], const uint8_t* smem_a, const uint8_t* smem_b,
-                                             uint64_t* full, uint64_t* empty, int k_blocks, uint32_t it0) {
-  coop_consume<Cfg>(acc, smem_a, smem_b, full, empty, k_blocks, it0, [] {});
 }
 
 }  // namespace detlogp::sm90
