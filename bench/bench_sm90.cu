@@ -7,6 +7,7 @@
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 //
 //   bench_sm90 [--n 1,8,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
+//              [--buckets all|none|name,name]  (the forced launch buckets also timed; default all)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   int64_t d = 4096, v = 151936;
   std::string csv = "bench_sm90.csv";
   int reps_override = 0;
+  std::string buckets = "all";  // forced buckets timed at N <= 64, 1024, 4096, 16384: all, none, or a list
   std::string command;
   // Reproduce command without machine-specific paths: program and file names only.
   auto base = [](const char* a) {
@@ -97,6 +99,8 @@ int main(int argc, char** argv) {
       csv = next();
     else if (a == "--reps")
       reps_override = std::atoi(next());
+    else if (a == "--buckets")
+      buckets = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -213,6 +217,7 @@ int main(int argc, char** argv) {
         const char* b = detlogp::sm90::bucket_info(static_cast<detlogp::sm90::Bucket>(bi)).name;
         // The 8-row decode tiles stream the weight once per 8 rows: forced only where that is sane.
         if (std::strncmp(b, "decode8", 7) == 0 && n > 64) continue;
+        if (buckets != "all" && ("," + buckets + ",").find(std::string(",") + b + ",") == std::string::npos) continue;
         methods.push_back({std::string("detlogp_trainer[") + b + "]",
                            [&, b] {
                              setenv("DETLOGP_SM90_BUCKET", b, 1);

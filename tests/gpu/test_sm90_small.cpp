@@ -25,7 +25,10 @@ void cpu_reduce(const std::vector<float>& z, const std::vector<int32_t>& t, int6
 }
 
 void special_rows() {
-  const int64_t n = 40, d = 64, v = 200;  // three whole vocab tiles and one of 8 lanes
+  // A whole 256-column fragment first (the 256-column buckets' wide epilogue, with its warp vote and
+  // slow path, sees every special row), then three whole vocab tiles and one of 8 lanes (the general
+  // epilogue).
+  const int64_t n = 40, d = 64, v = 456;
   constexpr int64_t kNanRow = 3, kInfRow = 5, kWideRow = 7, kZeroRow = 9;
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) t[i] = i % 5 == 2 ? -100 : static_cast<int32_t>((i * 7) % v);
