@@ -106,6 +106,20 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (buckets != "all" && buckets != "none") {  // every listed name must be a launch bucket
+    std::string rest = buckets + ",";
+    for (size_t at = 0, comma; (comma = rest.find(',', at)) != std::string::npos; at = comma + 1) {
+      const std::string name = rest.substr(at, comma - at);
+      bool known = false;
+      for (int bi = 0; bi < detlogp::sm90::kBucketCount; ++bi)
+        known = known || name == detlogp::sm90::bucket_info(static_cast<detlogp::sm90::Bucket>(bi)).name;
+      if (!known) {
+        std::fprintf(stderr, "--buckets: '%s' is not a launch bucket (all, none, or names of DETLOGP_SM90_BUCKET)\n",
+                     name.c_str());
+        return 2;
+      }
+    }
+  }
   const auto& backend = detlogp::detail::sm90_contract_backend();
   std::string why;
   if (!backend.available(&why)) {
