@@ -101,9 +101,10 @@ inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
 inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the chains
 
 // The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. Two
-// register buffers of kRound pairs take turns: one is loaded while the other's fmas run, so the
-// shared loads' latency hides behind the chain (a single buffer copied forward let ptxas reuse its
-// registers, which put each load right before its first use).
+// register buffers of kRound pairs take turns, one loaded while the other's fmas run (a single
+// buffer copied forward let ptxas reuse its registers, which put each load right before its first
+// use). ptxas still places the loads only a few fmas ahead, yet neither loading further ahead nor
+// unrolling the round loop made a row faster (docs/perf-notes.md runs 67-68).
 template <int kRound = 16>
 __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int n) {
   const int rounds = n / kRound;
