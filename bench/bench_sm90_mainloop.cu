@@ -541,6 +541,7 @@ int main(int argc, char** argv) {
   fused.inv_temperature = 1.0f;
   fused.summaries = summaries;
   fused.local_tiles = local_tiles;
+  fused.whole_tiles = whole_local_tiles(v, 0, v);
   fused.target_logit = target_logit;
   fused.status = status;
   const Problem pr{n, d, v, hidden, weight, sink, prop.multiProcessorCount, fused};

@@ -6,6 +6,7 @@
 // larger than the work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -117,3 +118,27 @@ TEST(TileSchedule, RasterGroupsKeepWeightTilesTogether) {
 }
 
 }  // namespace
+
+// whole_local_tiles against the per-tile definition the epilogues used before (tile_real_lanes:
+// a local tile is whole when its 64 lanes lie inside both the shard and the real vocabulary), over
+// shards with and without padding, tensor-parallel offsets and real vocabularies ending before,
+// inside and after the shard.
+TEST(TileSchedule, WholeLocalTilesMatchesPerTileTest) {
+  using detlogp::sm90::whole_local_tiles;
+  for (int64_t vocab_local : {1, 17, 63, 64, 65, 123, 128, 2053, 76032}) {
+    for (int64_t vocab_start : {int64_t{0}, int64_t{64}, int64_t{76032}, int64_t{100}}) {
+      for (int64_t excess : {int64_t{-200}, int64_t{-64}, int64_t{-1}, int64_t{0}, int64_t{1}, int64_t{5000}}) {
+        const int64_t real_vocab = vocab_start + vocab_local + excess;
+        const int64_t local_tiles = (vocab_local + 63) / 64;
+        int64_t whole = 0;
+        for (int64_t g = 0; g < local_tiles; ++g) {
+          const int64_t first = vocab_start + 64 * g;
+          const int64_t end = std::min(vocab_start + vocab_local, real_vocab);
+          if (end - first >= 64) whole = g + 1;
+        }
+        EXPECT_EQ(whole_local_tiles(vocab_local, vocab_start, real_vocab), whole)
+            << "vocab_local=" << vocab_local << " vocab_start=" << vocab_start << " real_vocab=" << real_vocab;
+      }
+    }
+  }
+}

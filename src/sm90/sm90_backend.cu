@@ -353,6 +353,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.temperature_rows = p.temperature_rows;
   f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
   f.local_tiles = p.local_tiles();
+  f.whole_tiles = whole_local_tiles(p.vocab_local, p.vocab_start, p.real_vocab);
   const bool vec2 = f.logits != nullptr && reinterpret_cast<uintptr_t>(f.logits) % 8 == 0 && p.vocab_local % 2 == 0;
 
   // Every host-side step (bucket choice, tensor-map encoding) happens before the first launch, so

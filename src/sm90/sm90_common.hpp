@@ -8,6 +8,7 @@
 
 #include "detlogp/error.hpp"
 #include "detlogp/reduce.hpp"
+#include "sm90/sm90_tile_schedule.hpp"
 
 // Every CUDA runtime call and launch goes through this: throws detlogp::Error with file:line and
 // the CUDA error name. Sticky errors (a faulted context) cannot be recovered and say so.
@@ -80,6 +81,7 @@ struct FusedParams {
   float* logits;                  // [N][V_local] unscaled z, or null (trainer entry)
   TileSummary* summaries;         // [row - row_begin][local_tiles]
   int64_t local_tiles;
+  int64_t whole_tiles;  // local tiles [0, whole_tiles) have all 64 lanes real (whole_local_tiles)
   float* target_logit;  // [row - row_begin]: y_t written by its single owner
   const DeviceStatus* status;
   // Trainer entry: the kernel validates the inputs itself (one idle producer warp of CTA 0) and

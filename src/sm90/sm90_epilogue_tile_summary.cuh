@@ -55,11 +55,11 @@ __device__ __forceinline__ void finish_tile_summary(float (&level)[8], float m, 
 }
 
 // Whether every vocab tile of a BlockN-column fragment at local column col0 is whole and inside
-// the shard (uniform over the CTA). Real lanes are a prefix of the shard, so the last tile decides.
+// the shard (uniform over the CTA): whole tiles are a prefix of the shard, counted once on the host
+// (whole_local_tiles), where recomputing the last tile's real lanes cost ~25 instructions a tile.
 template <int BlockN>
 __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col0) {
-  const int64_t last = col0 / kVocabTile + BlockN / kVocabTile - 1;
-  return last < p.local_tiles && tile_real_lanes(p, last) == kVocabTile;
+  return col0 / kVocabTile + BlockN / kVocabTile <= p.whole_tiles;
 }
 
 // The per-row inputs of a thread's two rows of an m64 fragment (lane / 4 + 8 h of each warp's 16),
@@ -67,7 +67,8 @@ __device__ __forceinline__ bool fragment_whole(const FusedParams& p, int64_t col
 // (a non-overlapped epilogue would otherwise wait for it on every tile). Raw means no instruction
 // touches the loaded registers until the epilogue: an int32 target is widened there, not here (a
 // sign extension right after the load stalled every tile ~400 cycles before its K walk, ncu run 41),
-// and the temperature is inverted there. Rows at or past row_limit load nothing (and are not used).
+// and the temperature is inverted there. Rows at or past row_limit read row row_limit - 1 instead
+// (their values are not used), so the loads are predicated on uniform tests only.
 struct FragmentRows {
   float temperature[2];
   int32_t target_lo[2];  // an int32 target, or the low word of an int64 one
@@ -90,19 +91,16 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_tile0 + 16 * (t / 32) + (t % 32) / 4 + 8 * h;
+    const int64_t read = row < row_limit ? row : row_limit - 1;
     r.temperature[h] = 1.0f;
-    r.target_lo[h] = 0;
     r.target_hi[h] = 0;
-    if (row < row_limit) {
-      if (p.temperature_rows) r.temperature[h] = p.temperature_rows[row];
-      const int32_t* words = static_cast<const int32_t*>(p.targets);
-      if (p.targets_i64) {
-        const int2 w = reinterpret_cast<const int2*>(p.targets)[row];
-        r.target_lo[h] = w.x;
-        r.target_hi[h] = w.y;
-      } else {
-        r.target_lo[h] = words[row];
-      }
+    if (p.temperature_rows) r.temperature[h] = p.temperature_rows[read];
+    if (p.targets_i64) {
+      const int2 w = reinterpret_cast<const int2*>(p.targets)[read];
+      r.target_lo[h] = w.x;
+      r.target_hi[h] = w.y;
+    } else {
+      r.target_lo[h] = static_cast<const int32_t*>(p.targets)[read];
     }
   }
   return r;
@@ -142,18 +140,19 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   bool row_ok[2];
   float inv_t[2];
   int target_rel[2];  // the target's column relative to col0 when it lies in this fragment, else -1
+  // Selects, not per-row branches: straight-line code the scheduler interleaves (ncu run 73: with the
+  // branches this prelude ran at half the issue rate, ~0.3 % of a tile).
+  const int64_t fragment_col = p.vocab_start + col0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
     row_ok[h] = row[h] < row_limit;
-    inv_t[h] = 1.0f;
-    target_rel[h] = -1;
-    if (row_ok[h]) {
-      inv_t[h] = rows.inv_t(h, p);
-      const int64_t tgt = rows.target(h, p);
-      const int64_t rel = tgt - p.vocab_start - col0;
-      if (tgt != p.ignore_index && rel >= 0 && rel < BlockN) target_rel[h] = static_cast<int>(rel);
-    }
+    const float it = rows.inv_t(h, p);
+    inv_t[h] = row_ok[h] ? it : 1.0f;
+    const int64_t tgt = rows.target(h, p);
+    const int64_t rel = tgt - fragment_col;
+    const bool in_fragment = row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
+    target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
   }
   // acc index of value i (0..15) of slice (tt, h).
   auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
@@ -212,10 +211,15 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   }
   // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread
   // q); scale_logit again is exact where the values were scaled (inv_t != 1) and the identity else.
+  // One warp-uniform branch around both halves: a warp's 16 rows rarely have a target here.
+  bool owner[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int rel = target_rel[h];
-    if (rel >= 0 && ((rel >> 1) & 3) == q) {
+  for (int h = 0; h < 2; ++h) owner[h] = target_rel[h] >= 0 && ((target_rel[h] >> 1) & 3) == q;
+  if (__any_sync(0xFFFFFFFFu, owner[0] || owner[1])) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!owner[h]) continue;
+      const int rel = target_rel[h];
       const int tt_t = rel / kVocabTile;
       const int idx = ((rel % kVocabTile) >> 3) * 2 + (rel & 1);
       float v = 0.0f;

@@ -86,4 +86,12 @@ struct TileWalk {
   }
 };
 
+// The shard's local vocab tiles whose 64 lanes are all real: the real lanes are the prefix
+// [vocab_start, min(vocab_start + vocab_local, real_vocab)) of the shard, so these tiles are a
+// prefix too. The epilogues' whole-fragment test reads it instead of recomputing it per tile.
+DETLOGP_HD int64_t whole_local_tiles(int64_t vocab_local, int64_t vocab_start, int64_t real_vocab) {
+  const int64_t real_lanes = real_vocab - vocab_start < vocab_local ? real_vocab - vocab_start : vocab_local;
+  return real_lanes <= 0 ? 0 : real_lanes / kVocabTile;
+}
+
 }  // namespace detlogp::sm90
