@@ -5,7 +5,8 @@
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
 #   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,shapes]
-#   [,mainloop][,combine] (default: all but profile, pyprofile, shapes, mainloop and combine). mainloop: bench_sm90_mainloop,
+#   [,mainloop][,combine][,cycles] (default: all but profile, pyprofile, shapes, mainloop, combine and
+#   cycles). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench_sm90_mainloop,
 #   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
 #   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: issue 6's "also report" shapes (BENCH_SHAPES="D:V:N-list ...",
 #   default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B, and N = 65536) into bench_shapes.csv.
@@ -216,6 +217,21 @@ if has mainloop; then
     (cd "$OUT" && timeout 120 "$ml" --csv "$OUT/bench_mainloop.csv" ${MAINLOOP_ARGS:-}) >"$OUT/bench_mainloop.log" 2>&1
     say "mainloop: rc=$? (bench_mainloop.log, bench_mainloop.csv)"
     grep -E "^(method|cublas|mainloop|pingpong|coop|timeline)" "$OUT/bench_mainloop.log" >>"$SUMMARY"
+  fi
+fi
+done_step
+
+# Optional: SM cycles of the fused trainer kernel against cuBLAS under ncu (scripts/ncu_cycles.sh;
+# CYCLES_ARGS="--n 1024,4096 --rounds 1" by default, plus earlier bench_sm90 binaries to compare).
+if has cycles; then
+  bench="$(find_bin bench_sm90)"
+  if [[ -z "$bench" ]]; then
+    say "cycles: bench_sm90 not built"
+  else
+    # shellcheck disable=SC2086
+    timeout 300 bash "$ROOT/scripts/ncu_cycles.sh" ${CYCLES_ARGS:---n 1024,4096 --rounds 1} "$bench" >"$OUT/cycles.log" 2>&1
+    say "cycles: rc=$? (cycles.log)"
+    cat "$OUT/cycles.log" >>"$SUMMARY"
   fi
 fi
 done_step
