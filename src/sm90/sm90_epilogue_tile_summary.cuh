@@ -106,6 +106,42 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
   return r;
 }
 
+// The per-row quantities of the wide epilogue for a thread's two rows of one fragment: integer
+// work with nothing to overlap inside the epilogue, so the cooperative kernel computes them while
+// its last wgmma group runs (coop_consume's before_wait), where the consumer warps otherwise wait.
+struct WideRows {
+  int64_t row[2];         // row_tile0 + 16 warp + lane / 4 + 8 h
+  float inv_t[2];         // 1 where the row is not this tile's
+  int target_rel[2];      // the target's column relative to col0 when it lies in this fragment, else -1
+  bool row_ok[2];         // row < row_limit
+  bool unit_temperature;  // warp-uniform: every inverse temperature of the warp is 1
+};
+
+// Every lane of the warp calls it (a vote). Selects, not per-row branches: straight-line code the
+// scheduler interleaves (ncu run 73: with the branches this prelude ran at half the issue rate).
+template <int BlockN>
+__device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, const FragmentRows& rows, int64_t row_tile0,
+                                                      int64_t row_limit, int64_t col0) {
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  WideRows w;
+  const int64_t fragment_col = p.vocab_start + col0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    w.row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+    w.row_ok[h] = w.row[h] < row_limit;
+    const float it = rows.inv_t(h, p);
+    w.inv_t[h] = w.row_ok[h] ? it : 1.0f;
+    const int64_t tgt = rows.target(h, p);
+    const int64_t rel = tgt - fragment_col;
+    const bool in_fragment = w.row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
+    w.target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+  }
+  w.unit_temperature = __all_sync(0xFFFFFFFFu, w.inv_t[0] == 1.0f && w.inv_t[1] == 1.0f);
+  return w;
+}
+
 // The plain epilogue of a whole fragment (fragment_whole; no bias, no logits output), written for
 // throughput: each phase runs over all 2 * BlockN / 64 slices (vocab tile tt, row half h) before the
 // next, in place on acc, so the dependent chains of different slices (the 16-deep max, the two
@@ -122,10 +158,11 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
 // kPlain = false: the launch may have a bias (added to every value first, as add_bias) and a logits
 // output (z stored as float2 pairs with st.global.cs before the scale; the caller checked that the
 // pairs are 8-byte aligned, logits_vec2), both decided once per fragment.
+// The rows come prepared (prepare_wide_rows, the same fragment).
 template <int BlockN, bool kPlain>
 __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                             const FragmentRows& rows, int64_t row_tile0,
-                                                             int64_t row_limit, int64_t col0) {
+                                                             const WideRows& w, int64_t row_tile0, int64_t row_limit,
+                                                             int64_t col0) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   constexpr int kTiles = BlockN / kVocabTile;
@@ -135,25 +172,10 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   const int lane = t % 32;
   const int q = lane % 4;
   if (row_tile0 + 16 * warp >= row_limit) return;  // warp-uniform: all 16 rows past the chunk
-
-  int64_t row[2];
-  bool row_ok[2];
-  float inv_t[2];
-  int target_rel[2];  // the target's column relative to col0 when it lies in this fragment, else -1
-  // Selects, not per-row branches: straight-line code the scheduler interleaves (ncu run 73: with the
-  // branches this prelude ran at half the issue rate, ~0.3 % of a tile).
-  const int64_t fragment_col = p.vocab_start + col0;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
-    row_ok[h] = row[h] < row_limit;
-    const float it = rows.inv_t(h, p);
-    inv_t[h] = row_ok[h] ? it : 1.0f;
-    const int64_t tgt = rows.target(h, p);
-    const int64_t rel = tgt - fragment_col;
-    const bool in_fragment = row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
-    target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
-  }
+  const int64_t(&row)[2] = w.row;
+  const bool(&row_ok)[2] = w.row_ok;
+  const float(&inv_t)[2] = w.inv_t;
+  const int(&target_rel)[2] = w.target_rel;
   // acc index of value i (0..15) of slice (tt, h).
   auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
 
@@ -189,7 +211,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   // first): the same bits (max_nan(-inf, v) is v for every non-NaN v, and a NaN turns the
   // canonical NaN at the next step either way), one instruction less per slice.
   float m[kSlices];
-  if (__all_sync(0xFFFFFFFFu, inv_t[0] == 1.0f && inv_t[1] == 1.0f)) {
+  if (w.unit_temperature) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -412,28 +434,18 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
   finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
 }
 
-// Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
-// `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
-// 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
-// thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
-// acc is consumed in place.
-// kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
-// vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
-template <int BlockN, bool kPlain = false>
-__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
-                                                        int64_t col0, bool logits_vec2) {
+// The tile-by-tile form, for fragments with a partial vocab tile (the shard's last) or unaligned
+// logits pairs.
+template <int BlockN, bool kPlain>
+__device__ __forceinline__ void epilogue_tile_summaries_general(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                                const FragmentRows& rows, int64_t row_tile0,
+                                                                int64_t row_limit, int64_t col0, bool logits_vec2) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
   const int lane = t % 32;
   const int q = lane % 4;
-  // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
-  if (row_tile0 + 16 * warp >= row_limit) return;
-  // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
-  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0);
 
   int64_t row[2];
   bool row_ok[2];
@@ -550,6 +562,38 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
+}
+
+// Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
+// `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
+// 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
+// thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
+// acc is consumed in place.
+// kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
+// vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
+template <int BlockN, bool kPlain = false>
+__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
+                                                        int64_t col0, bool logits_vec2) {
+  // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
+  if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;
+  // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
+  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
+    return epilogue_tile_summaries_wide<BlockN, kPlain>(
+        acc, p, prepare_wide_rows<BlockN>(p, rows, row_tile0, row_limit, col0), row_tile0, row_limit, col0);
+  epilogue_tile_summaries_general<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, logits_vec2);
+}
+
+// The same with the wide epilogue's rows prepared by the caller (prepare_wide_rows, same fragment).
+template <int BlockN, bool kPlain>
+__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        const FragmentRows& rows, const WideRows& wide_rows,
+                                                        int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                        bool logits_vec2) {
+  if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;  // warp-uniform
+  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
+    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, wide_rows, row_tile0, row_limit, col0);
+  epilogue_tile_summaries_general<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, logits_vec2);
 }
 
 // The same, loading the rows' temperature and target first (when nothing was prefetched).

@@ -138,9 +138,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       [&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
       [&](int c) {
         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-        // A tile's coordinates and its rows' temperature and target are taken one tile ahead,
-        // before the previous tile's epilogue: the walk's integer divisions and the loads' latency
-        // then hide behind that epilogue instead of sitting between it and the next K walk.
+        // A tile's coordinates and its rows' temperature and target are taken one tile ahead, while
+        // the previous tile's last wgmma group runs: the walk's integer divisions issue where the
+        // warps would wait anyway, and the loads' latency hides behind that tile's epilogue.
         auto tile_rows = [&](int unit, int& m_tile, int& n_tile, FragmentRows& rows) {
           walk.coords(unit, m_tile, n_tile);
           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
@@ -155,13 +155,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
           float acc[Cfg::kAccRegs];
-          // This warpgroup's 64 rows of each A stage; B is shared.
-          coop_consume<Cfg>(acc, ring.a + c * Cfg::kAHalfBytes, ring.b, ring.full, ring.empty, p.k_blocks, it0);
-          it0 += static_cast<uint32_t>(p.k_blocks);
           int next_m = 0, next_n = 0;
           FragmentRows next_rows{};
-          if (unit + walk.stride < walk.count) tile_rows(unit + walk.stride, next_m, next_n, next_rows);
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, row0 + 64 * c, row_limit, col0, logits_vec2 != 0);
+          WideRows wide_rows;
+          // While the last wgmma group runs: this fragment's epilogue rows, the next tile's rows.
+          auto before_wait = [&] {
+            wide_rows = prepare_wide_rows<Cfg::kBlockN>(p, rows, row0 + 64 * c, row_limit, col0);
+            if (unit + walk.stride < walk.count) tile_rows(unit + walk.stride, next_m, next_n, next_rows);
+          };
+          const uint8_t* smem_a = ring.a + c * Cfg::kAHalfBytes;  // this warpgroup's 64 rows; B is shared
+          coop_consume<Cfg>(acc, smem_a, ring.b, ring.full, ring.empty, p.k_blocks, it0, before_wait);
+          it0 += static_cast<uint32_t>(p.k_blocks);
+          const bool vec2 = logits_vec2 != 0;
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, wide_rows, row0 + 64 * c, row_limit, col0, vec2);
           m_tile = next_m;
           n_tile = next_n;
           rows = next_rows;
