@@ -158,11 +158,12 @@ __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, cons
 // kPlain = false: the launch may have a bias (added to every value first, as add_bias) and a logits
 // output (z stored as float2 pairs with st.global.cs before the scale; the caller checked that the
 // pairs are 8-byte aligned, logits_vec2), both decided once per fragment.
-// The rows come prepared (prepare_wide_rows, the same fragment).
-template <int BlockN, bool kPlain>
+// kPrepared: the rows come prepared in *prepared (prepare_wide_rows, the same fragment); otherwise
+// they are set up here, from `rows`, by the same operations.
+template <int BlockN, bool kPlain, bool kPrepared>
 __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                             const WideRows& w, int64_t row_tile0, int64_t row_limit,
-                                                             int64_t col0) {
+                                                             const FragmentRows& rows, const WideRows* prepared,
+                                                             int64_t row_tile0, int64_t row_limit, int64_t col0) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per fragment");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   constexpr int kTiles = BlockN / kVocabTile;
@@ -172,10 +173,36 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   const int lane = t % 32;
   const int q = lane % 4;
   if (row_tile0 + 16 * warp >= row_limit) return;  // warp-uniform: all 16 rows past the chunk
-  const int64_t(&row)[2] = w.row;
-  const bool(&row_ok)[2] = w.row_ok;
-  const float(&inv_t)[2] = w.inv_t;
-  const int(&target_rel)[2] = w.target_rel;
+  // Locals in both cases: a by-value WideRows in the ping-pong kernels' epilogue added spills to the
+  // serving kernel (prefill_c2: 40 -> 104 spill stores).
+  int64_t row[2];
+  bool row_ok[2];
+  float inv_t[2];
+  int target_rel[2];  // the target's column relative to col0 when it lies in this fragment, else -1
+  if constexpr (kPrepared) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[h] = prepared->row[h];
+      row_ok[h] = prepared->row_ok[h];
+      inv_t[h] = prepared->inv_t[h];
+      target_rel[h] = prepared->target_rel[h];
+    }
+  } else {
+    // Selects, not per-row branches: straight-line code the scheduler interleaves (ncu run 73: with
+    // the branches this prelude ran at half the issue rate, ~0.3 % of a tile).
+    const int64_t fragment_col = p.vocab_start + col0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row[h] = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+      row_ok[h] = row[h] < row_limit;
+      const float it = rows.inv_t(h, p);
+      inv_t[h] = row_ok[h] ? it : 1.0f;
+      const int64_t tgt = rows.target(h, p);
+      const int64_t rel = tgt - fragment_col;
+      const bool in_fragment = row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
+      target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+    }
+  }
   // acc index of value i (0..15) of slice (tt, h).
   auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
 
@@ -211,7 +238,7 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   // first): the same bits (max_nan(-inf, v) is v for every non-NaN v, and a NaN turns the
   // canonical NaN at the next step either way), one instruction less per slice.
   float m[kSlices];
-  if (w.unit_temperature) {
+  if (kPrepared ? prepared->unit_temperature : __all_sync(0xFFFFFFFFu, inv_t[0] == 1.0f && inv_t[1] == 1.0f)) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -434,18 +461,30 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
   finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
 }
 
-// The tile-by-tile form, for fragments with a partial vocab tile (the shard's last) or unaligned
-// logits pairs.
-template <int BlockN, bool kPlain>
-__device__ __forceinline__ void epilogue_tile_summaries_general(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                                const FragmentRows& rows, int64_t row_tile0,
-                                                                int64_t row_limit, int64_t col0, bool logits_vec2) {
+// Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
+// `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
+// 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
+// thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
+// acc is consumed in place.
+// kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
+// vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
+// kPrepared: the wide epilogue's rows come prepared in *prepared (prepare_wide_rows, this fragment).
+template <int BlockN, bool kPlain = false, bool kPrepared = false>
+__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
+                                                        const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
+                                                        int64_t col0, bool logits_vec2,
+                                                        const WideRows* prepared = nullptr) {
   static_assert(BlockN % kVocabTile == 0, "whole vocab tiles per CTA");
   static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
   const int lane = t % 32;
   const int q = lane % 4;
+  // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
+  if (row_tile0 + 16 * warp >= row_limit) return;
+  // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
+  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
+    return epilogue_tile_summaries_wide<BlockN, kPlain, kPrepared>(acc, p, rows, prepared, row_tile0, row_limit, col0);
 
   int64_t row[2];
   bool row_ok[2];
@@ -562,38 +601,6 @@ __device__ __forceinline__ void epilogue_tile_summaries_general(float (&acc)[Blo
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     if (owns[h]) p.target_logit[row[h] - p.row_begin] = y_target[h];  // the single owner in the grid
-}
-
-// Epilogue of one m64 accumulator fragment of a consumer warpgroup: its 64 rows start at
-// `row_tile0`, rows at or past `row_limit` are not this tile's (past the chunk, or replicas of an
-// 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
-// thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
-// acc is consumed in place.
-// kPlain: the launch has neither bias nor logits output (the trainer entry without bias), so whole
-// vocab tiles take plain_whole_tile_summary; same bits, fewer instructions per value.
-template <int BlockN, bool kPlain = false>
-__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
-                                                        int64_t col0, bool logits_vec2) {
-  // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
-  if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;
-  // Whole fragments (and, with logits, 8-byte aligned pairs) take the phase-ordered form.
-  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return epilogue_tile_summaries_wide<BlockN, kPlain>(
-        acc, p, prepare_wide_rows<BlockN>(p, rows, row_tile0, row_limit, col0), row_tile0, row_limit, col0);
-  epilogue_tile_summaries_general<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, logits_vec2);
-}
-
-// The same with the wide epilogue's rows prepared by the caller (prepare_wide_rows, same fragment).
-template <int BlockN, bool kPlain>
-__device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
-                                                        const FragmentRows& rows, const WideRows& wide_rows,
-                                                        int64_t row_tile0, int64_t row_limit, int64_t col0,
-                                                        bool logits_vec2) {
-  if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;  // warp-uniform
-  if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return epilogue_tile_summaries_wide<BlockN, kPlain>(acc, p, wide_rows, row_tile0, row_limit, col0);
-  epilogue_tile_summaries_general<BlockN, kPlain>(acc, p, rows, row_tile0, row_limit, col0, logits_vec2);
 }
 
 // The same, loading the rows' temperature and target first (when nothing was prefetched).

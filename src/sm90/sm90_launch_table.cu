@@ -154,20 +154,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          const int64_t frag0 = row0 + 64 * c;  // this warpgroup's first row
           float acc[Cfg::kAccRegs];
           int next_m = 0, next_n = 0;
           FragmentRows next_rows{};
           WideRows wide_rows;
           // While the last wgmma group runs: this fragment's epilogue rows, the next tile's rows.
           auto before_wait = [&] {
-            wide_rows = prepare_wide_rows<Cfg::kBlockN>(p, rows, row0 + 64 * c, row_limit, col0);
+            wide_rows = prepare_wide_rows<Cfg::kBlockN>(p, rows, frag0, row_limit, col0);
             if (unit + walk.stride < walk.count) tile_rows(unit + walk.stride, next_m, next_n, next_rows);
           };
           const uint8_t* smem_a = ring.a + c * Cfg::kAHalfBytes;  // this warpgroup's 64 rows; B is shared
           coop_consume<Cfg>(acc, smem_a, ring.b, ring.full, ring.empty, p.k_blocks, it0, before_wait);
           it0 += static_cast<uint32_t>(p.k_blocks);
           const bool vec2 = logits_vec2 != 0;
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain>(acc, p, rows, wide_rows, row0 + 64 * c, row_limit, col0, vec2);
+          epilogue_tile_summaries<Cfg::kBlockN, kPlain, true>(acc, p, rows, frag0, row_limit, col0, vec2, &wide_rows);
           m_tile = next_m;
           n_tile = next_n;
           rows = next_rows;
