@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     return std::string(slash ? slash + 1 : a);
   };
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + base(argv[i]);
-  command += " (built by scripts/gpu_check.sh)";
+  command += " (reproduce: scripts/gpu_check.sh)";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : ""; };

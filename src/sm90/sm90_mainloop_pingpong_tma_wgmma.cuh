@@ -335,7 +335,7 @@ __device__ __forceinline__ void coop_k_block(float (&acc)[Cfg::kAccRegs], const 
 // wgmma group is in flight. The same wgmma sequence as pingpong_consume, so the same bits;
 // bench_sm90_mainloop measures this form of the K walk at 0.92-0.93x the cuBLAS GEMM (D = 4096).
 // before_wait runs once the last wgmma group is issued, before the wait for it: the warps would
-// otherwise sit idle there for about a group's duration (ncu run 77: ~1.4 % of the consumers'
+// otherwise sit idle there for about a group's duration (perf-notes run 79: ~1.4 % of the consumers'
 // samples). Work placed there must not touch acc and should not branch divergently.
 template <class Cfg, class BeforeWait>
 __device__ __forceinline__ void coop_consume(float (&acc)[Cfg::kAccRegs], const uint8_t* smem_a, const uint8_t* smem_b,
