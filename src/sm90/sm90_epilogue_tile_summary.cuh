@@ -173,8 +173,9 @@ __device__ __forceinline__ void epilogue_tile_summaries_wide(float (&acc)[BlockN
   const int lane = t % 32;
   const int q = lane % 4;
   if (row_tile0 + 16 * warp >= row_limit) return;  // warp-uniform: all 16 rows past the chunk
-  // Locals in both cases: a by-value WideRows in the ping-pong kernels' epilogue added spills to the
-  // serving kernel (prefill_c2: 40 -> 104 spill stores).
+  // Set up here for the ping-pong kernels, as before 060e574, so their SASS stays that of 4d39a35
+  // (060e574's restructured dispatcher had cost prefill_c2 64 more spill stores, and even a shared
+  // helper for these lines changes its schedule).
   int64_t row[2];
   bool row_ok[2];
   float inv_t[2];
