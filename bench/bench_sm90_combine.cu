@@ -3,12 +3,15 @@
 // the row's tiles held in registers) and 1 / 2 / 4 / 8 rows per CTA with one chain per lane
 // (chain_rows_lanes). Every schedule's logp / lse must match
 // the CTA schedule's bits (else it exits 1). Times: CUDA events, median of --reps, L2 flushed
-// before each launch, all schedules of a shape timed round-robin.
-//   bench_sm90_combine [--n 1,64,1024,4096,16384] [--tiles 594,1187,2374] [--reps 30]
+// before each launch (--l2 warm: not flushed, so a shape's summaries come from L2 wherever they fit,
+// as they would if the fused kernel left them there), all schedules of a shape timed round-robin.
+//   bench_sm90_combine [--n 1,64,1024,4096,16384] [--tiles 594,1187,2374] [--reps 30] [--l2 cold|warm]
+//                      [--trace on|off]  (on: the lanes schedule's phases per CTA, once per shape)
 // (a row has V / 64 tiles: 2374 for Qwen3-8B's head, 1188 for its TP = 2 shard).
 // Prints one line per (N, tiles, schedule): ms, us per row and CTAs resident per SM.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -41,6 +44,93 @@ __global__ void __launch_bounds__(kCombineCtaThreads) cta_held_kernel(const Comb
 template <int kRows>
 __global__ void __launch_bounds__(kLanesThreads) lanes_kernel(const CombineParams p) {
   chain_rows_lanes<kRows>(p);
+}
+
+// The lanes schedule with its phase trace (--trace): per CTA, clock64 at the probe points of
+// chain_rows_lanes (slot 0: the CTA's start), and %globaltimer at its start and at its chain's end.
+inline constexpr int kTraceSlots = 136;
+inline constexpr int kTraceStartNs = 134, kTraceEndNs = 135;
+struct TraceProbe {
+  long long* out;
+  __device__ __forceinline__ void operator()(int slot, float dep = 0.0f) const {
+    asm volatile("" ::"f"(dep));
+    out[blockIdx.x * kTraceSlots + slot] = clock64();
+    if (slot == kProbeChainEnd) out[blockIdx.x * kTraceSlots + kTraceEndNs] = static_cast<long long>(globaltimer_ns());
+  }
+  __device__ __forceinline__ static unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+  }
+};
+template <int kRows>
+__global__ void __launch_bounds__(kLanesThreads) lanes_traced_kernel(const CombineParams p, long long* trace) {
+  if (threadIdx.x == 0) {
+    trace[blockIdx.x * kTraceSlots + kTraceStartNs] = static_cast<long long>(TraceProbe::globaltimer_ns());
+    trace[blockIdx.x * kTraceSlots] = clock64();
+  }
+  chain_rows_lanes<kRows>(p, TraceProbe{trace});
+}
+
+// Percentiles over CTAs of each traced phase, in us from the CTA's start (cycles at the clock that
+// the CTA's own start-to-end globaltimer span implies).
+template <int kRows>
+void print_trace(const CombineParams& p, int64_t tiles, Timer& timer) {
+  const int64_t ctas = (p.rows + kRows - 1) / kRows;
+  const int chunks = static_cast<int>((tiles + kLanesChunk - 1) / kLanesChunk);
+  long long* trace = nullptr;
+  CK(cudaMalloc(&trace, ctas * kTraceSlots * sizeof(long long)));
+  CK(cudaMemset(trace, 0, ctas * kTraceSlots * sizeof(long long)));
+  if (timer.flush_l2) CK(cudaMemsetAsync(timer.flush, 0x5A, timer.flush_bytes));
+  lanes_traced_kernel<kRows><<<static_cast<unsigned>(ctas), kLanesThreads>>>(p, trace);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<long long> t(ctas * kTraceSlots);
+  CK(cudaMemcpy(t.data(), trace, t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+  CK(cudaFree(trace));
+  long long first_ns = t[kTraceStartNs];
+  for (int64_t c = 0; c < ctas; ++c) first_ns = std::min(first_ns, t[c * kTraceSlots + kTraceStartNs]);
+  auto pct = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+  };
+  std::vector<double> ghz, start_us, end_us;
+  for (int64_t c = 0; c < ctas; ++c) {
+    const long long* r = &t[c * kTraceSlots];
+    const double ns = static_cast<double>(r[kTraceEndNs] - r[kTraceStartNs]);
+    ghz.push_back(ns > 0 ? static_cast<double>(r[kProbeChainEnd] - r[0]) / ns : 0.0);
+    start_us.push_back(static_cast<double>(r[kTraceStartNs] - first_ns) * 1e-3);
+    end_us.push_back(static_cast<double>(r[kTraceEndNs] - first_ns) * 1e-3);
+  }
+  const double clock_ghz = pct(ghz, 0.5);
+  auto phase = [&](int slot) {
+    std::vector<double> v;
+    for (int64_t c = 0; c < ctas; ++c)
+      v.push_back(static_cast<double>(t[c * kTraceSlots + slot] - t[c * kTraceSlots]) / clock_ghz * 1e-3);
+    return v;
+  };
+  std::printf("  trace lanes%d, N = %lld, %lld CTAs, clock %.2f GHz; us, p10 / p50 / p90 over CTAs\n", kRows,
+              static_cast<long long>(p.rows), static_cast<long long>(ctas), clock_ghz);
+  auto line = [&](const char* what, const std::vector<double>& v) {
+    std::printf("    %-34s %8.2f %8.2f %8.2f\n", what, pct(v, 0.1), pct(v, 0.5), pct(v, 0.9));
+  };
+  line("CTA start (from the first CTA's)", start_us);
+  line("CTA chain end (from the first start)", end_us);
+  line("max pass done", phase(kProbeMaxDone));
+  const int shown = std::min(chunks, 32);
+  for (int c = 0; c < shown; ++c) {
+    if (c > 2 && c + 2 < shown && c % 4 != 0) continue;
+    char what[64];
+    std::snprintf(what, sizeof what, "stage %d: factors handed over", c);
+    line(what, phase(kProbeFactorChunk + c));
+    std::snprintf(what, sizeof what, "stage %d: factor thread 0 may write", c);
+    line(what, phase(kProbeFactorWoke + c));
+    std::snprintf(what, sizeof what, "stage %d: chain has it", c);
+    line(what, phase(kProbeChainChunk + c));
+    std::snprintf(what, sizeof what, "stage %d: chain done with it", c);
+    line(what, phase(kProbeChainDone + c));
+  }
+  line("chain done", phase(kProbeChainEnd));
 }
 
 // Summaries like the fused kernel's: maxima around 12 with a spread, sums in [1, 64], some tiles
@@ -77,6 +167,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ns = {1, 64, 1024, 4096, 16384};
   std::vector<int64_t> tile_counts = {594, 1187, 2374};
   int reps = 30;
+  bool warm = false;
+  bool trace = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--n"))
       ns = detlogp_bench::parse_list(argv[i + 1]);
@@ -84,6 +176,14 @@ int main(int argc, char** argv) {
       tile_counts = detlogp_bench::parse_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--reps"))
       reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--trace") && (!std::strcmp(argv[i + 1], "on") || !std::strcmp(argv[i + 1], "off")))
+      trace = !std::strcmp(argv[i + 1], "on");
+    else if (!std::strcmp(argv[i], "--l2") && (!std::strcmp(argv[i + 1], "cold") || !std::strcmp(argv[i + 1], "warm")))
+      warm = !std::strcmp(argv[i + 1], "warm");
+    else {
+      std::fprintf(stderr, "bench_sm90_combine: unknown option '%s %s'\n", argv[i], argv[i + 1]);
+      return 2;
+    }
   }
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -96,6 +196,8 @@ int main(int argc, char** argv) {
       {"lanes8", reinterpret_cast<const void*>(lanes_kernel<8>), kLanesThreads, 8},
   };
   Timer timer;
+  timer.flush_l2 = !warm;
+  std::printf("L2 %s before each launch\n", warm ? "not flushed (warm)" : "flushed (cold)");
   bool all_identical = true;
   std::printf("%-7s %-6s %-24s %10s %10s %8s %5s %s\n", "N", "tiles", "schedule", "ms", "us/row", "CTA/SM", "regs",
               "bits vs cta_per_row");
@@ -151,6 +253,13 @@ int main(int argc, char** argv) {
         std::printf("%-7lld %-6lld %-24s %10.4f %10.4f %8d %5d %s\n", static_cast<long long>(n),
                     static_cast<long long>(tiles), schedules[k].name, ms[k], ms[k] * 1e3 / static_cast<double>(n),
                     per_sm, fa.numRegs, bits);
+      }
+      if (trace) {
+        CombineParams tp = params[0];
+        tp.logp = logp;  // the reference schedule's outputs: same bits
+        tp.lse = lse;
+        print_trace<4>(tp, tiles, timer);
+        print_trace<8>(tp, tiles, timer);
       }
       CK(cudaFree(sums));
       CK(cudaFree(y_t));

@@ -76,6 +76,13 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Brings [ptr, ptr + bytes) into L2 (a hint, no completion to wait for). ptr and bytes are
+// multiples of 16.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(ptr)), "r"(bytes)
+               : "memory");
+}
+
 // 2-D tile load global -> shared, completing `bytes` on the barrier. Out-of-bounds elements are
 // filled with zeros by the copy engine (rows past N, columns past D, weight rows past V_local).
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c_inner,

@@ -34,17 +34,32 @@ __global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const
   if (threadIdx.x == 0) publish_status(p, bad_target[0], bad_temp[0]);
 }
 
+// Before a combine CTA waits for the fused grid: its `rows` rows of summaries (consecutive in
+// memory) into L2. A CTA that starts on a multiprocessor the fused kernel's tail has freed then
+// finds them there after the wait; the fused kernel's later stores to those lines land in L2 too,
+// so the hint changes no value read.
+__device__ __forceinline__ void prefetch_rows_l2(const CombineParams& p, int64_t first_row, int64_t rows) {
+  if (threadIdx.x != 0 || rows <= 0) return;
+  const TileSummary* begin = p.summaries + first_row * p.tiles;
+  const int64_t bytes = rows * p.tiles * int64_t{sizeof(TileSummary)};
+  if (reinterpret_cast<uintptr_t>(begin) % 16 == 0 && bytes < (int64_t{1} << 32))
+    ptx::prefetch_l2_bulk(begin, static_cast<uint32_t>(bytes) & ~15u);
+}
+
 // The full-mode combine, kRows rows per CTA, one chain per lane (sm90_combine_chain.cuh). When
 // launched as a programmatic dependent of the fused kernel its CTAs may start during the fused
 // kernel's tail; this waits for the whole fused grid and its memory (a no-op for a plain launch).
 template <int kRows>
 __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const CombineParams p) {
+  const int64_t first_row = int64_t{blockIdx.x} * kRows;
+  prefetch_rows_l2(p, first_row, p.rows - first_row < kRows ? p.rows - first_row : kRows);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   chain_rows_lanes<kRows>(p);
 }
 
 // The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency).
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
+  prefetch_rows_l2(p, blockIdx.x, 1);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
@@ -82,6 +97,37 @@ void launch_validate(const ValidateParams& p, cudaStream_t stream) {
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// The dynamic shared memory that lets at most `per_sm` CTAs of `kernel` share a multiprocessor
+// (0 where its own footprint already does). A programmatic dependent's CTAs become resident as the
+// fused kernel's CTAs leave their multiprocessors, and without a cap the first multiprocessors the
+// fused kernel's tail frees take as many combine CTAs as fit (nine of the 40-register lanes CTA):
+// the combine then runs on a fraction of the GPU (docs/perf-notes.md run 88).
+size_t spread_dynamic_smem(const void* kernel, int64_t grid) {
+  int device = 0, sms = 0, smem_per_sm = 0, reserved = 0, smem_optin = 0;
+  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attrs{};
+  DETLOGP_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
+  const int64_t per_sm = (grid + sms - 1) / sms;
+  const int64_t own = static_cast<int64_t>(attrs.sharedSizeBytes) + reserved;
+  if ((per_sm + 1) * own > smem_per_sm) return 0;                  // its own footprint caps it already
+  const int64_t footprint = (smem_per_sm / per_sm) / 1024 * 1024;  // (per_sm + 1) of them do not fit
+  const int64_t limit = smem_optin - static_cast<int64_t>(attrs.sharedSizeBytes);
+  const int64_t dynamic = footprint - own < limit ? footprint - own : limit;
+  if (dynamic <= 0) return 0;
+  const size_t bytes = static_cast<size_t>(dynamic);
+  DETLOGP_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return bytes;
+}
+
+}  // namespace
+
 void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
   cudaLaunchConfig_t config{};
@@ -91,25 +137,25 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-57; 2374 tiles,
-  // cold L2): above kCombineHeldMaxRows rows, chains on the lanes of a warp fed through shared
-  // memory, 4 rows per CTA up to 2048 rows (N = 1024: 25.2 us against 28.4 for a CTA per row), 8
-  // above (N = 4096 / 16384: 54.0 / 170 us against 91 / 311); up to kCombineHeldMaxRows a CTA per
-  // row with the tiles held in registers (N = 1 / 64 / 256: 12.8 / 13.3 / 14.7 us against the
-  // lanes schedule's 19.1 / 19.4 / 20.5).
-  if (p.rows > 2048) {
-    config.gridDim = dim3(static_cast<unsigned>((p.rows + 7) / 8));
-    config.blockDim = dim3(kLanesThreads);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<8>, p));
-  } else if (p.rows > kCombineHeldMaxRows) {
-    config.gridDim = dim3(static_cast<unsigned>((p.rows + 3) / 4));
-    config.blockDim = dim3(kLanesThreads);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_lanes_kernel<4>, p));
-  } else {
-    config.gridDim = dim3(static_cast<unsigned>(p.rows));
-    config.blockDim = dim3(kCombineCtaThreads);
-    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_rows_cta_kernel, p));
-  }
+  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-57 and 85-86;
+  // 2374 tiles, cold L2): above kCombineHeldMaxRows rows, chains on the lanes of a warp fed through
+  // shared memory, 4 rows per CTA up to 2048 rows (N = 1024: 22.6 us against 28.4 for a CTA per
+  // row), 8 above (N = 4096: 52.8 us); up to kCombineHeldMaxRows a CTA per row with the tiles held
+  // in registers (N = 1: 12.9 us against the lanes schedule's 16.8). As a programmatic dependent,
+  // each is capped at the CTAs per multiprocessor that spread its grid over the GPU
+  // (spread_dynamic_smem: trainer N = 1024 1.052x -> 1.042x of cuBLAS, run 88).
+  auto launch = [&](auto kernel, int64_t grid, int threads) {
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = programmatic ? spread_dynamic_smem(reinterpret_cast<const void*>(kernel), grid) : 0;
+    DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  };
+  if (p.rows > 2048)
+    launch(combine_rows_lanes_kernel<8>, (p.rows + 7) / 8, kLanesThreads);
+  else if (p.rows > kCombineHeldMaxRows)
+    launch(combine_rows_lanes_kernel<4>, (p.rows + 3) / 4, kLanesThreads);
+  else
+    launch(combine_rows_cta_kernel, p.rows, kCombineCtaThreads);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

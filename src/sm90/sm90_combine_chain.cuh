@@ -100,13 +100,37 @@ inline constexpr int kLanesChunk = 128;                         // tiles per sta
 inline constexpr int kLanesFactorThreads = kLanesChunk;         // warps 1..4
 inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the chains
 
-// The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i. Two
-// register buffers of kRound pairs take turns, one loaded while the other's fmas run (a single
-// buffer copied forward let ptxas reuse its registers, which put each load right before its first
-// use). ptxas still places the loads only a few fmas ahead, yet neither loading further ahead nor
-// unrolling the round loop made a row faster (docs/perf-notes.md runs 67-68).
-template <int kRound = 16>
+// The serial fma chain of one lane over a staged row: v[i] = {s_g, factor}, ascending i; v is
+// 16-byte aligned. Blocks of kBlock pairs, each fully unrolled: two pairs per 16-byte shared load,
+// every load addressed by an immediate offset from the block's base, so ptxas issues them ahead
+// of their fmas with nothing to drain in between. (A loop over register buffers of 16 pairs ran
+// at ~10 cycles a step instead of the fma's 4: ptxas issued a buffer's loads just before the
+// back branch, and the branch's address increment waited for those loads to read the old
+// address; docs/perf-notes.md run 85.)
+template <int kBlock = 64>
 __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int n) {
+  static_assert(kBlock % 2 == 0, "whole 16-byte loads");
+  const float4* block = reinterpret_cast<const float4*>(v);
+  int i = 0;
+  for (; i + kBlock <= n; i += kBlock, block += kBlock / 2) {
+#pragma unroll
+    for (int k = 0; k < kBlock / 2; ++k) {
+      const float4 two = block[k];
+      sum = chain_fma(sum, two.x, two.y);
+      sum = chain_fma(sum, two.z, two.w);
+    }
+  }
+  for (; i < n; ++i) sum = chain_fma(sum, v[i].x, v[i].y);
+  return sum;
+}
+
+// The serial fma chain of one thread over a row staged in shared memory, v[i] = {s_g, factor},
+// ascending i, for chain_row_cta_held: two register buffers of kRound pairs take turns, one loaded
+// while the other's fmas run. Slower per step than chain_fma_pairs in isolation, yet the held
+// schedule with it takes 12.9 us a 2374-tile row against 14.2 with chain_fma_pairs (run 85; that
+// form also takes the kernel from 102 to 59 registers and changes how its tile loads are placed).
+template <int kRound = 16>
+__device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, int n) {
   const int rounds = n / kRound;
   float2 a[kRound], b[kRound];
   auto load = [&](float2(&dst)[kRound], int q) {
@@ -134,11 +158,11 @@ __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int
 // about one CTA's latency after the fused kernel): each thread loads its tiles
 // g = tid + kCombineCtaThreads k, k < kHeld, into registers, all loads in flight together, and
 // takes the row maximum from them; then the whole row's {s_g, expc(m_g - M) or skip} goes to shared
-// memory in one step, and one thread runs the fma chain over it with its shared loads kRound ahead
-// (chain_fma_pairs). Rows longer than a chunk (kCombineCtaThreads x kHeld tiles) go chunk by chunk,
-// the chunks after the first loaded again. Same operations and order as chain_row_cta, so the same
-// bits; the row's tiles are the concatenation of `count` segments in ascending global tile order,
-// as there. bench_sm90_combine (H200, 2374 tiles): 12.8 us at N = 1 against chain_row_cta's 17.3;
+// memory in one step, and one thread runs the fma chain over it (chain_fma_rounds). Rows longer
+// than a chunk (kCombineCtaThreads x kHeld tiles) go chunk by chunk, the chunks after the first
+// loaded again. Same operations and order as chain_row_cta, so the same bits; the row's tiles are
+// the concatenation of `count` segments in ascending global tile order, as there.
+// bench_sm90_combine (H200, 2374 tiles): 12.8 us at N = 1 against chain_row_cta's 17.3;
 // copying the tiles to shared memory first (fewer registers, several rows per CTA) was slower: the
 // loads then go in rounds.
 inline constexpr int kHeldTiles = 12;  // 3072 tiles a chunk: Qwen3-8B's 2374 in one
@@ -184,29 +208,44 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
       }
     }
     __syncthreads();
-    if (tid == 0) sum = chain_fma_pairs<kRound>(sum, pairs, n);  // the serial path
+    if (tid == 0) sum = chain_fma_rounds<kRound>(sum, pairs, n);  // the serial path
   }
   if (tid == 0)
     finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, logp, lse);
 }
 
+// Probe: called at fixed points by one thread each, with a value the point waits for
+// (bench_sm90_combine --trace: the phases per CTA); the library passes NoProbe, which compiles to
+// nothing.
+struct NoProbe {
+  __device__ __forceinline__ void operator()(int, float = 0.0f) const {}
+};
+inline constexpr int kProbeMaxDone = 1;       // tid 0: the max pass is over
+inline constexpr int kProbeChainChunk = 2;    // + c: the chain lane has stage c (c < 32)
+inline constexpr int kProbeFactorChunk = 34;  // + c: factor thread 0 handed stage c over (c < 32)
+inline constexpr int kProbeChainDone = 66;    // + c: the chain lane's fmas over stage c are done
+inline constexpr int kProbeFactorWoke = 98;   // + c: factor thread 0 may write stage c
+inline constexpr int kProbeChainEnd = 130;    // the chain lane's last fma is done
+
 // kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's
-// chain is serial, so the schedule runs many at once: lane l of warp 0 walks row l % kRows (lanes
-// past kRows repeat a row and read the same words: no divergence, no bank conflict), so one fma
-// instruction advances kRows chains. Warps 1..4 own one tile column f of two shared stages
-// ([kRows][kLanesChunk] each): per chunk they write {s_g, expc(m_g - M) or skip} of their tiles
-// (the next chunk's loads in flight; the first chunk's issued before the max pass) and hand the
-// stage to warp 0 through an mbarrier (full: the 128 factor threads arrive); warp 0 hands it back
-// through a second one after its chains read it (empty: its 32 lanes arrive). An arrive releases
-// the thread's shared-memory accesses before it and a completed wait acquires them, so both
-// hand-overs are ordered for compute-sanitizer's racecheck too (named barriers with bar.arrive
-// were not, for the write after read). The max pass reads the tile maxima with every thread. Rows
-// past p.rows repeat the CTA's last row and write nothing.
-template <int kRows>
-__device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
+// chain is serial, so the schedule runs many at once: lane l < kRows of warp 0 walks row l, so one
+// fma instruction advances kRows chains (the other lanes leave: running copies of the chains made
+// every shared load slower, 5.9 against 4.7 cycles a step alone, docs/perf-notes.md run 86). Warps
+// 1..4 own one tile column f of two shared stages ([kRows][kLanesChunk] each): per chunk they
+// write {s_g, expc(m_g - M) or skip} of their tiles (the next chunk's loads in flight; the first
+// chunk's issued before the max pass) and hand the stage to warp 0 through an mbarrier (full: the
+// 128 factor threads arrive); warp 0 hands it back through a second one after its chains read it
+// (empty: its kRows lanes arrive). An arrive releases the thread's shared-memory accesses before it
+// and a completed wait acquires them, so both hand-overs are ordered for compute-sanitizer's
+// racecheck too (named barriers with bar.arrive were not, for the write after read). The max pass
+// reads the tile maxima with every thread. Rows past p.rows repeat the CTA's last row and write
+// nothing.
+template <int kRows, class Probe = NoProbe>
+__device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const Probe& probe = Probe{}) {
   static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
-  // Row stride kLanesChunk + 1 pairs: the chain lanes' 8-byte reads of one tile hit distinct banks.
-  __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 1];
+  // Row stride kLanesChunk + 2 pairs (16-byte rows, 4 banks apart): the chain lanes' 16-byte reads
+  // of one tile pair hit distinct banks.
+  __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 2];
   __shared__ float warp_max[kLanesThreads / 32][kRows];
   __shared__ float row_max[kRows];
   __shared__ alignas(8) uint64_t full_bar[2], empty_bar[2];
@@ -218,7 +257,7 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) {
       ptx::mbar_init(&full_bar[b], kLanesFactorThreads);
-      ptx::mbar_init(&empty_bar[b], 32);
+      ptx::mbar_init(&empty_bar[b], kRows);
     }
   }  // the max pass's __syncthreads orders the init before any use
   const int lane = tid % 32;
@@ -267,17 +306,22 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
     }
     __syncthreads();
   }
+  if (tid == 0) probe(kProbeMaxDone);
 
-  if (warp == 0) {  // the chains
-    const int r = lane % kRows;
+  if (warp == 0) {              // the chains
+    if (lane >= kRows) return;  // one lane per row: lanes reading other rows' words slow every shared load
+    const int r = lane;
     float sum = 0.0f;
     for (int c = 0; c < chunks; ++c) {
       const int b = c & 1;
       ptx::mbar_wait(&full_bar[b], static_cast<uint32_t>(c >> 1) & 1u);  // use c >> 1 of stage b
+      if (lane == 0 && c < 32) probe(kProbeChainChunk + c);
       const int64_t left = n - int64_t{c} * kLanesChunk;
       sum = chain_fma_pairs(sum, stage[b][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
+      if (lane == 0 && c < 32) probe(kProbeChainDone + c, sum);
       if (c + 2 < chunks) ptx::mbar_arrive(&empty_bar[b]);  // stage b is free
     }
+    if (lane == 0) probe(kProbeChainEnd, sum);
     if (lane >= rows_here) return;
     const int64_t rr = r0 + lane;
     const int64_t t = load_target(p.targets, p.targets_i64, p.row_begin + rr);
@@ -298,10 +342,12 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p) {
     for (int r = 0; r < kRows; ++r) cur[r] = next[r];
     if (c + 1 < chunks) load_stage(c + 1);  // in flight while this stage is computed and handed over
     if (c >= 2) ptx::mbar_wait(&empty_bar[b], static_cast<uint32_t>((c >> 1) - 1) & 1u);  // read by the chains
+    if (f == 0 && c < 32) probe(kProbeFactorWoke + c);
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       stage[b][r][f] = float2{cur[r].y, chain_factor_or_skip(TileSummary{cur[r].x, cur[r].y}, global_max[r])};
     ptx::mbar_arrive(&full_bar[b]);
+    if (f == 0 && c < 32) probe(kProbeFactorChunk + c);
   }
 }
 
