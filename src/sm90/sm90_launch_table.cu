@@ -338,10 +338,11 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores
   if (rows <= 8)
     return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
   if (rows <= 64) return most_even({Bucket::decode, Bucket::decode_n192, Bucket::prefill}, rows, vocab_local, sms);
-  // A long K walk (D >= 4096) amortizes a non-overlapped epilogue best: cooperative 128 x 256 tiles
-  // (docs/perf-notes.md, runs 39-40). Short ones (Qwen3-0.6B, D = 1024), and launches that store
-  // the logits (the stores are then exposed too), keep the ping-pong overlap.
-  if (dim >= 4096 && !stores_logits) return Bucket::coop256_persistent;
+  // Without a logits output, cooperative 128 x 256 tiles with a non-overlapped epilogue: at D >= 4096
+  // above 64 rows (docs/perf-notes.md, runs 39-40), at D = 1024 and 2048 above 128 rows (run 91: 7-8 %
+  // faster than the ping-pong from N = 256 to 8192, 3-4 % slower at N = 65 and 128). Launches that
+  // store the logits (the stores would be exposed too) and shorter K walks keep the ping-pong overlap.
+  if (!stores_logits && (dim >= 4096 || (dim >= 1024 && rows > 128))) return Bucket::coop256_persistent;
   return Bucket::prefill_c2;
 }
 
