@@ -40,6 +40,8 @@ inline constexpr const char* kTemperatureId = "y=fl(z*fl(1/T))";
 inline constexpr int64_t kDefaultIgnoreIndex = -100;
 // Canonical quiet NaN written to lse/logp of any row whose statistics saw a NaN.
 inline constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;
+// Its bf16 form (the upper half), written for any NaN rounded to bf16 (fp::bf16_round).
+inline constexpr uint16_t kCanonicalNanBf16 = 0x7FC0u;
 
 static_assert(kVocabTile == 64, "contract v1 pins VOCAB_TILE = 64");
 static_assert((1 << kTileTreeLevels) == kVocabTile, "the in-tile tree covers exactly one vocab tile");

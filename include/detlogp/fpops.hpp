@@ -97,4 +97,13 @@ DETLOGP_HD float max_nan(float a, float b) {
 // bf16 is the upper half of an fp32; widening is exact.
 DETLOGP_HD float bf16_to_float(uint16_t b) { return from_bits(static_cast<uint32_t>(b) << 16); }
 
+// fp32 -> bf16, round to nearest even on the bits (exact ties to even, overflow to inf, subnormals
+// kept); every NaN becomes the canonical quiet kCanonicalNanBf16. The project's one rounding to
+// bf16: the gradient kernels, the CPU backend, the input generators and the tests all call it.
+DETLOGP_HD uint16_t bf16_round(float x) {
+  if (is_nan(x)) return kCanonicalNanBf16;
+  const uint32_t u = bits(x);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 }  // namespace detlogp::fp

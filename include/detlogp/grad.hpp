@@ -14,16 +14,7 @@
 
 namespace detlogp {
 
-// Canonical quiet bf16 NaN written for any NaN gradient.
-inline constexpr uint16_t kCanonicalNanBf16 = 0x7FC0u;
-
-// fp32 -> bf16, round to nearest even on the bits (exact ties to even, overflow to inf, subnormals
-// kept); every NaN becomes the canonical 0x7FC0.
-DETLOGP_HD uint16_t bf16_round(float x) {
-  if (fp::is_nan(x)) return kCanonicalNanBf16;
-  const uint32_t u = fp::bits(x);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
+using fp::bf16_round;  // a NaN gradient is stored as the canonical kCanonicalNanBf16
 
 // Per-row operands of the logit gradient: gl = dL/dlogp (+0 for an ignored row, or when absent),
 // gs = dL/dlse (+0 when absent), inv_t = inverse_temperature(T_row), lse the forward's lse.
