@@ -26,8 +26,8 @@
 
 #include "bench_common.cuh"
 #include "core/backend.hpp"
-#include "sm90/sm90_backend.hpp"
-#include "sm90/sm90_launch_table.hpp"
+#include "sm90/launch_table.hpp"
+#include "sm90/workspace.hpp"
 
 namespace {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
-#include "sm90/sm90_combine_chain.cuh"
+#include "sm90/device/combine_chain.cuh"
 
 namespace {
 

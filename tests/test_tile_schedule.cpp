@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "sm90/sm90_tile_schedule.hpp"
+#include "sm90/device/tile_schedule.hpp"
 
 using detlogp::sm90::FastDivider;
 using detlogp::sm90::raster_tile;

@@ -12,8 +12,9 @@
 #include <string>
 
 #include "core/backend.hpp"
-#include "sm90/sm90_backend.hpp"
-#include "sm90/sm90_common.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device.hpp"
+#include "cuda/status.hpp"
 
 namespace detlogp::detail {
 namespace {
@@ -41,7 +42,7 @@ struct SoftmaxParams {
   const float* temperature_rows;
   float* logp;
   float* lse;
-  const sm90::DeviceStatus* status;
+  const cuda::DeviceStatus* status;
 };
 
 __device__ float block_reduce(float v, bool is_max, float* scratch) {
@@ -58,7 +59,7 @@ __device__ float block_reduce(float v, bool is_max, float* scratch) {
 }
 
 __global__ void __launch_bounds__(kThreads) log_softmax_rows_kernel(const SoftmaxParams p) {
-  if (p.status->code != sm90::kStatusOk) return;
+  if (p.status->code != cuda::kStatusOk) return;
   __shared__ float scratch[kThreads / 32];
   const int64_t r = blockIdx.x, row = p.row_begin + r;
   float* z = p.logits + r * p.vocab_local;
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) log_softmax_rows_kernel(const Softma
   s = block_reduce(s, false, scratch);
   if (threadIdx.x != 0) return;
   const float lse = m + logf(s);
-  const int64_t target = sm90::load_target(p.targets, p.targets_i64, row);
+  const int64_t target = cuda::load_target(p.targets, p.targets_i64, row);
   p.lse[row] = lse;
   p.logp[row] = target == p.ignore_index ? 0.0f : z[target - p.vocab_start] / t - lse;
 }
@@ -118,20 +119,14 @@ class CublasMaterializedBackend final : public Backend {
     if (p.rows == 0) return;
     DETLOGP_CHECK(p.rows < (int64_t{1} << 31) && p.vocab_local < (int64_t{1} << 31) && p.dim < (int64_t{1} << 31),
                   kId << " takes N, V_local and D below 2^31 (cuBLAS int dimensions)");
-    int previous = 0;
-    DETLOGP_CUDA_CHECK(cudaGetDevice(&previous));
-    if (previous != p.device) DETLOGP_CUDA_CHECK(cudaSetDevice(p.device));
-    struct Restore {
-      int dev;
-      ~Restore() { (void)cudaSetDevice(dev); }
-    } restore{previous};
+    const cuda::DeviceGuard guard(p.device);
     cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
     cublasHandle_t handle = handle_for(p.device);
     DETLOGP_CUBLAS_CHECK(cublasSetStream(handle, stream));
 
-    sm90::DeviceStatus* status = nullptr;
-    DETLOGP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&status), sizeof(sm90::DeviceStatus), stream));
-    sm90::launch_validate(sm90::ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
+    cuda::DeviceStatus* status = nullptr;
+    DETLOGP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&status), sizeof(cuda::DeviceStatus), stream));
+    cuda::launch_validate(cuda::ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
                                                p.temperature_rows, status},
                           stream);
     // Trainer entry: logits of a row chunk in a workspace of at most ~1 GiB.
@@ -158,12 +153,12 @@ class CublasMaterializedBackend final : public Backend {
       log_softmax_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(sp);
       DETLOGP_CUDA_CHECK_LAUNCH();
     }
-    sm90::DeviceStatus host_status;
+    cuda::DeviceStatus host_status;
     DETLOGP_CUDA_CHECK(cudaMemcpyAsync(&host_status, status, sizeof host_status, cudaMemcpyDeviceToHost, stream));
     if (workspace) DETLOGP_CUDA_CHECK(cudaFreeAsync(workspace, stream));
     DETLOGP_CUDA_CHECK(cudaFreeAsync(status, stream));
     DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (host_status.code != sm90::kStatusOk) sm90::throw_status(host_status, p);
+    if (host_status.code != cuda::kStatusOk) cuda::throw_status(host_status, p);
   }
 
   void run_from_host(const LogpProblem&) const override {

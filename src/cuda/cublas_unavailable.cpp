@@ -1,5 +1,5 @@
 // CUDA builds without cuBLAS: the non-contract cuBLAS lane is listed as unavailable.
-#include "cuda/cublas_unavailable.hpp"
+#include "cuda/unavailable.hpp"
 
 namespace detlogp::detail {
 

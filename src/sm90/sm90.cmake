@@ -22,11 +22,21 @@ endfunction()
 set(DETLOGP_CUDA_STD_FLAGS "")
 detlogp_cuda_cxx20(detlogp)
 
+# The CUDA lane pieces every CUDA backend shares (src/cuda): error checks, device validation and
+# its verdict, device memory and the tensor-parallel device operations.
 target_sources(detlogp PRIVATE
-  ${DETLOGP_SM90_DIR}/sm90_backend.cu
-  ${DETLOGP_SM90_DIR}/sm90_launch_table.cu
-  ${DETLOGP_SM90_DIR}/sm90_combine_chain.cu
-  ${DETLOGP_SM90_DIR}/sm90_grad_logits.cu)
+  ${DETLOGP_SM90_ROOT}/src/cuda/device.cpp
+  ${DETLOGP_SM90_ROOT}/src/cuda/status.cpp
+  ${DETLOGP_SM90_ROOT}/src/cuda/validate.cu)
+# The SM90 backend: host side (.cpp) and the kernels (.cu: launch table, combine, logit gradient).
+target_sources(detlogp PRIVATE
+  ${DETLOGP_SM90_DIR}/backend.cpp
+  ${DETLOGP_SM90_DIR}/heuristics.cpp
+  ${DETLOGP_SM90_DIR}/tma.cpp
+  ${DETLOGP_SM90_DIR}/workspace.cpp
+  ${DETLOGP_SM90_DIR}/launch_table.cu
+  ${DETLOGP_SM90_DIR}/combine.cu
+  ${DETLOGP_SM90_DIR}/grad_logits.cu)
 
 # Bit-relevant: --fmad=false keeps every multiply and add separately rounded unless the contract
 # code asks for an fma explicitly (the _rn intrinsics of fpops.hpp are never contracted anyway).

@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "gpu_test_util.hpp"
-#include "sm90/sm90_launch_table.hpp"
+#include "sm90/launch_table.hpp"
 
 namespace gput {
 namespace {

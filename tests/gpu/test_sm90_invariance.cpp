@@ -9,7 +9,7 @@
 #include <random>
 
 #include "gpu_test_util.hpp"
-#include "sm90/sm90_backend.hpp"
+#include "sm90/workspace.hpp"
 
 using namespace gput;
 using detlogp::bitcmp::compare;

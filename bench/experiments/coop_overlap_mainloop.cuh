@@ -13,14 +13,163 @@
 
 #include <cstdint>
 
+#include "cuda/validate.cuh"
 #include "detlogp/config.hpp"
-#include "sm90/ptx.cuh"
-#include "sm90/ptx_wgmma_bf16.cuh"
-#include "sm90/sm90_epilogue_tile_summary.cuh"
-#include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
-#include "sm90/sm90_validate.cuh"
+#include "sm90/device/configs.cuh"
+#include "sm90/device/epilogue_tile_summary.cuh"
+#include "sm90/device/mainloop.cuh"
 
 namespace detlogp::sm90 {
+
+// The per-slice epilogue the overlap schedule spreads between wgmma groups (the library's
+// epilogue, epilogue_tile_summary.cuh, runs a whole fragment at once): the same operations in the same
+// order, so the same bits.
+// The rest of one (row, vocab tile) summary from its thread's 8 level-1 sums: tree levels 2-3 over
+// the quad (shfl_xor 1, 2; both partners hold the same bits after each), levels 4-6 in-thread, +0
+// when the tile max m is -inf (no real lane, or all real lanes -inf), stored by the quad's q == 0.
+__device__ __forceinline__ void finish_tile_summary(float (&level)[8], float m, const FusedParams& p, int64_t row,
+                                                    bool row_ok, int64_t local_tile, int q) {
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 1));
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(level[jj], __shfl_xor_sync(0xFFFFFFFFu, level[jj], 2));
+  const float l4a = tree_add(level[0], level[1]), l4b = tree_add(level[2], level[3]);
+  const float l4c = tree_add(level[4], level[5]), l4d = tree_add(level[6], level[7]);
+  float s = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+  if (m == fp::neg_inf()) s = 0.0f;
+  if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
+}
+
+// The 16 accumulators of epilogue slice `slice` (vocab tile slice / 2, row half slice % 2) of a
+// BlockN-column fragment, chosen without a branch or a dynamic register index: a chain of selp
+// over the slices, all in inline PTX. The schedule calls this while the next tile's wgmma group is
+// in flight, and ptxas serializes every wgmma of the kernel when a non-wgmma instruction redefines
+// (or a divergent path reads) a register that a wgmma also uses as accumulator; a runtime slice
+// index keeps one copy of the slice code instead of one per slice (instruction-cache footprint).
+template <int BlockN, int S = 0>
+__device__ __forceinline__ void select_slice_values(const float (&acc)[BlockN / 2], int slice, float (&v)[16]) {
+  constexpr int kSlices = 2 * BlockN / 64;
+  if constexpr (S < kSlices) {
+    constexpr int tt = S / 2, h = S % 2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // acc index of value i of this slice: (tt * 8 + i / 2) * 4 + 2 h + i % 2, i = 8 half + k
+#define DETLOGP_SLICE_ACC(k) acc[(tt * 8 + (8 * half + (k)) / 2) * 4 + 2 * h + (k) % 2]
+      if constexpr (S == 0) {
+        asm("mov.b32 %0, %8;\n\tmov.b32 %1, %9;\n\tmov.b32 %2, %10;\n\tmov.b32 %3, %11;\n\t"
+            "mov.b32 %4, %12;\n\tmov.b32 %5, %13;\n\tmov.b32 %6, %14;\n\tmov.b32 %7, %15;"
+            : "=f"(v[8 * half + 0]), "=f"(v[8 * half + 1]), "=f"(v[8 * half + 2]), "=f"(v[8 * half + 3]),
+              "=f"(v[8 * half + 4]), "=f"(v[8 * half + 5]), "=f"(v[8 * half + 6]), "=f"(v[8 * half + 7])
+            : "f"(DETLOGP_SLICE_ACC(0)), "f"(DETLOGP_SLICE_ACC(1)), "f"(DETLOGP_SLICE_ACC(2)),
+              "f"(DETLOGP_SLICE_ACC(3)), "f"(DETLOGP_SLICE_ACC(4)), "f"(DETLOGP_SLICE_ACC(5)),
+              "f"(DETLOGP_SLICE_ACC(6)), "f"(DETLOGP_SLICE_ACC(7)));
+      } else {
+        asm("{\n\t.reg .pred p;\n\tsetp.eq.s32 p, %16, %17;\n\t"
+            "selp.f32 %0, %8, %0, p;\n\tselp.f32 %1, %9, %1, p;\n\tselp.f32 %2, %10, %2, p;\n\t"
+            "selp.f32 %3, %11, %3, p;\n\tselp.f32 %4, %12, %4, p;\n\tselp.f32 %5, %13, %5, p;\n\t"
+            "selp.f32 %6, %14, %6, p;\n\tselp.f32 %7, %15, %7, p;\n\t}"
+            : "+f"(v[8 * half + 0]), "+f"(v[8 * half + 1]), "+f"(v[8 * half + 2]), "+f"(v[8 * half + 3]),
+              "+f"(v[8 * half + 4]), "+f"(v[8 * half + 5]), "+f"(v[8 * half + 6]), "+f"(v[8 * half + 7])
+            : "f"(DETLOGP_SLICE_ACC(0)), "f"(DETLOGP_SLICE_ACC(1)), "f"(DETLOGP_SLICE_ACC(2)),
+              "f"(DETLOGP_SLICE_ACC(3)), "f"(DETLOGP_SLICE_ACC(4)), "f"(DETLOGP_SLICE_ACC(5)),
+              "f"(DETLOGP_SLICE_ACC(6)), "f"(DETLOGP_SLICE_ACC(7)), "r"(slice), "n"(S));
+      }
+#undef DETLOGP_SLICE_ACC
+    }
+    select_slice_values<BlockN, S + 1>(acc, slice, v);
+  }
+}
+
+// One slice of epilogue_tile_summaries: vocab tile `tt` of the fragment, row half `h` (rows
+// lane/4 + 8h of each warp's 16), from its 16 values v (select_slice_values), with the same
+// operations in the same order, so a schedule can spread a fragment's 2 * BlockN / 64 slices between
+// the wgmma groups of its next tile (the cooperative overlap schedule). The target logit is stored
+// by its owner in the slice that holds it.
+__device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16], int tt, int h, const FusedParams& p,
+                                                            int64_t row_tile0, int64_t row_limit, int64_t col0,
+                                                            bool logits_vec2) {
+  static_assert(kVocabTile == 64 && kTileTreeLevels == 6, "the shuffle mapping below covers a 64-lane, 6-level tree");
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32;
+  const int lane = t % 32;
+  const int q = lane % 4;
+  const int64_t tile_col0 = col0 + tt * kVocabTile;
+  const int64_t local_tile = tile_col0 / kVocabTile;
+  const int64_t row = row_tile0 + 16 * warp + lane / 4 + 8 * h;
+  // No early return (a branch around code that follows a read of wgmma registers): rows past the
+  // tile or tiles past the shard only switch the stores off.
+  const bool tile_ok = local_tile < p.local_tiles;
+  const bool row_ok = row < row_limit && tile_ok;
+  float inv_t = 1.0f;
+  int64_t target_col = -1;
+  if (row_ok) {
+    inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+    const int64_t tgt = load_target(p.targets, p.targets_i64, row);
+    if (tgt != p.ignore_index) target_col = tgt - p.vocab_start;
+  }
+  const int real = tile_ok ? tile_real_lanes(p, local_tile) : 0;
+  const int64_t left = p.vocab_local - tile_col0;
+  const int cols = left >= kVocabTile ? kVocabTile : static_cast<int>(left);
+  const int64_t rel = target_col - tile_col0;
+  const int rel_target = (target_col >= 0 && rel >= 0 && rel < kVocabTile) ? static_cast<int>(rel) : -1;
+
+  float y[16];
+  float m = fp::neg_inf();
+  float* logit_tile = p.logits != nullptr && row_ok ? p.logits + row * p.vocab_local + tile_col0 : nullptr;
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj) {
+    const int lane_col = 8 * jj + 2 * q;  // column of e = 0 inside the tile
+    float z[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      z[e] = v[2 * jj + e];
+      if (p.bias != nullptr) z[e] = add_bias(z[e], lane_col + e < cols ? p.bias[tile_col0 + lane_col + e] : 0.0f);
+    }
+    if (logit_tile != nullptr) store_logit_pair(logit_tile, lane_col, cols, z[0], z[1], logits_vec2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float yv = scale_logit(z[e], inv_t);
+      y[2 * jj + e] = yv;
+      if (lane_col + e == rel_target) p.target_logit[row - p.row_begin] = yv;  // the single owner in the grid
+      if (lane_col + e < real) m = fp::max_nan(m, yv);
+    }
+  }
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  m = normalize_zero(m);
+
+  float level[8];
+  float x[16];
+  bool normal = real == kVocabTile;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    x[i] = fp::sub(y[i], m);
+    normal = normal && x[i] >= kExpcNormalMin;
+  }
+  if (__all_sync(0xFFFFFFFFu, normal)) {
+    // Two batches of 8: the second batch's arguments are tied to the first batch's results, so
+    // at most 8 exponentials are in flight (registers: two accumulator sets are live here).
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+    asm volatile(""
+                 : "+f"(level[0]), "+f"(level[1]), "+f"(level[2]), "+f"(level[3]), "+f"(x[8]), "+f"(x[9]), "+f"(x[10]),
+                   "+f"(x[11]), "+f"(x[12]), "+f"(x[13]), "+f"(x[14]), "+f"(x[15]));
+#pragma unroll
+    for (int jj = 4; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+  } else {
+    // Rare (an argument below -87, a NaN, a partial tile): expc one value at a time through a
+    // local copy, so the 16 branchy exponentials do not all hold registers while the two
+    // accumulator sets are live.
+    float xs[16], es[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) xs[i] = x[i];
+#pragma unroll 1
+    for (int i = 0; i < 16; ++i) es[i] = 8 * (i / 2) + 2 * q + (i % 2) < real ? expc(xs[i]) : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(es[2 * jj], es[2 * jj + 1]);  // level 1
+  }
+  finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
+}
 
 // BlockN columns per CTA tile, 128 rows (two consumer warpgroups of 64), Stages ring stages.
 // The member names follow PingpongConfig so pingpong_produce and RingSmem serve this schedule.

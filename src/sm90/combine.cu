@@ -1,38 +1,20 @@
-// The per-row kernels around the fused kernel: input validation (device-resident targets and
-// temperatures, no device asserts), the contract chain over a row's tile summaries (full mode),
-// and target ownership flags (partial mode). No atomics anywhere.
-#include <cfloat>
-#include <climits>
-
-#include "sm90/sm90_combine_chain.cuh"
-#include "sm90/sm90_common.hpp"
-#include "sm90/sm90_validate.cuh"
+// The per-row kernels around the fused kernel and their launches: the contract chain over a
+// row's tile summaries (the full-mode combine, and the tensor-parallel merge over rank-ordered
+// partials, device_merge of core/device_ops.hpp) and target ownership flags (partial mode).
+// No atomics anywhere.
+#include "core/device_ops.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device.hpp"
+#include "sm90/combine.hpp"
+#include "sm90/device/combine_chain.cuh"
 
 namespace detlogp::sm90 {
 namespace {
 
-constexpr int kValidateThreads = 1024;
 // Up to this many rows a CTA per row with the tiles held in registers (latency-bound); above, the
 // schedules that keep more rows in flight per SM (bench_sm90_combine, 1024 rows: 45 us against the
 // lanes schedule's 26).
 constexpr int64_t kCombineHeldMaxRows = 256;
-
-// One CTA: finds the first invalid row of each kind with a block min (deterministic, no atomics)
-// and always writes the status word.
-__global__ void __launch_bounds__(kValidateThreads) validate_inputs_kernel(const ValidateParams p) {
-  __shared__ int64_t bad_target[kValidateThreads];
-  __shared__ int64_t bad_temp[kValidateThreads];
-  scan_rows(p, threadIdx.x, kValidateThreads, bad_target[threadIdx.x], bad_temp[threadIdx.x]);
-  __syncthreads();
-  for (int width = kValidateThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width) {
-      bad_target[threadIdx.x] = min(bad_target[threadIdx.x], bad_target[threadIdx.x + width]);
-      bad_temp[threadIdx.x] = min(bad_temp[threadIdx.x], bad_temp[threadIdx.x + width]);
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) publish_status(p, bad_target[0], bad_temp[0]);
-}
 
 // Before a combine CTA waits for the fused grid: its `rows` rows of summaries (consecutive in
 // memory) into L2. A CTA that starts on a multiprocessor the fused kernel's tail has freed then
@@ -46,7 +28,7 @@ __device__ __forceinline__ void prefetch_rows_l2(const CombineParams& p, int64_t
     ptx::prefetch_l2_bulk(begin, static_cast<uint32_t>(bytes) & ~15u);
 }
 
-// The full-mode combine, kRows rows per CTA, one chain per lane (sm90_combine_chain.cuh). When
+// The full-mode combine, kRows rows per CTA, one chain per lane (device/combine_chain.cuh). When
 // launched as a programmatic dependent of the fused kernel its CTAs may start during the fused
 // kernel's tail; this waits for the whole fused grid and its memory (a no-op for a plain launch).
 template <int kRows>
@@ -92,18 +74,13 @@ __global__ void partial_owner_kernel(const PartialOwnerParams p) {
 
 }  // namespace
 
-void launch_validate(const ValidateParams& p, cudaStream_t stream) {
-  validate_inputs_kernel<<<1, kValidateThreads, 0, stream>>>(p);
-  DETLOGP_CUDA_CHECK_LAUNCH();
-}
-
 namespace {
 
 // The dynamic shared memory that lets at most `per_sm` CTAs of `kernel` share a multiprocessor
 // (0 where its own footprint already does). A programmatic dependent's CTAs become resident as the
 // fused kernel's CTAs leave their multiprocessors, and without a cap the first multiprocessors the
 // fused kernel's tail frees take as many combine CTAs as fit (nine of the 40-register lanes CTA):
-// the combine then runs on a fraction of the GPU (docs/perf-notes.md run 88).
+// the combine then runs on a fraction of the GPU.
 size_t spread_dynamic_smem(const void* kernel, int64_t grid) {
   int device = 0, sms = 0, smem_per_sm = 0, reserved = 0, smem_optin = 0;
   DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
@@ -137,13 +114,12 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   attr.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
-  // Schedules as measured by bench_sm90_combine (H200, docs/perf-notes.md runs 51-57 and 85-86;
-  // 2374 tiles, cold L2): above kCombineHeldMaxRows rows, chains on the lanes of a warp fed through
-  // shared memory, 4 rows per CTA up to 2048 rows (N = 1024: 22.6 us against 28.4 for a CTA per
-  // row), 8 above (N = 4096: 52.8 us); up to kCombineHeldMaxRows a CTA per row with the tiles held
-  // in registers (N = 1: 12.9 us against the lanes schedule's 16.8). As a programmatic dependent,
-  // each is capped at the CTAs per multiprocessor that spread its grid over the GPU
-  // (spread_dynamic_smem: trainer N = 1024 1.052x -> 1.042x of cuBLAS, run 88).
+  // Schedules as measured by bench_sm90_combine (H200, 2374 tiles, cold L2): above kCombineHeldMaxRows rows, chains on
+  // the lanes of a warp fed through shared memory, 4 rows per CTA up to 2048 rows (N = 1024: 22.6 us against 28.4 for a
+  // CTA per row), 8 above (N = 4096: 52.8 us); up to kCombineHeldMaxRows a CTA per row with the tiles held in registers
+  // (N = 1: 12.9 us against the lanes schedule's 16.8). As a programmatic dependent, each is capped at the CTAs per
+  // multiprocessor that spread its grid over the GPU (spread_dynamic_smem: measured trainer N = 1024 1.052x -> 1.042x
+  // of cuBLAS).
   auto launch = [&](auto kernel, int64_t grid, int threads) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(threads));
@@ -178,3 +154,26 @@ void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream) {
 }
 
 }  // namespace detlogp::sm90
+
+namespace detlogp::detail {
+
+void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const void* targets, bool targets_i64,
+                  int64_t ignore_index, float* logp, float* lse, int device, void* stream) {
+  DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
+                "the device merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
+  if (rows == 0) return;
+  cuda::DeviceGuard guard(device);
+  sm90::MergeParams p{};
+  p.rows = rows;
+  p.count = static_cast<int32_t>(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r)
+    p.segments[r] = sm90::MergeSegment{ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned};
+  p.targets = targets;
+  p.targets_i64 = targets_i64 ? 1 : 0;
+  p.ignore_index = ignore_index;
+  p.logp = logp;
+  p.lse = lse;
+  sm90::launch_merge(p, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace detlogp::detail

@@ -1,19 +1,24 @@
-// Host-side helpers of the SM90 backend that tests and the benchmark also use.
+// The device workspace of a full-mode call: the status word, then the tile summaries and target
+// logits of one row chunk. N is walked in chunks so the workspace stays bounded (a free axis).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/problem.hpp"
 
 namespace detlogp::sm90 {
 
-inline constexpr const char* kBackendId = "cuda-fused-linear-logp-sm90-contract-v1";
 inline constexpr const char* kWorkspaceEnv = "DETLOGP_SM90_WORKSPACE_MB";  // free axis: N chunking
 inline constexpr int64_t kDefaultWorkspaceMiB = 256;
 
-struct DeviceStatus;
-// Throws the error the validation kernel's status word describes (code != kStatusOk).
-[[noreturn]] void throw_status(const DeviceStatus& s, const detail::LogpProblem& p);
+struct WorkspaceLayout {
+  int64_t chunk = 0;  // rows per launch chunk (0 in partial mode: no chunking)
+  size_t summaries_offset = 0;
+  size_t target_offset = 0;
+  size_t bytes = 0;
+};
+WorkspaceLayout workspace_layout(const detail::LogpProblem& p);
 
 // Rows per launch chunk of the full mode (bit-neutral: rows are independent).
 int64_t chunk_rows(int64_t rows, int64_t local_tiles);

@@ -1,7 +1,7 @@
 // linear_logp_grad_logits on SM90: validate (device-resident targets and temperatures, the
 // forward's status word and verdict) -> one persistent ping-pong kernel that recomputes each logit
 // tile with the forward's TMA + wgmma mainloop (pingpong_produce / pingpong_consume) and writes
-// the bf16 logit gradient from the accumulators (sm90_epilogue_grad_logits.cuh). No workspace
+// the bf16 logit gradient from the accumulators (device/epilogue_grad_logits.cuh). No workspace
 // besides the status word, no atomics; every dz element is written by exactly one thread.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -12,12 +12,13 @@
 #include <string>
 
 #include "core/grad_logits.hpp"
-#include "sm90/sm90_backend.hpp"
-#include "sm90/sm90_common.hpp"
-#include "sm90/sm90_epilogue_grad_logits.cuh"
-#include "sm90/sm90_host.hpp"
-#include "sm90/sm90_launch_persistent.cuh"
-#include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
+#include "cuda/device.hpp"
+#include "cuda/status.hpp"
+#include "sm90/device/configs.cuh"
+#include "sm90/device/epilogue_grad_logits.cuh"
+#include "sm90/device/mainloop.cuh"
+#include "sm90/launch_persistent.cuh"
+#include "sm90/tma.hpp"
 
 namespace detlogp::sm90 {
 namespace {
@@ -39,50 +40,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
 
   extern __shared__ uint8_t smem_raw[];
-  const auto ring = RingSmem<Cfg>::carve(smem_raw);
-  uint64_t* mainloop_done = ring.empty + Cfg::kStages;  // [2]: one phase per finished mainloop
-
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    ring.init(&map_hidden, &map_weight, 4 * Cfg::kClusterM);  // each consuming warp of every cluster CTA
-    ptx::mbar_init(&mainloop_done[0], 4);
-    ptx::mbar_init(&mainloop_done[1], 4);
-    ptx::fence_barrier_init();
-  }
-  __syncthreads();
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();  // peers' barriers exist before any multicast
-
-  if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (threadIdx.x == 0)
-      pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0, p.m_tiles,
-                            p.n_tiles, p.group_m);
-  } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    const int c = warpgroup - 1;
-    const int lane = threadIdx.x % 32;
-    const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-    uint32_t n = 0;  // tiles this warpgroup has taken so far
-    for (int j = c, unit = walk.first + c * walk.stride; unit < walk.count; j += 2, unit += 2 * walk.stride, ++n) {
-      if (j >= 1) {  // wait for the other warpgroup's mainloop of local tile j - 1
-        const uint32_t completion = c == 1 ? n : n - 1;
-        ptx::mbar_wait(&mainloop_done[1 - c], completion & 1u);
-      }
-      int m_tile, n_tile;
-      walk.coords(unit, m_tile, n_tile);
-      const int64_t row0 = int64_t{m_tile} * Cfg::kWgM;
-      const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
-      float acc[Cfg::kFragments][Cfg::kAccRegs];
-      pingpong_consume<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
-                            static_cast<uint32_t>(j) * p.k_blocks);
-      if (lane == 0) ptx::mbar_arrive(&mainloop_done[c]);
+  // Each consuming warp of every cluster CTA releases each stage; two more barriers, one phase per
+  // finished mainloop of each consumer warpgroup.
+  const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 4 * Cfg::kClusterM, 2);
+  uint64_t* mainloop_done = ring.empty + Cfg::kStages;
+  warp_specialize<Cfg>(
+      [&] {
+        if (threadIdx.x == 0)
+          pingpong_produce<Cfg>(&map_hidden, &map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, 0,
+                                p.m_tiles, p.n_tiles, p.group_m);
+      },
+      [&](int c) {
+        pingpong_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m, c, mainloop_done, [&](int j, int m_tile, int n_tile) {
+          const int64_t row0 = int64_t{m_tile} * Cfg::kWgM;
+          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+          float acc[Cfg::kFragments][Cfg::kAccRegs];
+          pingpong_consume<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks,
+                                static_cast<uint32_t>(j) * p.k_blocks);
+          if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
 #pragma unroll
-      for (int f = 0; f < Cfg::kFragments; ++f)
-        epilogue_grad_logits<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, col0, dz_vec2 != 0);
-    }
-  }
-  // No CTA leaves while a peer may still multicast into it or arrive on its barriers.
-  if constexpr (Cfg::kClusterM > 1) ptx::cluster_sync();
+          for (int f = 0; f < Cfg::kFragments; ++f)
+            epilogue_grad_logits<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, col0, dz_vec2 != 0);
+        });
+      });
 #endif
 }
 
@@ -118,6 +98,9 @@ namespace detlogp::detail {
 
 void sm90_grad_logits(const GradLogitsProblem& p) {
   using namespace detlogp::sm90;
+  using cuda::DeviceGuard;
+  using cuda::StreamBuffer;
+  using cuda::Verdict;
   using Cfg = GradCfg;  // the tile shape (GradC2Cfg has the same)
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 logit gradient needs tensors in CUDA memory");
   if (p.rows == 0) return;
@@ -136,12 +119,12 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   const int cluster_m = grad_cluster_m();
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const Verdict verdict = prepare_verdict(stream);  // none under stream capture
-  StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "grad-logits status word");
+  const Verdict verdict = cuda::prepare_verdict(stream);  // none under stream capture
+  StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "SM90 grad-logits status word");
   auto* status = reinterpret_cast<DeviceStatus*>(status_word.get());
-  launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
-                                 p.temperature_rows, status, verdict.device, verdict.seq},
-                  stream);
+  cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
+                                       p.temperature_rows, status, verdict.device, verdict.seq},
+                        stream);
 
   GradLogitsParams g{};
   g.rows = p.rows;
@@ -170,12 +153,12 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   // no host wait is possible: the kernel still writes nothing on invalid input, but the error
   // cannot be raised from here.
   if (verdict.host == nullptr) return;
-  const DeviceStatus seen = await_verdict(verdict, stream);
+  const DeviceStatus seen = cuda::await_verdict(verdict, stream);
   if (seen.code != kStatusOk) {
     LogpProblem named;  // throw_status names real_vocab and ignore_index
     named.real_vocab = p.real_vocab;
     named.ignore_index = p.ignore_index;
-    throw_status(seen, named);
+    cuda::throw_status(seen, named);
   }
 }
 

@@ -8,13 +8,13 @@
 //   chain_rows_lanes:   kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
 //                       chains per fma instruction) fed through two shared stages by four factor
 //                       warps (the full-mode combine above 256 rows).
-// Shared by sm90_combine_chain.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
+// Shared by combine.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
 #include <cstdint>
 
-#include "sm90/ptx.cuh"
-#include "sm90/sm90_common.hpp"
+#include "sm90/device/ptx.cuh"
+#include "sm90/params.hpp"
 
 namespace detlogp::sm90 {
 
@@ -106,7 +106,7 @@ inline constexpr int kLanesThreads = 32 + kLanesFactorThreads;  // warp 0: the c
 // of their fmas with nothing to drain in between. (A loop over register buffers of 16 pairs ran
 // at ~10 cycles a step instead of the fma's 4: ptxas issued a buffer's loads just before the
 // back branch, and the branch's address increment waited for those loads to read the old
-// address; docs/perf-notes.md run 85.)
+// address.)
 template <int kBlock = 64>
 __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int n) {
   static_assert(kBlock % 2 == 0, "whole 16-byte loads");
@@ -127,7 +127,7 @@ __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int
 // The serial fma chain of one thread over a row staged in shared memory, v[i] = {s_g, factor},
 // ascending i, for chain_row_cta_held: two register buffers of kRound pairs take turns, one loaded
 // while the other's fmas run. Slower per step than chain_fma_pairs in isolation, yet the held
-// schedule with it takes 12.9 us a 2374-tile row against 14.2 with chain_fma_pairs (run 85; that
+// schedule with it takes 12.9 us a 2374-tile row against 14.2 with chain_fma_pairs (H200; that
 // form also takes the kernel from 102 to 59 registers and changes how its tile loads are placed).
 template <int kRound = 16>
 __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, int n) {
@@ -230,7 +230,7 @@ inline constexpr int kProbeChainEnd = 130;    // the chain lane's last fma is do
 // kRows rows of one segment per CTA of kLanesThreads threads (the full-mode combine). A row's
 // chain is serial, so the schedule runs many at once: lane l < kRows of warp 0 walks row l, so one
 // fma instruction advances kRows chains (the other lanes leave: running copies of the chains made
-// every shared load slower, 5.9 against 4.7 cycles a step alone, docs/perf-notes.md run 86). Warps
+// every shared load slower, 5.9 against 4.7 cycles a step alone, measured on an H200). Warps
 // 1..4 own one tile column f of two shared stages ([kRows][kLanesChunk] each): per chunk they
 // write {s_g, expc(m_g - M) or skip} of their tiles (the next chunk's loads in flight; the first
 // chunk's issued before the max pass) and hand the stage to warp 0 through an mbarrier (full: the

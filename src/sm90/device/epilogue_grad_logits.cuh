@@ -4,40 +4,16 @@
 //
 // Accumulator fragment of wgmma m64nNk16 (f32), thread t of the warpgroup, warp w = t / 32,
 // lane l, q = l % 4: acc[4j + 2h + e] holds row 16w + l/4 + 8h, column 8j + 2q + e
-// (sm90_epilogue_tile_summary.cuh). Each thread therefore owns column pairs (8j + 2q, 8j + 2q + 1)
+// (epilogue_tile_summary.cuh). Each thread therefore owns column pairs (8j + 2q, 8j + 2q + 1)
 // of two rows and stores each pair as one 4-byte bf16x2 word; no shuffles, no shared memory.
 #pragma once
 
 #include <cstdint>
 
 #include "detlogp/grad.hpp"
-#include "sm90/sm90_common.hpp"
+#include "sm90/params.hpp"
 
 namespace detlogp::sm90 {
-
-// One launch covers the whole problem (no workspace, so no chunking of N).
-struct GradLogitsParams {
-  int64_t rows;          // N
-  int64_t cols;          // C: columns of the chunk
-  int64_t real_cols;     // chunk columns [0, real_cols) have global ids < real_vocab
-  int64_t vocab_start;   // global id of chunk column 0
-  int64_t ignore_index;  //
-  int32_t k_blocks;      // ceil(D / 64)
-  int32_t m_tiles;       // ceil(N / WgM)
-  int32_t n_tiles;       // ceil(C / BLOCK_N)
-  int32_t group_m;       // rasterization: M tiles walked together for L2 reuse of the weight
-  const float* bias;     // [C] or null
-  const void* targets;   // [N] global ids
-  int32_t targets_i64;
-  float temperature;
-  const float* temperature_rows;  // [N] or null
-  const float* lse;               // [N]
-  const float* g_logp;            // [N] or null (zeros)
-  const float* g_lse;             // [N] or null (zeros)
-  uint16_t* dz;                   // bf16 bits [N][dz_stride]
-  int64_t dz_stride;
-  const DeviceStatus* status;
-};
 
 // Epilogue of one m64 accumulator fragment: its 64 rows start at `row_tile0`, its BlockN columns
 // at chunk column `col0`. vec2: dz base 4-byte aligned and row stride even (checked on the host).

@@ -1,15 +1,15 @@
-// Input validation shared by the validation kernel and the fused kernel's in-kernel validation
-// (trainer entry): the first invalid row of each kind (deterministic: a min over rows, no
-// atomics), the status word, and its host-mapped copy.
+// Input validation on the device, shared by the validation kernel (validate.cu) and the SM90 fused
+// kernel's in-kernel validation (trainer entry): the first invalid row of each kind (deterministic:
+// a min over rows, no atomics), the status word, and its host-mapped copy.
 #pragma once
 
 #include <cfloat>
 #include <climits>
 #include <cstdint>
 
-#include "sm90/sm90_common.hpp"
+#include "cuda/status.hpp"
 
-namespace detlogp::sm90 {
+namespace detlogp::cuda {
 
 // This thread's first invalid rows among rows first, first + stride, ... (LLONG_MAX: none).
 __device__ __forceinline__ void scan_rows(const ValidateParams& p, int64_t first, int64_t stride, int64_t& first_target,
@@ -60,4 +60,4 @@ __device__ __forceinline__ void validate_rows_warp(const ValidateParams& p) {
   if (lane == 0) publish_status(p, bad_target, bad_temp);
 }
 
-}  // namespace detlogp::sm90
+}  // namespace detlogp::cuda

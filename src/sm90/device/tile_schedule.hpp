@@ -1,5 +1,5 @@
 // The tile order of the persistent SM90 kernels, as plain arithmetic shared by the kernels
-// (sm90_mainloop_pingpong_tma_wgmma.cuh feeds it blockIdx.x, gridDim.x and the cluster rank) and
+// (pipeline.cuh feeds it blockIdx.x, gridDim.x and the cluster rank) and
 // the host test that proves every tile is visited exactly once (tests/test_tile_schedule.cpp).
 #pragma once
 

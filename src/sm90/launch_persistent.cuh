@@ -10,7 +10,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "sm90/sm90_common.hpp"
+#include "cuda/check.hpp"
+#include "detlogp/error.hpp"
 
 namespace detlogp::sm90 {
 

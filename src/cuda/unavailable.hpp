@@ -1,5 +1,5 @@
-// The cuda-cublas-materialized lane where it is not built (no CUDA, or no cuBLAS): it exists in the
-// registry and says why it cannot run.
+// What a build without CUDA (or without cuBLAS) links instead of the CUDA lanes: the backends exist
+// in the registry and say why they cannot run.
 #pragma once
 
 #include <string>
@@ -9,6 +9,12 @@
 #include "detlogp/error.hpp"
 
 namespace detlogp::detail {
+
+inline constexpr const char* kNoCudaReason =
+    "this build of detlogp has no CUDA support (no CUDA compiler was found at configure time, or "
+    "DETLOGP_ENABLE_CUDA=OFF); rebuild with nvcc >= 12.3 available to get the SM90 backend";
+
+// The cuda-cublas-materialized lane where it is not built.
 
 class CublasUnavailable final : public Backend {
  public:

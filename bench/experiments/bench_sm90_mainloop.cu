@@ -1,14 +1,14 @@
 // SM90 mainloop ceilings: the persistent TMA -> wgmma mainloops of the fused kernels with the
 // epilogue left out, against cuBLAS's bf16 GEMM in the same run. It answers one question: which
 // CTA tile can run the tensor cores as fast as cuBLAS once its epilogue is hidden? The shared-memory
-// traffic count in docs/perf-notes.md ("What the numbers say") predicts 64 x 256 ping-pong tiles
+// traffic count in docs/history/perf-notes.md ("What the numbers say") predicts 64 x 256 ping-pong tiles
 // at most ~80 % of the tensor peak, 128 x 192 cooperative tiles ~93 %, 128 x 256 ~100 %.
 //
 // Kernels, all persistent with one CTA per SM, the production producer (pingpong_produce) and ring:
 //   pingpong_64x256[_c2]  the forward's `prefill` / `prefill_c2` consumers (two warpgroups take
 //                         alternate tiles, mainloops in tile order), no epilogue
 //   coop_128xN[_c2]       both consumer warpgroups on every stage (64 rows each), as
-//                         sm90_mainloop_coop_overlap.cuh without the slices, N = 192 or 256
+//                         coop_overlap_mainloop.cuh without the slices, N = 192 or 256
 // The accumulators are fenced and only compared with a sentinel after each tile (nothing is
 // written), so every wgmma stays. Data: random bf16, as bench_sm90.
 //
@@ -23,11 +23,12 @@
 #include <vector>
 
 #include "bench_common.cuh"
-#include "sm90/sm90_epilogue_tile_summary.cuh"
-#include "sm90/sm90_host.hpp"
-#include "sm90/sm90_launch_persistent.cuh"
-#include "sm90/sm90_mainloop_coop_overlap.cuh"
-#include "sm90/sm90_mainloop_pingpong_tma_wgmma.cuh"
+#include "coop_overlap_mainloop.cuh"
+#include "sm90/device/configs.cuh"
+#include "sm90/device/epilogue_tile_summary.cuh"
+#include "sm90/device/mainloop.cuh"
+#include "sm90/launch_persistent.cuh"
+#include "sm90/tma.hpp"
 
 #ifndef DETLOGP_GIT_SHA
 #define DETLOGP_GIT_SHA "unknown"
@@ -36,6 +37,7 @@
 namespace {
 
 using namespace detlogp_bench;
+using namespace detlogp;
 using namespace detlogp::sm90;
 
 struct MainloopParams {
@@ -116,6 +118,56 @@ enum class TileWork {
   kIntOnly,
   kAluLoop
 };
+
+// One whole vocab tile (all 64 lanes real) of the plain epilogue, row half h: the operations of
+// epilogue_tile_summaries in the same order, with the per-lane tests that are constant over a
+// whole tile hoisted out: no real-lane test, no logits store or bias (the caller has neither), and
+// the target logit picked out of the 16 values only by the thread that owns it (one tile in V / 64
+// per row), instead of a compare and a select on every value.
+template <int BlockN>
+__device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[BlockN / 2], int tt, int h,
+                                                         const FusedParams& p, int64_t row, bool row_ok, float inv_t,
+                                                         int64_t target_col, int64_t tile_col0, int64_t local_tile,
+                                                         float& y_target, bool& owns) {
+  const int q = (threadIdx.x % 32) % 4;
+  float y[16];
+  float m = fp::neg_inf();
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    y[i] = scale_logit(acc[(tt * 8 + i / 2) * 4 + 2 * h + i % 2], inv_t);
+    m = fp::max_nan(m, y[i]);
+  }
+  // Column 8 jj + 2 q + e of the tile is value 2 jj + e of thread q.
+  const int64_t rel = target_col - tile_col0;
+  if (target_col >= 0 && rel >= 0 && rel < kVocabTile && ((rel >> 1) & 3) == q) {
+    const int idx = static_cast<int>((rel >> 3) * 2 + (rel & 1));
+    float v = y[0];
+#pragma unroll
+    for (int i = 1; i < 16; ++i) v = i == idx ? y[i] : v;
+    y_target = v;
+    owns = true;
+  }
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  m = normalize_zero(m);
+
+  float level[8];
+  float x[16];
+  bool normal = true;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    x[i] = fp::sub(y[i], m);
+    normal = normal && x[i] >= kExpcNormalMin;
+  }
+  if (__all_sync(0xFFFFFFFFu, normal)) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));
+  } else {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc(x[2 * jj]), expc(x[2 * jj + 1]));
+  }
+  finish_tile_summary(level, m, p, row, row_ok, local_tile, q);
+}
 
 // The plain epilogue one (vocab tile, row half) at a time (plain_whole_tile_summary), the form the
 // whole-fragment epilogue replaced: kept here to compare the two in one run.
@@ -259,7 +311,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
                              for (int f = 0; f < Cfg::kFragments; ++f)
                                epilogue_tile_summaries<Cfg::kBlockN, kWork == TileWork::kPlainEpilogue>(
-                                   acc[f], p.fused, row0 + 64 * f, row_limit, col0, false);
+                                   acc[f], p.fused, load_fragment_rows(p.fused, row0 + 64 * f, row_limit),
+                                   row0 + 64 * f, row_limit, col0, false);
                            } else if constexpr (kWork == TileWork::kPlainPerTile) {
                              const int64_t row_limit = min(p.fused.row_end, row0 + Cfg::kTileRows);
 #pragma unroll

@@ -1,0 +1,306 @@
+// cuda-fused-linear-logp-sm90-contract-v1: the host side of the SM90 backend. Checks what TMA
+// needs, stages host problems to the device, plans the row chunks (workspace.hpp), picks each
+// chunk's launch bucket (heuristics.hpp), encodes the tensor maps, and enqueues
+// validate -> fused -> combine (full mode) or owner flags + fused (partial mode, one tensor-parallel
+// rank's summaries), then waits for the validation's verdict.
+#include "core/backend.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/device_ops.hpp"
+#include "cuda/device.hpp"
+#include "cuda/status.hpp"
+#include "detlogp/config.hpp"
+#include "sm90/backend.hpp"
+#include "sm90/combine.hpp"
+#include "sm90/device/tile_schedule.hpp"
+#include "sm90/heuristics.hpp"
+#include "sm90/launch_table.hpp"
+#include "sm90/tma.hpp"
+#include "sm90/workspace.hpp"
+
+namespace detlogp::sm90 {
+namespace {
+
+using cuda::DeviceGuard;
+using cuda::StreamBuffer;
+using cuda::Verdict;
+using detail::DeviceAllocation;
+
+class Sm90Backend final : public detail::Backend {
+ public:
+  Sm90Backend() {
+    prov_ = detail::contract_provenance(kBackendId, "sm90a", 0);
+    probe();
+  }
+  const Provenance& provenance() const override { return prov_; }
+  bool contract_bearing() const override { return true; }
+  Memory memory() const override { return Memory::cuda; }
+  // why: the reason it cannot run, or the device it would use.
+  bool available(std::string* why) const override {
+    if (why != nullptr) *why = reason_;
+    return available_;
+  }
+
+  void run(const detail::LogpProblem& p) const override;
+  void run_from_host(const detail::LogpProblem& p) const override;
+
+ private:
+  void probe() {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      (void)cudaGetLastError();
+      reason_ = e != cudaSuccess
+                    ? std::string("no usable CUDA device (") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")"
+                    : std::string("no CUDA device present");
+      return;
+    }
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      reason_ = "could not query the current CUDA device";
+      return;
+    }
+    prov_.cc = prop.major * 10 + prop.minor;
+    if (prop.major != 9 || prop.minor != 0) {
+      reason_ = "CUDA device " + std::to_string(dev) + " (" + prop.name + ") has compute capability " +
+                std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                "; this backend is built for sm_90a (H100/H200, compute capability 9.0)";
+      return;
+    }
+    available_ = true;
+    reason_ = "CUDA device " + std::to_string(dev) + ": " + prop.name + " (sm_90a)";
+  }
+
+  Provenance prov_;
+  bool available_ = false;
+  std::string reason_;
+};
+
+void Sm90Backend::run(const detail::LogpProblem& p) const {
+  DETLOGP_CHECK(available_, "SM90 backend unavailable: " << reason_);
+  DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
+  if (p.rows == 0) return;
+  DeviceGuard guard(p.device);
+  check_sm90_device(p.device);
+  // What TMA and the kernels need beyond the API's checks.
+  check_head_operands(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.rows, p.vocab_local, "V_local", p.dim,
+                      p.targets, p.targets_i64, p.bias, p.temperature_rows);
+  if (p.logits) check_alignment(p.logits, 4, "logits");
+  if (p.partial_mode()) {
+    check_alignment(p.summaries, 8, "summaries");
+    check_alignment(p.target_logit, 4, "target_logit");
+  } else {
+    DETLOGP_CHECK(p.vocab_start == 0 && p.vocab_local >= p.real_vocab,
+                  "full mode needs the whole real vocabulary (vocab_start="
+                      << p.vocab_start << ", V_local=" << p.vocab_local << ", real_vocab=" << p.real_vocab << ")");
+    check_alignment(p.logp, 4, "logp");
+    check_alignment(p.lse, 4, "lse");
+  }
+
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const WorkspaceLayout lay = workspace_layout(p);
+  int sms = 0;
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+
+  FusedParams f{};
+  f.vocab_local = p.vocab_local;
+  f.vocab_start = p.vocab_start;
+  f.real_vocab = p.real_vocab;
+  f.ignore_index = p.ignore_index;
+  f.k_blocks = static_cast<int32_t>((p.dim + 63) / 64);
+  f.bias = p.bias;
+  f.targets = p.targets;
+  f.targets_i64 = p.targets_i64 ? 1 : 0;
+  f.temperature = p.temperature;
+  f.inv_temperature = inverse_temperature(p.temperature);  // IEEE fl(1 / T), as on the device
+  f.temperature_rows = p.temperature_rows;
+  f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
+  f.local_tiles = p.local_tiles();
+  f.whole_tiles = whole_local_tiles(p.vocab_local, p.vocab_start, p.real_vocab);
+  const bool vec2 = f.logits != nullptr && reinterpret_cast<uintptr_t>(f.logits) % 8 == 0 && p.vocab_local % 2 == 0;
+
+  // Every host-side step (bucket choice, tensor-map encoding) happens before the first launch, so
+  // the kernels of the call reach the GPU back to back instead of waiting on host work.
+  struct ChunkLaunch {
+    Bucket bucket;
+    CUtensorMap map_h, map_w;
+    FusedParams params;
+  };
+  std::vector<ChunkLaunch> launches;
+  auto plan_rows = [&](int64_t row_begin, int64_t rows) {
+    const Bucket b = select_bucket(rows, p.vocab_local, p.dim, f.logits != nullptr, sms);
+    const BucketInfo bi = bucket_info(b);
+    if (launches.empty() || launches.back().bucket != b) {
+      launches.push_back(
+          {b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
+           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(), "weight", 0), f});
+    } else {
+      const ChunkLaunch same_maps = launches.back();
+      launches.push_back(same_maps);
+    }
+    FusedParams& q = launches.back().params;
+    q = f;
+    q.row_begin = row_begin;
+    q.row_end = row_begin + rows;
+    q.m_tiles = static_cast<int32_t>((rows + bi.block_m - 1) / bi.block_m);
+    q.n_tiles = static_cast<int32_t>((p.vocab_local + bi.block_n - 1) / bi.block_n);
+    q.group_m = std::max(1, 2048 / bi.block_m);  // ~2048 rows of hidden stay in L2 per weight pass
+  };
+  if (p.partial_mode()) {
+    plan_rows(0, p.rows);
+  } else {
+    for (int64_t row0 = 0; row0 < p.rows; row0 += lay.chunk) plan_rows(row0, std::min(lay.chunk, p.rows - row0));
+  }
+
+  // Under stream capture no host wait is possible (and replays must not touch a live slot): the
+  // kernels still write nothing on invalid input, but the error cannot be raised from here.
+  const Verdict verdict = cuda::prepare_verdict(stream);
+
+  StreamBuffer ws(lay.bytes, stream, p.device, "SM90 workspace",
+                  "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
+  auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
+  const ValidateParams validate{p.rows,       p.targets,      p.targets_i64 ? 1 : 0,
+                                p.real_vocab, p.ignore_index, p.temperature_rows,
+                                status,       verdict.device, verdict.seq};
+  // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
+  // its first fused launch can validate the inputs itself (an idle producer warp of CTA 0): a
+  // separate validation kernel cost ~4 us plus a ~20-26 us gap before the fused kernel started
+  // (torch profiler, H200, N = 1024 and 4096). One warp scans the rows
+  // with about 1/32 of a load latency per row, hidden behind the fused kernel when every row
+  // carries >= 2^26 FLOPs (Qwen3-0.6B's head: 3e8) and at decode sizes; tiny heads with many rows
+  // keep the 1024-thread validation kernel. The other entries validate first: they write what the
+  // caller sees. The combine is a programmatic dependent launch (it waits for the whole grid).
+  const bool validation_hides = p.rows <= 64 || 2.0 * double(p.vocab_local) * double(p.dim) >= double(1 << 26);
+  const bool validate_in_kernel = !p.partial_mode() && p.logits == nullptr && validation_hides;
+  if (!validate_in_kernel) cuda::launch_validate(validate, stream);
+
+  if (p.partial_mode()) {
+    launch_partial_owner(PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start,
+                                            p.vocab_local, p.target_logit, p.target_owned, status},
+                         stream);
+    FusedParams& q = launches[0].params;
+    q.summaries = p.summaries;
+    q.target_logit = p.target_logit;
+    q.status = status;
+    launch_fused(launches[0].bucket, launches[0].map_h, launches[0].map_w, q, vec2, sms, stream);
+  } else {
+    auto* summaries = reinterpret_cast<TileSummary*>(ws.get() + lay.summaries_offset);
+    auto* target_logit = reinterpret_cast<float*>(ws.get() + lay.target_offset);
+    for (size_t i = 0; i < launches.size(); ++i) {
+      ChunkLaunch& l = launches[i];
+      FusedParams& q = l.params;
+      q.summaries = summaries;
+      q.target_logit = target_logit;
+      q.status = status;
+      q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
+      q.validate = validate;
+      launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
+      launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
+                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},
+                     stream, /*programmatic=*/true);
+    }
+  }
+
+  if (verdict.host == nullptr) return;  // capturing
+  const DeviceStatus status_seen = cuda::await_verdict(verdict, stream);
+  if (status_seen.code != kStatusOk) cuda::throw_status(status_seen, p);
+}
+
+void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
+  DETLOGP_CHECK(available_, "SM90 backend unavailable: " << reason_);
+  DETLOGP_CHECK(hp.memory == Memory::host, "run_from_host needs a problem in host memory");
+  if (hp.rows == 0) return;
+  int device = 0;
+  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t n = hp.rows, d = hp.dim, v = hp.vocab_local, tiles = hp.local_tiles();
+  // Contiguous device copies (row stride D, padded to a multiple of 8 elements for TMA).
+  const int64_t ds = (d + 7) / 8 * 8;
+  DeviceAllocation hidden(static_cast<size_t>(n * ds) * 2, device, "hidden"),
+      weight(static_cast<size_t>(v * ds) * 2, device, "weight");
+  DETLOGP_CUDA_CHECK(cudaMemset(hidden.get(), 0, static_cast<size_t>(n * ds) * 2));
+  DETLOGP_CUDA_CHECK(cudaMemset(weight.get(), 0, static_cast<size_t>(v * ds) * 2));
+  DETLOGP_CUDA_CHECK(
+      cudaMemcpy2D(hidden.get(), ds * 2, hp.hidden, hp.hidden_stride * 2, d * 2, n, cudaMemcpyHostToDevice));
+  DETLOGP_CUDA_CHECK(
+      cudaMemcpy2D(weight.get(), ds * 2, hp.weight, hp.weight_stride * 2, d * 2, v, cudaMemcpyHostToDevice));
+  const size_t tbytes = static_cast<size_t>(n) * (hp.targets_i64 ? 8 : 4);
+  DeviceAllocation targets(tbytes, device, "targets");
+  DETLOGP_CUDA_CHECK(cudaMemcpy(targets.get(), hp.targets, tbytes, cudaMemcpyHostToDevice));
+  DeviceAllocation bias, temps;
+  detail::LogpProblem p = hp;
+  p.memory = Memory::cuda;
+  p.device = device;
+  p.stream = nullptr;
+  p.hidden = static_cast<uint16_t*>(hidden.get());
+  p.hidden_stride = ds;
+  p.weight = static_cast<uint16_t*>(weight.get());
+  p.weight_stride = ds;
+  p.targets = targets.get();
+  if (hp.bias) {
+    bias = DeviceAllocation(static_cast<size_t>(v) * 4, device, "bias");
+    DETLOGP_CUDA_CHECK(cudaMemcpy(bias.get(), hp.bias, static_cast<size_t>(v) * 4, cudaMemcpyHostToDevice));
+    p.bias = static_cast<float*>(bias.get());
+  }
+  if (hp.temperature_rows) {
+    temps = DeviceAllocation(static_cast<size_t>(n) * 4, device, "temperature_rows");
+    DETLOGP_CUDA_CHECK(
+        cudaMemcpy(temps.get(), hp.temperature_rows, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+    p.temperature_rows = static_cast<float*>(temps.get());
+  }
+  DeviceAllocation logp, lse, logits, summaries, target_logit, owned;
+  if (hp.partial_mode()) {
+    summaries = DeviceAllocation(static_cast<size_t>(n * tiles) * sizeof(TileSummary), device, "summaries");
+    target_logit = DeviceAllocation(static_cast<size_t>(n) * 4, device, "target_logit");
+    owned = DeviceAllocation(static_cast<size_t>(n), device, "target_owned");
+    p.summaries = static_cast<TileSummary*>(summaries.get());
+    p.target_logit = static_cast<float*>(target_logit.get());
+    p.target_owned = static_cast<uint8_t*>(owned.get());
+    if (hp.logits) {
+      logits = DeviceAllocation(static_cast<size_t>(n * v) * 4, device, "logits");
+      p.logits = static_cast<float*>(logits.get());
+    }
+  } else {
+    logp = DeviceAllocation(static_cast<size_t>(n) * 4, device, "logp");
+    lse = DeviceAllocation(static_cast<size_t>(n) * 4, device, "lse");
+    p.logp = static_cast<float*>(logp.get());
+    p.lse = static_cast<float*>(lse.get());
+    if (hp.logits) {
+      logits = DeviceAllocation(static_cast<size_t>(n * v) * 4, device, "logits");
+      p.logits = static_cast<float*>(logits.get());
+    }
+  }
+  run(p);
+  if (hp.partial_mode()) {
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.summaries, p.summaries, static_cast<size_t>(n * tiles) * sizeof(TileSummary),
+                                  cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n), cudaMemcpyDeviceToHost));
+    if (hp.logits)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
+  } else {
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logp, p.logp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.lse, p.lse, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    if (hp.logits)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
+  }
+}
+
+}  // namespace
+}  // namespace detlogp::sm90
+
+namespace detlogp::detail {
+
+const Backend& sm90_contract_backend() {
+  static const sm90::Sm90Backend backend;
+  return backend;
+}
+
+}  // namespace detlogp::detail

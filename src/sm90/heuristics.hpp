@@ -1,0 +1,16 @@
+// Which launch bucket serves a launch: DETLOGP_SM90_BUCKET (a free axis) if set, else by size.
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/launch_table.hpp"
+
+namespace detlogp::sm90 {
+
+inline constexpr const char* kBucketEnv = "DETLOGP_SM90_BUCKET";
+
+// Bucket for a launch of `rows` rows over V_local = vocab_local with hidden size `dim` (and fp32
+// logits stored or not) on a GPU of `sms` SMs. Throws on an unknown DETLOGP_SM90_BUCKET value.
+Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores_logits, int sms);
+
+}  // namespace detlogp::sm90

@@ -1,0 +1,68 @@
+// The launch table's rows instantiated: each bucket's kernels (with and without bias/logits) and
+// its host-side description, both from DETLOGP_SM90_LAUNCH_TABLE.
+#include "sm90/device/configs.cuh"
+#include "sm90/kernels.cuh"
+#include "sm90/launch_persistent.cuh"
+#include "sm90/launch_table.hpp"
+
+namespace detlogp::sm90 {
+namespace {
+
+template <template <class, bool> class Kernel>
+struct Schedule {
+  template <class Cfg>
+  static void launch(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
+                     cudaStream_t stream) {
+    const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
+    const int64_t units = m_units * p.n_tiles;
+    const int v = vec2 ? 1 : 0;
+    // The plain instantiation (neither bias nor logits output) is the trainer entry's.
+    if (p.bias == nullptr && p.logits == nullptr)
+      launch_persistent<Kernel<Cfg, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    else
+      launch_persistent<Kernel<Cfg, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+  }
+};
+
+template <class Cfg, bool kPlain>
+struct PingpongKernel {
+  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain>;
+};
+template <class Cfg, bool kPlain>
+struct CooperativeKernel {
+  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain>;
+};
+using pingpong = Schedule<PingpongKernel>;
+using cooperative = Schedule<CooperativeKernel>;
+
+template <class Cfg>
+constexpr BucketInfo info_of(const char* name) {
+  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kClusterM};
+}
+
+}  // namespace
+
+BucketInfo bucket_info(Bucket b) {
+  switch (b) {
+#define DETLOGP_SM90_INFO_CASE(name, schedule, ...) \
+  case Bucket::name:                                \
+    return info_of<__VA_ARGS__>(#name);
+    DETLOGP_SM90_LAUNCH_TABLE(DETLOGP_SM90_INFO_CASE)
+#undef DETLOGP_SM90_INFO_CASE
+  }
+  DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
+}
+
+void launch_fused(Bucket b, const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
+                  cudaStream_t stream) {
+  switch (b) {
+#define DETLOGP_SM90_LAUNCH_CASE(name, schedule, ...) \
+  case Bucket::name:                                  \
+    return schedule::launch<__VA_ARGS__>(mh, mw, p, vec2, sms, stream);
+    DETLOGP_SM90_LAUNCH_TABLE(DETLOGP_SM90_LAUNCH_CASE)
+#undef DETLOGP_SM90_LAUNCH_CASE
+  }
+  DETLOGP_FAIL("unknown SM90 bucket " << static_cast<int>(b));
+}
+
+}  // namespace detlogp::sm90

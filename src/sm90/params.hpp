@@ -1,0 +1,122 @@
+// The parameter blocks of the SM90 kernels, framework-free plain structs that the host fills and
+// the kernels take by value: the fused forward, the combine after it, the tensor-parallel merge,
+// the partial mode's ownership flags and the logit gradient.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/status.hpp"
+#include "detlogp/reduce.hpp"
+
+namespace detlogp::sm90 {
+
+using cuda::DeviceStatus;
+using cuda::kStatusOk;
+using cuda::load_target;
+using cuda::ValidateParams;
+
+// One launch of the fused kernel covers rows [row_begin, row_end) (a chunk of N).
+struct FusedParams {
+  int64_t row_begin;
+  int64_t row_end;
+  int64_t vocab_local;
+  int64_t vocab_start;
+  int64_t real_vocab;
+  int64_t ignore_index;
+  int32_t k_blocks;   // ceil(D / 64)
+  int32_t m_tiles;    // ceil((row_end - row_begin) / BLOCK_M)
+  int32_t n_tiles;    // ceil(V_local / BLOCK_N)
+  int32_t group_m;    // rasterization: M tiles walked together for L2 reuse of the weight
+  const float* bias;  // [V_local] or null
+  const void* targets;
+  int32_t targets_i64;
+  float temperature;
+  float inv_temperature;          // inverse_temperature(temperature), computed on the host
+  const float* temperature_rows;  // [N] or null
+  float* logits;                  // [N][V_local] unscaled z, or null (trainer entry)
+  TileSummary* summaries;         // [row - row_begin][local_tiles]
+  int64_t local_tiles;
+  int64_t whole_tiles;  // local tiles [0, whole_tiles) have all 64 lanes real (whole_local_tiles)
+  float* target_logit;  // [row - row_begin]: y_t written by its single owner
+  const DeviceStatus* status;
+  // Trainer entry: the kernel validates the inputs itself (one idle producer warp of CTA 0) and
+  // writes the status the combine reads, instead of a separate validation kernel; it writes only
+  // workspace, so it need not wait for the verdict.
+  int32_t validate_in_kernel;
+  ValidateParams validate;
+};
+
+struct CombineParams {
+  int64_t row_begin;
+  int64_t rows;  // rows of this chunk
+  int64_t tiles;
+  const TileSummary* summaries;  // [rows][tiles]
+  const float* target_logit;     // [rows]
+  const void* targets;
+  int32_t targets_i64;
+  int64_t ignore_index;
+  float* logp;  // [N]
+  float* lse;   // [N]
+  const DeviceStatus* status;
+};
+
+// A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t and, for a
+// tensor-parallel rank, its ownership flags (null: owns every non-ignored row).
+struct MergeSegment {
+  const TileSummary* summaries;
+  int64_t tiles;
+  const float* target_logit;
+  const uint8_t* owned;
+};
+
+// The owned merge over rank-ordered partials, segments in ascending tile order. They travel in
+// the kernel parameters (no allocation, no copy: the merge can be captured in a CUDA graph).
+inline constexpr int kMaxMergeSegments = 64;
+struct MergeParams {
+  int64_t rows;
+  MergeSegment segments[kMaxMergeSegments];
+  int32_t count;
+  const void* targets;  // [rows]
+  int32_t targets_i64;
+  int64_t ignore_index;
+  float* logp;  // [rows]
+  float* lse;   // [rows]
+};
+
+struct PartialOwnerParams {
+  int64_t rows;
+  const void* targets;
+  int32_t targets_i64;
+  int64_t ignore_index;
+  int64_t vocab_start;
+  int64_t vocab_local;
+  float* target_logit;
+  uint8_t* target_owned;
+  const DeviceStatus* status;
+};
+
+// One launch covers the whole problem (no workspace, so no chunking of N).
+struct GradLogitsParams {
+  int64_t rows;          // N
+  int64_t cols;          // C: columns of the chunk
+  int64_t real_cols;     // chunk columns [0, real_cols) have global ids < real_vocab
+  int64_t vocab_start;   // global id of chunk column 0
+  int64_t ignore_index;  //
+  int32_t k_blocks;      // ceil(D / 64)
+  int32_t m_tiles;       // ceil(N / WgM)
+  int32_t n_tiles;       // ceil(C / BLOCK_N)
+  int32_t group_m;       // rasterization: M tiles walked together for L2 reuse of the weight
+  const float* bias;     // [C] or null
+  const void* targets;   // [N] global ids
+  int32_t targets_i64;
+  float temperature;
+  const float* temperature_rows;  // [N] or null
+  const float* lse;               // [N]
+  const float* g_logp;            // [N] or null (zeros)
+  const float* g_lse;             // [N] or null (zeros)
+  uint16_t* dz;                   // bf16 bits [N][dz_stride]
+  int64_t dz_stride;
+  const DeviceStatus* status;
+};
+
+}  // namespace detlogp::sm90

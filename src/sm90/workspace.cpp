@@ -1,0 +1,48 @@
+#include "sm90/workspace.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "detlogp/error.hpp"
+
+namespace detlogp::sm90 {
+namespace {
+
+constexpr size_t kStatusBytes = 256;  // keeps the arrays after it 256-byte aligned
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+int64_t workspace_mib() {
+  const char* v = std::getenv(kWorkspaceEnv);
+  if (v == nullptr || *v == '\0') return kDefaultWorkspaceMiB;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
+                kWorkspaceEnv << "=" << v << " must be an integer in [1, 1048576] (MiB)");
+  return n;
+}
+
+}  // namespace
+
+WorkspaceLayout workspace_layout(const detail::LogpProblem& p) {
+  WorkspaceLayout w;
+  w.bytes = kStatusBytes;
+  if (p.partial_mode()) return w;  // summaries and y_t go straight to the caller's buffers
+  w.chunk = chunk_rows(p.rows, p.local_tiles());
+  w.summaries_offset = w.bytes;
+  w.bytes += round_up(static_cast<size_t>(w.chunk * p.local_tiles()) * sizeof(TileSummary), 256);
+  w.target_offset = w.bytes;
+  w.bytes += round_up(static_cast<size_t>(w.chunk) * sizeof(float), 256);
+  return w;
+}
+
+int64_t chunk_rows(int64_t rows, int64_t local_tiles) {
+  const int64_t per_row = local_tiles * static_cast<int64_t>(sizeof(TileSummary)) + static_cast<int64_t>(sizeof(float));
+  int64_t chunk = (workspace_mib() << 20) / per_row;
+  chunk = std::max<int64_t>(128, chunk / 128 * 128);
+  return std::min(chunk, rows);
+}
+
+int64_t workspace_bytes(const detail::LogpProblem& p) { return static_cast<int64_t>(workspace_layout(p).bytes); }
+
+}  // namespace detlogp::sm90
