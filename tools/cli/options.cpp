@@ -41,29 +41,33 @@ std::string Options::text(const std::string& name, const std::string& fallback) 
   return it == values_.end() ? fallback : it->second;
 }
 
+namespace {
+
+// The whole of `v` as a T, or a UsageError naming the option and what it should be.
+template <class T>
+T parse_value(const std::string& name, const std::string& v, const char* should_be) {
+  T out{};
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty())
+    throw UsageError("--" + name + "=" + v + " is not " + should_be);
+  return out;
+}
+
+}  // namespace
+
 int64_t Options::integer(const std::string& name, int64_t fallback, int64_t min_value, int64_t max_value) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
-  const std::string& v = it->second;
-  int64_t out = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (ec != std::errc() || end != v.data() + v.size() || v.empty())
-    throw UsageError("--" + name + "=" + v + " is not an integer");
+  const int64_t out = parse_value<int64_t>(name, it->second, "an integer");
   if (out < min_value || out > max_value)
-    throw UsageError("--" + name + "=" + v + " is out of range [" + std::to_string(min_value) + ", " +
+    throw UsageError("--" + name + "=" + it->second + " is out of range [" + std::to_string(min_value) + ", " +
                      std::to_string(max_value) + "]");
   return out;
 }
 
 float Options::real(const std::string& name, float fallback) const {
   auto it = values_.find(name);
-  if (it == values_.end()) return fallback;
-  const std::string& v = it->second;
-  float out = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (ec != std::errc() || end != v.data() + v.size() || v.empty())
-    throw UsageError("--" + name + "=" + v + " is not a number");
-  return out;
+  return it == values_.end() ? fallback : parse_value<float>(name, it->second, "a number");
 }
 
 void print_option_help(std::ostream& os, const std::vector<OptionSpec>& specs) {
