@@ -6,24 +6,17 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "detlogp/fpops.hpp"
+
 namespace detlogp::bitcmp {
 
-inline uint32_t float_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
+inline uint32_t float_bits(float x) { return fp::bits(x); }
 
-inline float float_from_bits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+inline float float_from_bits(uint32_t u) { return fp::from_bits(u); }
 
 // "%a (0xXXXXXXXX)": the exact value in hex-float notation and its bit pattern.
 inline std::string describe_float(float x) {

@@ -2,27 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <thread>
 
 #include "detlogp/error.hpp"
+#include "detlogp/fpops.hpp"
+#include "detlogp/hash.hpp"
 #include "io/sha256.hpp"
 
 namespace detlogp::golden {
 
-namespace {
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
-
 uint64_t draw(uint64_t seed, uint64_t stream, uint64_t index) {
-  const uint64_t key = mix64(seed * 0x9E3779B97F4A7C15ull + stream * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull);
-  return mix64(key ^ mix64(index * 0x9E3779B97F4A7C15ull + key));
+  const uint64_t key = mix64(seed * kSplitMixGamma + stream * 0xD1B54A32D192ED03ull + 0x632BE59BD9B4E019ull);
+  return mix64(key ^ mix64(index * kSplitMixGamma + key));
 }
 
 float normal(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -39,21 +30,6 @@ float uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   return static_cast<float>(draw(seed, stream, index) >> 40) * 0x1p-24f;
 }
 
-uint16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 std::vector<uint16_t> weight_rows(uint64_t seed, int64_t row_begin, int64_t rows, int64_t dim) {
   std::vector<uint16_t> w(static_cast<size_t>(rows * dim));
   // Counter-based, so the split across threads cannot change a bit.
@@ -64,7 +40,7 @@ std::vector<uint16_t> weight_rows(uint64_t seed, int64_t row_begin, int64_t rows
       for (int64_t r = t; r < rows; r += workers) {
         const uint64_t base = static_cast<uint64_t>((row_begin + r) * dim);
         uint16_t* out = w.data() + r * dim;
-        for (int64_t k = 0; k < dim; ++k) out[k] = to_bf16(kWeightStd * normal(seed, kStreamWeight, base + k));
+        for (int64_t k = 0; k < dim; ++k) out[k] = fp::bf16_round(kWeightStd * normal(seed, kStreamWeight, base + k));
       }
     });
   }
@@ -77,13 +53,13 @@ void hidden_row(uint64_t seed, uint64_t key, int64_t dim, float gain, const uint
   const float mix = dominant_mix(dim);
   for (int64_t k = 0; k < dim; ++k) {
     float v = normal(seed, kStreamHidden, key * static_cast<uint64_t>(dim) + static_cast<uint64_t>(k));
-    if (dominant_row != nullptr) v = v + mix * (from_bf16(dominant_row[k]) / kWeightStd);
+    if (dominant_row != nullptr) v = v + mix * (fp::bf16_to_float(dominant_row[k]) / kWeightStd);
     x[static_cast<size_t>(k)] = v;
   }
   float ss = 0.0f;
   for (float v : x) ss = ss + v * v;
   const float rms = std::sqrt(ss / static_cast<float>(dim));
-  for (int64_t k = 0; k < dim; ++k) out[k] = to_bf16(gain * (x[static_cast<size_t>(k)] / rms));
+  for (int64_t k = 0; k < dim; ++k) out[k] = fp::bf16_round(gain * (x[static_cast<size_t>(k)] / rms));
 }
 
 float dominant_logit(int64_t dim) { return dim >= 4096 ? 18.0f : 12.0f; }

@@ -27,7 +27,8 @@ enum Stream : uint64_t {
   kStreamSchedule = 107,
 };
 
-// The counter-based hash: two SplitMix64 finalizer rounds over (seed, stream) and the index.
+// The counter-based hash: SplitMix64 finalizer rounds (detlogp::mix64) over (seed, stream) and
+// the index.
 uint64_t draw(uint64_t seed, uint64_t stream, uint64_t index);
 
 // Standard-normal approximation: Irwin-Hall sum of the eight 16-bit fields of two draws
@@ -36,10 +37,6 @@ float normal(uint64_t seed, uint64_t stream, uint64_t index);
 
 // Uniform in [0, 1): the top 24 bits of one draw, times 2^-24 (exact).
 float uniform(uint64_t seed, uint64_t stream, uint64_t index);
-
-// fp32 -> bf16 bits, round to nearest even (NaN kept quiet).
-uint16_t to_bf16(float f);
-float from_bf16(uint16_t b);
 
 constexpr float kWeightStd = 0.02f;
 

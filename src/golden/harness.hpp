@@ -6,6 +6,9 @@
 // L4/L5: a synthetic rollout loop with continuous batching and a sampler, then a trainer
 //     recomputation (packed, tensor parallel) at the same weight fingerprint; exact-zero metrics,
 //     a materializing bf16-logits negative control, and a JSON + markdown report.
+//
+// L3 lives in l3.cpp, L4/L5 in rollout_harness.cpp and its report in report.cpp; both share the
+// side readback of readback.hpp.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 
+#include "io/json.hpp"
+
 namespace detlogp::io {
 namespace {
 
@@ -310,46 +312,6 @@ class JsonParser {
   const std::string& source_;
   size_t pos_ = 0;
 };
-
-// Escapes a string for the canonical header (the minimal JSON escapes, \u00XX for controls).
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static const char* kHexDigits = "0123456789abcdef";
-          out += "\\u00";
-          out += kHexDigits[(c >> 4) & 0xF];
-          out += kHexDigits[c & 0xF];
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "detlogp/fpops.hpp"
 #include "golden/generator.hpp"
 #include "golden/goldens.hpp"
 #include "golden/harness.hpp"
@@ -54,13 +55,13 @@ TEST(Generator, BitStable) {
   EXPECT_EQ(sha(h.data(), 128 * 2), "fa7ef82f6a20f29e2524e1ac4279ad0498bbc1fdb9d586429493a614af0d1ae6");
 }
 
-TEST(Generator, Bf16RoundsToNearestEven) {
-  EXPECT_EQ(g::to_bf16(1.0f), 0x3F80);
-  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F808000u)), 0x3F80);  // tie, even stays
-  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F818000u)), 0x3F82);  // tie, odd rounds up
-  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x3F808001u)), 0x3F81);  // above the tie
-  EXPECT_EQ(g::to_bf16(-0.0f), 0x8000);
-  EXPECT_EQ(g::to_bf16(std::bit_cast<float>(0x7F7FFFFFu)), 0x7F80);  // overflows to +inf
+TEST(Generator, Bf16RoundsToNearestEven) {  // the generator's rounding: fp::bf16_round
+  EXPECT_EQ(detlogp::fp::bf16_round(1.0f), 0x3F80);
+  EXPECT_EQ(detlogp::fp::bf16_round(std::bit_cast<float>(0x3F808000u)), 0x3F80);  // tie, even stays
+  EXPECT_EQ(detlogp::fp::bf16_round(std::bit_cast<float>(0x3F818000u)), 0x3F82);  // tie, odd rounds up
+  EXPECT_EQ(detlogp::fp::bf16_round(std::bit_cast<float>(0x3F808001u)), 0x3F81);  // above the tie
+  EXPECT_EQ(detlogp::fp::bf16_round(-0.0f), 0x8000);
+  EXPECT_EQ(detlogp::fp::bf16_round(std::bit_cast<float>(0x7F7FFFFFu)), 0x7F80);  // overflows to +inf
 }
 
 TEST(Generator, ShardsAreSlicesAndRowsAreRmsNormalized) {
@@ -69,7 +70,7 @@ TEST(Generator, ShardsAreSlicesAndRowsAreRmsNormalized) {
   std::vector<uint16_t> h(1024);
   g::hidden_row(4, 3, 1024, 1.0f, nullptr, h.data());
   double ss = 0;
-  for (uint16_t b : h) ss += static_cast<double>(g::from_bf16(b)) * g::from_bf16(b);
+  for (uint16_t b : h) ss += static_cast<double>(detlogp::fp::bf16_to_float(b)) * detlogp::fp::bf16_to_float(b);
   EXPECT_NEAR(ss / 1024, 1.0, 1e-2);
 }
 

@@ -1,0 +1,163 @@
+#include "golden/report.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "detlogp/fpops.hpp"
+#include "io/json.hpp"
+
+namespace detlogp::golden {
+
+namespace {
+
+using io::json_quote;
+
+std::string hex_bits(float x) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", fp::bits(x));
+  return buf;
+}
+
+// A JSON number with 17 significant digits (every double round-trips); null for NaN and inf,
+// which JSON lacks.
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  std::ostringstream os;
+  os.precision(17);
+  os << x;
+  return os.str();
+}
+
+std::string metrics_json(const Metrics& m) {
+  std::ostringstream o;
+  o << "{\"total\": " << m.total << ", \"mismatch_count\": " << m.mismatch_count
+    << ", \"train_rollout_logprob_abs_diff\": " << num(m.train_rollout_logprob_abs_diff)
+    << ", \"current_rollout_logprob_max_abs_diff\": " << num(m.current_rollout_logprob_max_abs_diff)
+    << ", \"k3_max\": " << num(m.k3_max) << ", \"k3_mean\": " << num(m.k3_mean) << ", \"k3_nonzero\": " << m.k3_nonzero
+    << "}";
+  return o.str();
+}
+
+std::string placement_text(const HarnessConfig& cfg) {
+  std::string s = cfg.devices.empty() ? "in-process host ranks" : "CUDA devices";
+  for (size_t i = 0; i < cfg.devices.size(); ++i) {
+    s += i ? "," : " ";
+    s += std::to_string(cfg.devices[i]);
+  }
+  if (!cfg.devices.empty()) s += " over NCCL";
+  return s;
+}
+
+}  // namespace
+
+std::string report_json(const HarnessConfig& cfg, const HarnessRun& run, const HarnessResult& res) {
+  const SideReadback &rollout = run.rollout, &trainer = run.trainer;
+  std::ostringstream j;
+  j << "{\n  \"format\": \"detlogp-validation-report-v1\",\n  \"detlogp_version\": " << json_quote(version_string())
+    << ",\n  \"config\": {\"seqs\": " << cfg.seqs << ", \"max_len\": " << cfg.max_len
+    << ", \"max_batch\": " << cfg.max_batch << ", \"d\": " << cfg.dim << ", \"v\": " << cfg.weight_rows
+    << ", \"real_vocab\": " << run.real_vocab << ", \"tp\": " << cfg.tp << ", \"cp\": " << cfg.cp
+    << ", \"rollout_tp\": " << cfg.rollout_tp << ", \"devices\": " << json_quote(placement_text(cfg))
+    << ", \"seed\": " << cfg.seed << ", \"perturb_trainer_weight\": " << (cfg.perturb_trainer_weight ? "true" : "false")
+    << "},\n"
+    << "  \"rollout\": {\"entry\": \"serving\", \"tp\": " << cfg.rollout_tp
+    << ", \"backend\": " << json_quote(rollout.backend) << ", \"provenance\": " << json_quote(rollout.provenance)
+    << ", \"calls\": " << rollout.calls << ", \"fallbacks\": " << rollout.fallbacks
+    << ", \"weight_fingerprint\": " << json_quote(run.rollout_fingerprint) << ", \"steps\": " << run.steps
+    << ", \"max_batch_observed\": " << run.max_active << ", \"distinct_batch_sizes\": " << run.distinct_batch_sizes
+    << ", \"membership_changes\": " << run.membership_changes
+    << ", \"lse_readback_mismatch\": " << run.lse_readback_mismatch << "},\n"
+    << "  \"trainer\": {\"entry\": \"trainer\", \"tp\": " << cfg.tp << ", \"cp\": " << cfg.cp
+    << ", \"packed_rows\": " << run.total() << ", \"backend\": " << json_quote(trainer.backend)
+    << ", \"provenance\": " << json_quote(trainer.provenance) << ", \"calls\": " << trainer.calls
+    << ", \"fallbacks\": " << trainer.fallbacks << ", \"weight_fingerprint\": " << json_quote(run.trainer_fingerprint)
+    << "},\n"
+    << "  \"weight_fingerprints_match\": " << (run.same_weights() ? "true" : "false") << ",\n";
+  if (!res.compared) {
+    j << "  \"logp\": null,\n  \"negative_control_bf16_logits\": null,\n"
+      << "  \"claim\": {\"logp_exact_zero\": false, \"reason\": \"weight fingerprints differ: not compared\"}\n}\n";
+    return j.str();
+  }
+  j << "  \"logp\": " << metrics_json(res.metrics)
+    << ",\n  \"negative_control_bf16_logits\": " << metrics_json(res.control)
+    << ",\n  \"claim\": {\"logp_exact_zero\": " << (res.exact ? "true" : "false")
+    << ", \"negative_control_drift\": " << (res.control_drift ? "true" : "false") << "},\n  \"tokens\": [\n";
+  for (int64_t i = 0; i < run.total(); ++i) {
+    const size_t k = static_cast<size_t>(i);
+    j << "    {\"seq\": " << run.where[k].first << ", \"pos\": " << run.where[k].second
+      << ", \"token\": " << run.tokens[k] << ", \"T\": " << num(run.temperatures[k])
+      << ", \"logp_rollout\": " << json_quote(hex_bits(run.rollout_logp[k]))
+      << ", \"logp_trainer\": " << json_quote(hex_bits(run.trainer_logp[k])) << ", \"k3\": " << num(run.k3[k])
+      << ", \"logp_control\": " << json_quote(hex_bits(run.control_logp[k]))
+      << ", \"k3_control\": " << num(run.control_k3[k]) << "}" << (i + 1 < run.total() ? "," : "") << "\n";
+  }
+  j << "  ]\n}\n";
+  return j.str();
+}
+
+std::string report_markdown(const HarnessConfig& cfg, const HarnessRun& run, const HarnessResult& res) {
+  const SideReadback &rollout = run.rollout, &trainer = run.trainer;
+  const std::string &rollout_fp = run.rollout_fingerprint, &trainer_fp = run.trainer_fingerprint;
+  const int64_t total = run.total();
+  std::ostringstream md;
+  md << "# detlogp validation report: rollout vs trainer (L4/L5)\n\n"
+     << "detlogp " << version_string() << "; config: " << cfg.seqs << " sequences, max length " << cfg.max_len
+     << ", max batch " << cfg.max_batch << ", D=" << cfg.dim << ", V=" << cfg.weight_rows << " (real " << run.real_vocab
+     << "), rollout TP=" << cfg.rollout_tp << ", trainer TP=" << cfg.tp << " x CP=" << cfg.cp << ", ranks on "
+     << placement_text(cfg) << ", seed " << cfg.seed << ".\n\n"
+     << "| side | entry | backend | fallback | weight fingerprint | calls |\n|---|---|---|---|---|---|\n"
+     << "| rollout | serving, TP=" << cfg.rollout_tp << ", continuous batching (" << run.steps
+     << " steps, membership changed on " << run.membership_changes << ", batch 1.." << run.max_active << ") | `"
+     << rollout.backend << "` | " << (rollout.fallbacks ? "**yes**" : "none observed") << " | `"
+     << rollout_fp.substr(0, 16) << "` | " << rollout.calls << " |\n"
+     << "| trainer | trainer, packed " << total << " rows, TP=" << cfg.tp << " x CP=" << cfg.cp << " | `"
+     << trainer.backend << "` | " << (trainer.fallbacks ? "**yes**" : "none observed") << " | `"
+     << trainer_fp.substr(0, 16) << "` | " << trainer.calls << " |\n\n"
+     << "Provenance (rollout): `" << rollout.provenance << "`\n\nProvenance (trainer): `" << trainer.provenance
+     << "`\n\n";
+  if (!res.compared) {
+    md << "**Weight fingerprints differ (" << rollout_fp << " vs " << trainer_fp
+       << "): the logprobs were not compared.**\n";
+    return md.str();
+  }
+  auto row = [&](const std::string& name, const Metrics& m) {
+    md << "| " << name << " | " << num(m.train_rollout_logprob_abs_diff) << " | "
+       << num(m.current_rollout_logprob_max_abs_diff) << " | " << m.mismatch_count << " / " << m.total << " | "
+       << num(m.k3_max) << " | " << m.k3_nonzero << " |\n";
+  };
+  md << "| row | train_rollout_logprob_abs_diff (mean) | current_rollout_logprob_max_abs_diff | mismatch_count / "
+        "total | K3 max | K3 != 0 |\n|---|---|---|---|---|---|\n";
+  row("logp (detlogp both sides)", res.metrics);
+  row("negative control (bf16 logits + log_softmax)", res.control);
+  md << "\n**logp claim: " << (res.exact ? "exact zero" : "NOT exact") << "**: " << res.metrics.mismatch_count << " of "
+     << res.metrics.total << " tokens differ in bits, K3 = rho - 1 - log(rho) is " << num(res.metrics.k3_max)
+     << " at most; backed by the readback above: rollout `" << rollout.backend << "` and trainer `" << trainer.backend
+     << "`, " << (run.fallback_free() ? "no fallback observed" : "A FALLBACK WAS OBSERVED")
+     << " on either side, serving lse == reducer lse on " << (total - run.lse_readback_mismatch) << " / " << total
+     << " tokens, weight fingerprint `" << rollout_fp << "` on both sides.\n\n"
+     << "Negative control: the same rollout scored the materializing way drifts on " << res.control.mismatch_count
+     << " / " << res.control.total << " tokens (max |diff| " << num(res.control.current_rollout_logprob_max_abs_diff)
+     << ").\n";
+  return md.str();
+}
+
+void log_summary(const HarnessConfig& cfg, const HarnessRun& run, const HarnessResult& res, std::ostream& log) {
+  log << "rollout: " << run.steps << " steps (membership changed on " << run.membership_changes << "), "
+      << run.batch_calls << " serving calls, batch sizes 1.." << run.max_active << ", " << run.total()
+      << " tokens; backend " << run.rollout.backend << "\n";
+  log << "trainer: packed " << run.total() << " rows, TP=" << cfg.tp << " x CP=" << cfg.cp
+      << " (rollout TP=" << cfg.rollout_tp << "), ranks on " << placement_text(cfg) << ", backend "
+      << run.trainer.backend << "\n";
+  log << "weight fingerprint: rollout " << run.rollout_fingerprint << ", trainer " << run.trainer_fingerprint
+      << (run.same_weights() ? " (match)" : " (MISMATCH: not compared)") << "\n";
+  if (!res.compared) return;
+  log << "logp: mismatch " << res.metrics.mismatch_count << "/" << res.metrics.total << ", abs_diff(mean) "
+      << num(res.metrics.train_rollout_logprob_abs_diff) << ", max_abs_diff "
+      << num(res.metrics.current_rollout_logprob_max_abs_diff) << ", K3 max " << num(res.metrics.k3_max) << "\n";
+  log << "negative control (bf16 logits): mismatch " << res.control.mismatch_count << "/" << res.control.total
+      << ", abs_diff(mean) " << num(res.control.train_rollout_logprob_abs_diff) << ", max_abs_diff "
+      << num(res.control.current_rollout_logprob_max_abs_diff) << ", K3 max " << num(res.control.k3_max) << "\n";
+}
+
+}  // namespace detlogp::golden

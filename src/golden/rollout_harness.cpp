@@ -1,0 +1,328 @@
+// Validation ladder L4/L5: a synthetic rollout loop with continuous batching and a sampler, then a
+// trainer recomputation (packed, tensor parallel, optionally context parallel) at the same weight
+// fingerprint; exact-zero metrics and a materializing bf16-logits negative control. The report is
+// rendered in report.cpp.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "detlogp/fpops.hpp"
+#include "golden/generator.hpp"
+#include "golden/goldens.hpp"
+#include "golden/harness.hpp"
+#include "golden/readback.hpp"
+#include "golden/report.hpp"
+
+namespace detlogp::golden {
+
+namespace {
+
+constexpr uint64_t kStreamKey = 201, kStreamDominant = 202, kStreamBos = 203;
+
+// Hidden state of (sequence, position, previous token): the synthetic model's final hidden row.
+// One position in four leans towards a token derived from the previous one (a confident step).
+// `row_of(v)` returns lm_head row v from the caller's own copy of the head.
+template <class RowOf>
+void model_hidden(const HarnessConfig& cfg, int64_t real_vocab, const RowOf& row_of, int64_t s, int64_t p, int64_t prev,
+                  uint16_t* out) {
+  const uint64_t key =
+      draw(cfg.seed, kStreamKey,
+           (static_cast<uint64_t>(s) << 42) ^ (static_cast<uint64_t>(p) << 21) ^ static_cast<uint64_t>(prev));
+  const bool confident = draw(cfg.seed, kStreamDominant, key) % 4 == 0;
+  const int64_t lean = (prev * 31 + 7) % real_vocab;
+  hidden_row(cfg.seed, key, cfg.dim, 1.0f, confident ? row_of(lean) : nullptr, out);
+}
+
+float temperature_of(const HarnessConfig& cfg, int64_t s) {
+  static const float kTable[] = {0.6f, 0.7f, 0.85f, 1.0f, 1.3f};
+  return kTable[draw(cfg.seed, kStreamTemperature, static_cast<uint64_t>(s)) % 5];
+}
+
+// Inverse-CDF sampling on softmax(z / T) over the real vocabulary, keyed by (seed, sequence,
+// position). The sampler's arithmetic (double, libm exp) is not part of the contract: only the
+// chosen token is recorded, and the trainer is given that token.
+int64_t sample(const HarnessConfig& cfg, const float* z, int64_t real_vocab, float T, int64_t s, int64_t p) {
+  double m = -INFINITY;
+  for (int64_t v = 0; v < real_vocab; ++v) m = std::max(m, static_cast<double>(z[v]) / T);
+  double total = 0;
+  std::vector<double> cdf(static_cast<size_t>(real_vocab));
+  for (int64_t v = 0; v < real_vocab; ++v)
+    cdf[static_cast<size_t>(v)] = total += std::exp(z[v] / static_cast<double>(T) - m);
+  const double u = uniform(cfg.seed, kStreamSampler, (static_cast<uint64_t>(s) << 32) | static_cast<uint64_t>(p));
+  const auto it = std::upper_bound(cdf.begin(), cdf.end(), u * total);
+  return std::min<int64_t>(real_vocab - 1, it - cdf.begin());
+}
+
+// The negative control: what a materializing engine records. Logits rounded to bf16, then a plain
+// fp32 log-softmax at the temperature (libm exp/log, sequential sum).
+float materialized_bf16_logp(const float* z, int64_t real_vocab, float T, int64_t t) {
+  std::vector<float> y(static_cast<size_t>(real_vocab));
+  float m = -INFINITY;
+  for (int64_t v = 0; v < real_vocab; ++v) {
+    y[static_cast<size_t>(v)] = fp::bf16_to_float(fp::bf16_round(z[v])) / T;
+    m = std::max(m, y[static_cast<size_t>(v)]);
+  }
+  float sum = 0;
+  for (float yv : y) sum += std::exp(yv - m);
+  return y[static_cast<size_t>(t)] - (m + std::log(sum));
+}
+
+Metrics compare(const std::vector<float>& train, const std::vector<float>& rollout, std::vector<double>* k3_out) {
+  Metrics m;
+  m.total = static_cast<int64_t>(train.size());
+  double sum = 0, k3_sum = 0;
+  for (size_t i = 0; i < train.size(); ++i) {
+    m.mismatch_count += fp::bits(train[i]) != fp::bits(rollout[i]);
+    const double d = static_cast<double>(train[i]) - static_cast<double>(rollout[i]);
+    sum += std::fabs(d);
+    m.current_rollout_logprob_max_abs_diff = std::max(m.current_rollout_logprob_max_abs_diff, std::fabs(d));
+    // rho = exp(logp_train - logp_rollout); d == 0 gives rho = 1 and K3 = 0 exactly.
+    const double rho = std::exp(d);
+    const double k3 = rho - 1.0 - std::log(rho);
+    if (k3_out) k3_out->push_back(k3);
+    m.k3_max = std::max(m.k3_max, k3);
+    k3_sum += k3;
+    m.k3_nonzero += k3 != 0.0;
+  }
+  m.train_rollout_logprob_abs_diff = m.total ? sum / static_cast<double>(m.total) : 0;
+  m.k3_mean = m.total ? k3_sum / static_cast<double>(m.total) : 0;
+  return m;
+}
+
+bool all_zero(const Metrics& m) {
+  return m.mismatch_count == 0 && m.train_rollout_logprob_abs_diff == 0 &&
+         m.current_rollout_logprob_max_abs_diff == 0 && m.k3_max == 0 && m.k3_nonzero == 0;
+}
+
+struct Seq {
+  int64_t len, arrival;
+  float T;
+  std::vector<int64_t> tokens;  // tokens[0] = BOS, then one sampled token per position
+  std::vector<float> logp, control;
+};
+
+// Each sequence's length, arrival step, temperature and first token.
+std::vector<Seq> schedule(const HarnessConfig& cfg, int64_t real_vocab) {
+  std::vector<Seq> seqs(static_cast<size_t>(cfg.seqs));
+  for (int64_t s = 0; s < cfg.seqs; ++s) {
+    Seq& q = seqs[static_cast<size_t>(s)];
+    q.len = 1 + static_cast<int64_t>(draw(cfg.seed, kStreamSchedule, 2 * s) % static_cast<uint64_t>(cfg.max_len));
+    q.arrival = static_cast<int64_t>(draw(cfg.seed, kStreamSchedule, 2 * s + 1) % static_cast<uint64_t>(cfg.seqs));
+    q.T = temperature_of(cfg, s);
+    q.tokens.push_back(static_cast<int64_t>(draw(cfg.seed, kStreamBos, s) % static_cast<uint64_t>(real_vocab)));
+  }
+  return seqs;
+}
+
+// The rollout engine: the whole head (TP = 1), loaded on its own; views of it as shards when the
+// engine is TP > 1.
+struct RolloutEngine {
+  const HarnessConfig& cfg;
+  std::vector<uint16_t> weight;
+  std::vector<Shard> shards;
+
+  explicit RolloutEngine(const HarnessConfig& c) : cfg(c), weight(weight_rows(c.seed, 0, c.weight_rows, c.dim)) {
+    for (auto [start, count] : shard_ranges(cfg.weight_rows, cfg.rollout_tp))
+      shards.push_back({start, TensorView::matrix(weight.data() + start * cfg.dim, DType::bf16, count, cfg.dim), {}});
+  }
+  std::string fingerprint() const {
+    return weight_fingerprint({TensorView::matrix(weight.data(), DType::bf16, cfg.weight_rows, cfg.dim)});
+  }
+
+  // One decoding step for the sequences in `order` (batch row i is sequence order[i]): a
+  // serving-entry call for fp32 logits and lse, a sampled token per sequence, its logp.
+  void step(const std::vector<int64_t>& order, std::vector<Seq>& seqs, HarnessRun& run) const {
+    const int64_t real_vocab = run.real_vocab;
+    auto rollout_row = [&](int64_t v) { return weight.data() + v * cfg.dim; };
+    const int64_t b = static_cast<int64_t>(order.size());
+    std::vector<uint16_t> hidden(static_cast<size_t>(b * cfg.dim));
+    std::vector<float> temps(static_cast<size_t>(b)), logits(static_cast<size_t>(b * cfg.weight_rows));
+    std::vector<float> lse(static_cast<size_t>(b)), unused_logp(static_cast<size_t>(b));
+    std::vector<int64_t> none(static_cast<size_t>(b), kDefaultIgnoreIndex);
+    for (int64_t i = 0; i < b; ++i) {
+      const Seq& q = seqs[static_cast<size_t>(order[static_cast<size_t>(i)])];
+      const int64_t p = static_cast<int64_t>(q.logp.size());
+      model_hidden(cfg, real_vocab, rollout_row, order[static_cast<size_t>(i)], p, q.tokens.back(),
+                   hidden.data() + i * cfg.dim);
+      temps[static_cast<size_t>(i)] = q.T;
+    }
+    LinearLogpInputs in;
+    in.hidden = TensorView::matrix(hidden.data(), DType::bf16, b, cfg.dim);
+    in.weight = TensorView::matrix(weight.data(), DType::bf16, cfg.weight_rows, cfg.dim);
+    in.targets = TensorView::vector(none.data(), DType::i64, b);
+    in.temperature_rows = TensorView::vector(temps.data(), DType::f32, b);
+    in.real_vocab = real_vocab;
+    if (cfg.rollout_tp == 1) {
+      run.rollout.add(
+          linear_logp(in,
+                      {mutable_vector(unused_logp.data(), DType::f32, b), mutable_vector(lse.data(), DType::f32, b),
+                       mutable_matrix(logits.data(), DType::f32, b, cfg.weight_rows)},
+                      cfg.rollout_opt));
+    } else {  // a TP engine: vocab-parallel serving entry, the logits shards gathered for the sampler
+      run_tensor_parallel(in, shards, unused_logp.data(), lse.data(), cfg.rollout_opt, run.rollout,
+                          TpPlacement{cfg.devices}, logits.data());
+    }
+    ++run.batch_calls;
+    std::vector<int64_t> sampled(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      const Seq& q = seqs[static_cast<size_t>(order[static_cast<size_t>(i)])];
+      sampled[static_cast<size_t>(i)] = sample(cfg, logits.data() + i * cfg.weight_rows, real_vocab, q.T,
+                                               order[static_cast<size_t>(i)], static_cast<int64_t>(q.logp.size()));
+    }
+    // The sampled token's logp: the contract reducer over the served logits (portable: the same
+    // bits as the fused operator); its lse must equal the fused call's lse bit for bit.
+    std::vector<float> logp(static_cast<size_t>(b)), lse2(static_cast<size_t>(b));
+    ReduceLogitsInputs r;
+    r.logits = TensorView::matrix(logits.data(), DType::f32, b, cfg.weight_rows);
+    r.targets = TensorView::vector(sampled.data(), DType::i64, b);
+    r.temperature_rows = TensorView::vector(temps.data(), DType::f32, b);
+    r.real_vocab = real_vocab;
+    reduce_logits(r, mutable_vector(logp.data(), DType::f32, b), mutable_vector(lse2.data(), DType::f32, b));
+    for (int64_t i = 0; i < b; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      run.lse_readback_mismatch += fp::bits(lse[k]) != fp::bits(lse2[k]);
+      Seq& q = seqs[static_cast<size_t>(order[k])];
+      q.tokens.push_back(sampled[k]);
+      q.logp.push_back(logp[k]);
+      q.control.push_back(materialized_bf16_logp(logits.data() + i * cfg.weight_rows, real_vocab, q.T, sampled[k]));
+    }
+  }
+};
+
+// Continuous batching until every sequence is done. Join: arrived sequences take free slots in
+// sequence order; leave: finished ones drop out. A different batch order every step.
+void roll_out(const HarnessConfig& cfg, const RolloutEngine& engine, std::vector<Seq>& seqs, HarnessRun& run) {
+  std::set<size_t> batch_sizes;
+  std::vector<int64_t> active, previous;
+  for (int64_t step = 0;; ++step) {
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](int64_t s) {
+                                  const Seq& q = seqs[static_cast<size_t>(s)];
+                                  return static_cast<int64_t>(q.logp.size()) == q.len;
+                                }),
+                 active.end());
+    bool waiting = false;
+    for (int64_t s = 0; s < cfg.seqs; ++s) {
+      const Seq& q = seqs[static_cast<size_t>(s)];
+      if (!q.logp.empty() || std::find(active.begin(), active.end(), s) != active.end()) continue;
+      if (q.arrival <= step && static_cast<int64_t>(active.size()) < cfg.max_batch)
+        active.push_back(s);
+      else
+        waiting = true;
+    }
+    if (active.empty() && !waiting) break;
+    if (active.empty()) continue;
+    {
+      std::vector<int64_t> now = active;
+      std::sort(now.begin(), now.end());
+      run.membership_changes += now != previous ? 1 : 0;
+      previous = std::move(now);
+    }
+    // Fisher-Yates keyed by the step.
+    std::vector<int64_t> order = active;
+    for (size_t i = order.size(); i > 1; --i)
+      std::swap(order[i - 1], order[draw(cfg.seed, kStreamSchedule, 1000000 + step * 64 + i) % i]);
+    engine.step(order, seqs, run);
+    const int64_t b = static_cast<int64_t>(order.size());
+    ++run.steps;
+    run.max_active = std::max(run.max_active, b);
+    batch_sizes.insert(static_cast<size_t>(b));
+  }
+  run.distinct_batch_sizes = static_cast<int64_t>(batch_sizes.size());
+}
+
+// The trainer: its own copy of the head, loaded rank by rank as TP shards, and its own forward of
+// the rolled-out tokens packed into one batch. Computes the logprobs only when its weight
+// fingerprint matches the rollout's.
+void recompute(const HarnessConfig& cfg, const std::vector<Seq>& seqs, HarnessRun& run) {
+  const auto ranges = shard_ranges(cfg.weight_rows, cfg.tp);
+  std::vector<std::vector<uint16_t>> trainer_shards;
+  std::vector<Shard> shards;
+  std::vector<TensorView> shard_views;
+  for (auto [start, count] : ranges) trainer_shards.push_back(weight_rows(cfg.seed, start, count, cfg.dim));
+  if (cfg.perturb_trainer_weight) trainer_shards.back()[0] ^= 1;  // one bit of the last rank's first row
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    shard_views.push_back(TensorView::matrix(trainer_shards[r].data(), DType::bf16, ranges[r].second, cfg.dim));
+    shards.push_back({ranges[r].first, shard_views.back(), {}});
+  }
+  run.trainer_fingerprint = weight_fingerprint(shard_views);
+  auto trainer_row = [&](int64_t v) {
+    size_t r = 0;
+    while (v >= ranges[r].first + ranges[r].second) ++r;
+    return trainer_shards[r].data() + (v - ranges[r].first) * cfg.dim;
+  };
+
+  // Packed batch: every sequence's positions in order.
+  std::vector<uint16_t> packed_hidden;
+  for (int64_t s = 0; s < cfg.seqs; ++s) {
+    const Seq& q = seqs[static_cast<size_t>(s)];
+    for (int64_t p = 0; p < q.len; ++p) {
+      packed_hidden.resize(packed_hidden.size() + static_cast<size_t>(cfg.dim));
+      const int64_t prev = q.tokens[static_cast<size_t>(p)];
+      model_hidden(cfg, run.real_vocab, trainer_row, s, p, prev, packed_hidden.data() + packed_hidden.size() - cfg.dim);
+      run.tokens.push_back(q.tokens[static_cast<size_t>(p + 1)]);
+      run.temperatures.push_back(q.T);
+      run.rollout_logp.push_back(q.logp[static_cast<size_t>(p)]);
+      run.control_logp.push_back(q.control[static_cast<size_t>(p)]);
+      run.where.emplace_back(s, p);
+    }
+  }
+  const int64_t total = run.total();
+  run.trainer_logp.assign(static_cast<size_t>(total), 0.0f);
+  std::vector<float> train_lse(static_cast<size_t>(total));
+  if (!run.same_weights()) return;
+  LinearLogpInputs in;
+  in.real_vocab = run.real_vocab;
+  // Context parallel: the packed rows in cp contiguous groups, each through its own TP group
+  // (its own devices when there are tp * cp of them); no statistic crosses groups.
+  const int64_t per_group = (total + cfg.cp - 1) / cfg.cp;
+  for (int c = 0; c < cfg.cp; ++c) {
+    const int64_t row0 = std::min<int64_t>(total, c * per_group), n = std::min(per_group, total - row0);
+    if (n == 0) continue;
+    LinearLogpInputs part = in;
+    part.hidden = TensorView::matrix(packed_hidden.data() + row0 * cfg.dim, DType::bf16, n, cfg.dim);
+    part.targets = TensorView::vector(run.tokens.data() + row0, DType::i64, n);
+    part.temperature_rows = TensorView::vector(run.temperatures.data() + row0, DType::f32, n);
+    TpPlacement placement;
+    if (!cfg.devices.empty()) {
+      const size_t first = cfg.devices.size() >= static_cast<size_t>(cfg.tp * cfg.cp) ? size_t(c) * cfg.tp : 0;
+      placement.devices.assign(cfg.devices.begin() + static_cast<std::ptrdiff_t>(first), cfg.devices.end());
+    }
+    run_tensor_parallel(part, shards, run.trainer_logp.data() + row0, train_lse.data() + row0, cfg.trainer_opt,
+                        run.trainer, placement);
+  }
+}
+
+}  // namespace
+
+HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log) {
+  HarnessRun run;
+  run.real_vocab = cfg.real_vocab < 0 ? cfg.weight_rows : cfg.real_vocab;
+  DETLOGP_CHECK(
+      cfg.seqs >= 1 && cfg.max_len >= 1 && cfg.max_batch >= 1 && cfg.tp >= 1 && cfg.cp >= 1 && cfg.rollout_tp >= 1,
+      "seqs, max_len, max_batch, tp, cp and rollout_tp must be >= 1");
+  DETLOGP_CHECK(run.real_vocab >= 1 && run.real_vocab <= cfg.weight_rows,
+                "real_vocab=" << run.real_vocab << " must be in [1, weight_rows=" << cfg.weight_rows << "]");
+
+  const RolloutEngine engine(cfg);
+  run.rollout_fingerprint = engine.fingerprint();
+  std::vector<Seq> seqs = schedule(cfg, run.real_vocab);
+  roll_out(cfg, engine, seqs, run);
+  recompute(cfg, seqs, run);
+
+  HarnessResult res;
+  if (run.same_weights()) {
+    res.compared = true;
+    res.metrics = compare(run.trainer_logp, run.rollout_logp, &run.k3);
+    res.control = compare(run.trainer_logp, run.control_logp, &run.control_k3);
+    res.exact = all_zero(res.metrics) && run.lse_readback_mismatch == 0;
+    res.control_drift = res.control.mismatch_count > 0;
+  }
+  res.exact = res.exact && run.fallback_free();
+  res.json = report_json(cfg, run, res);
+  res.markdown = report_markdown(cfg, run, res);
+  log_summary(cfg, run, res, log);
+  return res;
+}
+
+}  // namespace detlogp::golden

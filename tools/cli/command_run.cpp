@@ -1,0 +1,195 @@
+// detlogp run: one problem (built-in, a safetensors file or .npy files) through the library; prints
+// the SHA-256 of the outputs and optionally writes them to a safetensors file.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "cli/commands.hpp"
+#include "cli/compute.hpp"
+#include "cli/problem.hpp"
+#include "io/npy.hpp"
+#include "io/safetensors.hpp"
+
+namespace detlogp::cli {
+
+namespace {
+
+const std::vector<OptionSpec> kRunOptions = {
+    {"input", true, "problem file (.safetensors): hidden, weight, targets, optional bias, temperature"},
+    {"hidden", true, ".npy input instead of --input: hidden [N, D] bf16 ('<u2' bit patterns)"},
+    {"weight", true, ".npy input: weight [V_local, D] bf16"},
+    {"targets", true, ".npy input: targets [N] '<i4' or '<i8'"},
+    {"bias", true, ".npy input: optional bias [V_local] '<f4'"},
+    {"temperatures", true, ".npy input: optional temperature, scalar or [N] '<f4'"},
+    {"rows", true, "synthetic problem: N (default 64)"},
+    {"dim", true, "synthetic problem: D (default 1024)"},
+    {"vocab", true, "synthetic problem: weight rows V_local (default 32000)"},
+    {"seed", true, "synthetic problem: generator seed (default 0)"},
+    {"with-bias", false, "synthetic problem: add a random fp32 bias"},
+    {"real-vocab", true, "V_real: ids >= V_real are padding (default vocab_start + V_local)"},
+    {"vocab-start", true, "global id of weight row 0, a multiple of 64 (default 0)"},
+    {"temperature", true, "scalar temperature T > 0 (default 1)"},
+    {"ignore-index", true, "target id whose row gets logp = +0.0 (default -100)"},
+    {"return-logits", false, "serving entry: also output logits [N, V_local] f32"},
+    {"backend", true, "backend id (default: env DETLOGP_BACKEND, else auto); see `detlogp info`"},
+    {"strict", false, "contract-bearing backends only, no fallback (also env DETLOGP_STRICT=1)"},
+    {"repeat", true, "run K times, check every run gives the same bits, report the best time (default 1)"},
+    {"out", true, "write the outputs to FILE.safetensors (atomically: nothing on error)"},
+    {"help", false, "this text"},
+};
+
+void run_help(std::ostream& os) {
+  os << "usage: detlogp run [--input FILE.safetensors | --hidden A.npy --weight B.npy --targets C.npy]\n"
+        "                   [options] [--out FILE.safetensors]\n\n"
+        "Computes logp and lse per row (and logits with --return-logits). Without an input it runs a\n"
+        "built-in synthetic problem (N=64, D=1024, V=32000 unless changed) from a fixed-seed generator,\n"
+        "so the same command prints the same SHA-256 on every machine with the same backend. When the\n"
+        "weight is a vocabulary shard (vocab_start > 0 or V_local < real vocab) it outputs the\n"
+        "tensor-parallel partials instead: tile_max, tile_sum [N, tiles] f32, target_logit [N] f32,\n"
+        "target_owned [N] u8. The SHA-256 covers the raw little-endian bytes of the output tensors\n"
+        "concatenated in the order printed (logp|lse[|logits], or the partials).\n\n";
+  print_option_help(os, kRunOptions);
+  os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
+}
+
+HostProblem load_problem(const Options& o) {
+  const bool from_npy =
+      o.has("hidden") || o.has("weight") || o.has("targets") || o.has("bias") || o.has("temperatures");
+  const bool synthetic_shape = o.has("rows") || o.has("dim") || o.has("vocab") || o.has("seed") || o.flag("with-bias");
+  if (o.has("input") && from_npy) throw UsageError("--input and the .npy inputs (--hidden ...) exclude each other");
+  if ((o.has("input") || from_npy) && synthetic_shape)
+    throw UsageError("--rows/--dim/--vocab/--seed/--with-bias describe the synthetic problem; not with an input file");
+  if (from_npy && !(o.has("hidden") && o.has("weight") && o.has("targets")))
+    throw UsageError(".npy input needs --hidden, --weight and --targets");
+
+  HostProblem p;
+  if (o.has("input")) {
+    const std::string path = o.text("input");
+    if (path.size() >= 4 && path.substr(path.size() - 4) == ".npy")
+      throw UsageError("--input takes a .safetensors file; for .npy use --hidden/--weight/--targets");
+    p = problem_from_inputs(inputs_from_safetensors(path));
+    p.source = path;
+  } else if (from_npy) {
+    NamedInputs in;
+    for (const char* name : {"hidden", "weight", "targets", "bias", "temperatures"}) {
+      if (!o.has(name)) continue;
+      const std::string path = o.text(name);
+      const std::string tensor_name = std::string(name) == "temperatures" ? "temperature" : name;
+      in.tensors[tensor_name] = {path, io::read_npy(path)};
+    }
+    p = problem_from_inputs(in);
+    p.source = "npy files";
+  } else {
+    const int64_t rows = o.integer("rows", 64, 0, int64_t{1} << 24);
+    const int64_t dim = o.integer("dim", 1024, 1, int64_t{1} << 20);
+    const int64_t vocab = o.integer("vocab", 32000, 1, int64_t{1} << 24);
+    const int64_t seed = o.integer("seed", 0, 0, INT64_MAX);
+    if (rows * dim > (int64_t{1} << 30) || vocab * dim > (int64_t{1} << 31))
+      throw UsageError("synthetic problem too large (N*D <= 2^30 and V*D <= 2^31)");
+    const int64_t real_vocab = o.integer("real-vocab", -1, 1, INT64_MAX);
+    const int64_t ignore_index = o.integer("ignore-index", kDefaultIgnoreIndex, INT64_MIN, INT64_MAX);
+    p = synthetic_problem(static_cast<uint64_t>(seed), rows, dim, vocab, real_vocab, ignore_index, o.flag("with-bias"));
+    std::ostringstream src;
+    src << "synthetic (seed " << seed << (o.flag("with-bias") ? ", with bias" : "") << ")";
+    p.source = src.str();
+  }
+  if (o.has("real-vocab")) p.real_vocab = o.integer("real-vocab", -1, 1, INT64_MAX);
+  p.vocab_start = o.integer("vocab-start", 0, 0, INT64_MAX);
+  p.ignore_index = o.integer("ignore-index", p.ignore_index, INT64_MIN, INT64_MAX);
+  if (o.has("temperature")) {
+    if (p.temperature_from_input)
+      throw UsageError("--temperature given but the input already has a 'temperature' tensor");
+    p.temperature = o.real("temperature", 1.0f);
+  }
+  return p;
+}
+
+// The --out path, checked before any work: a .safetensors name in an existing directory.
+std::filesystem::path checked_out_path(const Options& o) {
+  if (!o.has("out")) return {};
+  const std::filesystem::path out_path = o.text("out");
+  if (out_path.extension() != ".safetensors") throw UsageError("--out must name a .safetensors file");
+  const std::filesystem::path dir = out_path.has_parent_path() ? out_path.parent_path() : ".";
+  DETLOGP_CHECK(std::filesystem::is_directory(dir),
+                "--out " << out_path.string() << ": directory '" << dir.string() << "' does not exist");
+  return out_path;
+}
+
+void print_summary(const HostProblem& p, const RunOutputs& out, double best_seconds, int64_t repeat,
+                   const std::string& sha) {
+  std::ostringstream temperature;
+  if (p.temperature_rows.empty())
+    temperature << p.temperature;
+  else
+    temperature << "per-row";
+  std::cout << "problem: " << p.source << ": N=" << p.rows << " D=" << p.dim << " V_local=" << p.vocab_local
+            << " real_vocab=" << p.effective_real_vocab() << " vocab_start=" << p.vocab_start
+            << " ignore_index=" << p.ignore_index << " temperature=" << temperature.str()
+            << " bias=" << (p.bias.empty() ? "no" : "yes") << "\n";
+  std::cout << "backend: " << describe_report(out.report) << "\n";
+  std::cout << "entry: "
+            << (out.partials ? "partials (vocab shard)"
+                : out.logits ? "serving (logits)"
+                             : "trainer")
+            << "\n";
+  std::ostringstream timing;
+  timing.setf(std::ios::fixed);
+  timing.precision(3);
+  timing << "time: " << best_seconds * 1e3 << " ms" << (repeat > 1 ? " (best of " + std::to_string(repeat) + ")" : "");
+  timing.precision(0);
+  timing << ", " << (best_seconds > 0 ? static_cast<double>(p.rows) / best_seconds : 0.0) << " rows/s";
+  std::cout << timing.str() << "\n";
+  std::cout << "sha256(" << sha_scope(out) << "): " << sha << "\n";
+}
+
+int command_run(const Options& o) {
+  check_environment();
+  const int64_t repeat = o.integer("repeat", 1, 1, 1000);
+  const std::filesystem::path out_path = checked_out_path(o);
+  const HostProblem p = load_problem(o);
+  const CallOptions opt = call_options(o);
+
+  RunOutputs out;
+  double best_seconds = 0;
+  std::string first_sha;
+  for (int64_t r = 0; r < repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    RunOutputs current = compute(p, o.flag("return-logits"), opt);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string sha = output_sha256(current);
+    if (r == 0) {
+      first_sha = sha;
+      best_seconds = seconds;
+      out = std::move(current);
+    } else {
+      best_seconds = std::min(best_seconds, seconds);
+      if (sha != first_sha) {
+        std::cerr << "detlogp run: repeat " << r << " gave different bits: sha256 " << sha << " vs " << first_sha
+                  << "\n";
+        return kExitCheckFailed;
+      }
+    }
+  }
+  print_summary(p, out, best_seconds, repeat, first_sha);
+
+  if (!out_path.empty()) {
+    io::SafetensorsContents file;
+    for (auto& [name, t] : out.tensors) file.add(name, std::move(t));
+    file.metadata["format"] = "detlogp-output-v1";
+    file.metadata["detlogp_version"] = version_string();
+    file.metadata["provenance"] = to_string(out.report.provenance);
+    file.metadata["sha256"] = first_sha;
+    io::write_safetensors(out_path, file);
+    std::cout << "wrote: " << out_path.string() << "\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+const Command kRunCommand{&kRunOptions, run_help, command_run};
+
+}  // namespace detlogp::cli
