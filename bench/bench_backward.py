@@ -22,7 +22,7 @@ torch chunk loop, for comparison (setting that variable for the whole run forces
 (DETLOGP_SM90_GRAD_CLUSTER=1) and "contract-1gib" with 1 GiB dz chunks instead of 256 MiB.
 The "bwd path" column says which backward served each method. "fwd ms" times the forward alone
 in the same harness, "bwd ms" is the difference of the two medians, and "bwd/GEMM" divides it by
-the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (issue 6's target: <= 3.3);
+the cuBLAS bf16 forward GEMM (F.linear) measured in the same run (today's figure: docs/perf.md);
 "ref fwd/fwd" is the torch materializing forward (bf16 F.linear, fp32 log_softmax over [N, V],
 gather) over the method's forward, when "ref" is among the methods.
 --profile prints the CUDA kernels of one forward, and of one forward + backward, of the contract

@@ -146,8 +146,8 @@ struct Timer {
   }
   // Medians of several methods timed round-robin, each repetition in a fresh random order (fixed
   // seed): clock or temperature drift reaches every method alike, and no method always follows
-  // the same predecessor (a rotation would keep each one's predecessor fixed; run 17-18 of
-  // docs/perf-notes.md showed the predecessor moving a large-N result by ~6 %).
+  // the same predecessor (a rotation would keep each one's predecessor fixed, and on an H200 the
+  // predecessor moves a large-N result by up to ~6 %: docs/perf.md, "Method").
   // Also per method: the mean SM clock and power sampled (NVML) while its launches ran, the
   // union of clock-event reasons seen (empty vectors without NVML).
   ClockProbe probe;

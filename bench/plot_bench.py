@@ -2,7 +2,7 @@
 """Time vs N per path from a bench_sm90 CSV (bench/results/*.csv) as a PNG, and the markdown table
 the README shows. Reads the CSV as written (with or without the git_sha column).
 
-    python3 bench/plot_bench.py bench/results/h200-2026-11-29-run11.csv --png out.png [--table]
+    python3 bench/plot_bench.py bench/results/h200-2026-11-30-run89.csv --png out.png [--table]
 """
 import argparse
 import csv
@@ -37,7 +37,7 @@ def main(argv=None):
     head = rows[0]
     title = (f"{head['gpu']}, D={head['D']} V={head['V']} bf16, {head['date'][:10]}"
              f"{', ' + head['git_sha'] if head.get('git_sha') else ''}")  # fmt: skip
-    # Median of the per-repetition ratios (CSVs from 2026-11-30 run 60 on), else absent.
+    # Median of the per-repetition ratios (CSVs with the ratio_vs_cublas_bf16out_paired column), else absent.
     paired = {int(r["N"]): float(r["ratio_vs_cublas_bf16out_paired"])
               for r in rows if r["method"] == "detlogp_trainer" and r.get("ratio_vs_cublas_bf16out_paired")}  # fmt: skip
     if args.table:

@@ -1,5 +1,5 @@
 """Where a forward call's time goes, under the same power and clock state as the benchmark: the
-cuBLAS bf16 GEMM (F.linear, the issue-6 reference) and detlogp's trainer forward
+cuBLAS bf16 GEMM (F.linear, the reference of docs/perf.md's ratios) and detlogp's trainer forward
 (detlogp.torch.linear_logp, no logits), timed round-robin in a fresh shuffled order per
 repetition, each call after an L2 flush, with CUDA events around every call and the torch
 profiler (CUPTI) recording every kernel of every call.

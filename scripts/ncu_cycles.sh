@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SM cycles of the fused trainer kernel against cuBLAS's GEMM, under ncu, for A/B of kernel changes.
 # ncu's cycle counts repeat within ~0.05 % from launch to launch, where CUDA-event timing of the same
-# kernel moves by 1-2 % (docs/perf-notes.md, runs 69-74), so a 0.3 % change shows here and not in
+# kernel moves by 1-2 % (H200; docs/perf.md), so a 0.3 % change shows here and not in
 # bench_sm90. Clocks are left alone (--clock-control none); ncu flushes the caches before every
-# profiled kernel, so effects that live in L2 between kernels (run 72) do not show.
+# profiled kernel, so effects that live in L2 between kernels (such as an L2 cache policy on the
+# tile summaries that the combine reads) do not show.
 #
 #   scripts/ncu_cycles.sh [--n 1024,4096] [--rounds 2] [--kernel REGEX] BENCH_SM90 [BENCH_SM90 ...]
 #

@@ -1,8 +1,8 @@
 // SM90 mainloop ceilings: the persistent TMA -> wgmma mainloops of the fused kernels with the
 // epilogue left out, against cuBLAS's bf16 GEMM in the same run. It answers one question: which
-// CTA tile can run the tensor cores as fast as cuBLAS once its epilogue is hidden? The shared-memory
-// traffic count in docs/history/perf-notes.md ("What the numbers say") predicts 64 x 256 ping-pong tiles
-// at most ~80 % of the tensor peak, 128 x 192 cooperative tiles ~93 %, 128 x 256 ~100 %.
+// CTA tile can run the tensor cores as fast as cuBLAS once its epilogue is hidden? (Measured on
+// the H200: docs/perf.md, "Where the time goes"; the dated measurements in
+// docs/history/perf-notes.md.)
 //
 // Kernels, all persistent with one CTA per SM, the production producer (pingpong_produce) and ring:
 //   pingpong_64x256[_c2]  the forward's `prefill` / `prefill_c2` consumers (two warpgroups take
@@ -100,10 +100,10 @@ __device__ __forceinline__ void produce_all(const RingSmem<Cfg>& ring, const CUt
 
 // What a ping-pong consumer does with a finished tile: nothing (sink_tile), the production trainer
 // epilogue (epilogue_tile_summaries, general or plain as the library launches it for the trainer
-// entry; kPlainPerTile: the plain epilogue one vocab tile at a time, as before the whole-fragment
-// form), or one ingredient of it alone, to tell which part slows the other warpgroup's mainloop:
-// its shuffles (the plain epilogue's 18 per 16 values), its ALU work (16 FFMA per value), its
-// summary stores (one 8-byte store per row and vocab tile).
+// entry; kPlainPerTile: the plain epilogue one vocab tile at a time, to compare with the
+// whole-fragment form), or one ingredient of it alone, to tell which part slows the other
+// warpgroup's mainloop: its shuffles (the plain epilogue's 18 per 16 values), its ALU work (16 FFMA
+// per value), its summary stores (one 8-byte store per row and vocab tile).
 enum class TileWork {
   kNone,
   kEpilogue,
