@@ -1,38 +1,22 @@
 #include <algorithm>
 #include <atomic>
-#include <sstream>
+#include <thread>
 
 #include "gpu_test_util.hpp"
 #include "sm90/launch_table.hpp"
+#include "test_random.hpp"
 
 namespace gput {
 namespace {
 
-__device__ uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-__device__ float uniform01(uint64_t seed, int64_t i) {
-  return static_cast<float>(mix(seed * 0x100000001B3ull + static_cast<uint64_t>(i)) >> 40) * 0x1p-24f;
-}
-
-__device__ uint16_t to_bf16(float x) {
-  uint32_t u = __float_as_uint(x);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 __global__ void fill_bf16_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    p[i] = to_bf16((uniform01(seed, i) * 2.0f - 1.0f) * scale);
+    p[i] = detlogp::fp::bf16_round((detlogp_test::unit_float_at(seed, i) * 2.0f - 1.0f) * scale);
 }
 
 __global__ void fill_f32_kernel(float* p, int64_t n, uint64_t seed, float lo, float hi) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    p[i] = lo + (hi - lo) * uniform01(seed, i);
+    p[i] = lo + (hi - lo) * detlogp_test::unit_float_at(seed, i);
 }
 
 __global__ void gather_kernel(uint16_t* dst, const uint16_t* src, const int64_t* idx, int64_t rows, int64_t cols) {
@@ -58,29 +42,40 @@ __global__ void count_poison_kernel(const float* p, int64_t n, unsigned long lon
 
 }  // namespace
 
-int skip_unless_sm90(const char* test) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    std::printf("SKIP %s: no CUDA device (%s)\n", test, e == cudaSuccess ? "count 0" : cudaGetErrorName(e));
-    return 77;
-  }
-  std::string why;
-  if (!sm90().available(&why)) {
-    std::printf("SKIP %s: SM90 backend unavailable: %s\n", test, why.c_str());
-    return 77;
-  }
-  std::printf("%s on %s\n", test, why.c_str());
-  return 0;
+const std::string& sm90_skip_reason() {
+  static const std::string reason = [] {
+    int count = 0;
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+      (void)cudaGetLastError();
+      return std::string("no CUDA device (") + (e == cudaSuccess ? "device count 0" : cudaGetErrorName(e)) + ")";
+    }
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::string("could not query the current CUDA device");
+    }
+    if (prop.major * 10 + prop.minor != 90)
+      return "CUDA device " + std::to_string(dev) + " (" + prop.name + ") has compute capability " +
+             std::to_string(prop.major) + "." + std::to_string(prop.minor) + "; these tests need 9.0 (SM90)";
+    std::string why;
+    if (!sm90().available(&why)) return "SM90 backend unavailable: " + why;
+    return std::string();
+  }();
+  return reason;
 }
 
-int finish(const char* test) {
-  if (failures() == 0) {
-    std::printf("PASS %s\n", test);
-    return 0;
-  }
-  std::printf("FAILED %s: %d failed checks\n", test, failures());
-  return 1;
+std::string sm90_device_description() {
+  if (!sm90_skip_reason().empty()) return "skipped: " + sm90_skip_reason();
+  std::string device;
+  sm90().available(&device);
+  return device;
+}
+
+Options& options() {
+  static Options o;
+  return o;
 }
 
 void fill_bf16_uniform(uint16_t* p, int64_t n, uint64_t seed, float scale) {
@@ -170,12 +165,12 @@ RefRow reference_row(const uint16_t* h, const std::vector<uint16_t>& w, const st
   r.z.resize(static_cast<size_t>(vocab));
   r.abs_dot.resize(static_cast<size_t>(vocab));
   std::vector<double> hd(static_cast<size_t>(dim));
-  for (int64_t k = 0; k < dim; ++k) hd[k] = bf16f(h[k]);
+  for (int64_t k = 0; k < dim; ++k) hd[k] = detlogp::fp::bf16_to_float(h[k]);
   parallel_for(vocab, [&](int64_t v) {
     const uint16_t* wr = w.data() + v * dim;
     double s = 0, a = 0;
     for (int64_t k = 0; k < dim; ++k) {
-      const double prod = hd[k] * static_cast<double>(bf16f(wr[k]));
+      const double prod = hd[k] * static_cast<double>(detlogp::fp::bf16_to_float(wr[k]));
       s += prod;
       a += std::fabs(prod);
     }

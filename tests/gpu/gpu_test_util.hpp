@@ -1,56 +1,60 @@
-// Helpers for the SM90 GPU tests: skip logic (exit code 77 with a printed reason), a failure
-// counter with real assertions, RAII device buffers, device-side random data and gathers, problem
-// construction for the backend, output poisoning, and a float64 reference.
+// Helpers for the SM90 GPU tests: the fixture that skips where no SM90 GPU is present, the
+// command-line options of the tests' shared main, RAII device buffers, device-side random data and
+// gathers, problem construction for the backend, output poisoning, and a float64 reference.
 #pragma once
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
-#include <sstream>
+#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/problem.hpp"
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
+#include "detlogp/fpops.hpp"
+#include "scoped_env.hpp"
 
 namespace gput {
 
-inline int& failures() {
-  static int n = 0;
-  return n;
-}
+using detlogp_test::ScopedEnv;
 
-#define GPU_EXPECT(cond, msg)                                                                  \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      std::ostringstream gpu_os_;                                                              \
-      gpu_os_ << msg;                                                                          \
-      std::printf("FAIL %s:%d: %s\n  %s\n", __FILE__, __LINE__, #cond, gpu_os_.str().c_str()); \
-      ++::gput::failures();                                                                    \
-    }                                                                                          \
+// Test infrastructure errors end the test with the CUDA error named (they are not what is under
+// test; gtest reports the exception as the test's failure).
+#define GPU_CUDA(expr)                                                                                       \
+  do {                                                                                                       \
+    const cudaError_t e_ = (expr);                                                                           \
+    if (e_ != cudaSuccess)                                                                                   \
+      throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(e_) + " at " + __FILE__ + ":" + \
+                               std::to_string(__LINE__) + ": " + #expr);                                     \
   } while (0)
 
-// Test infrastructure errors abort the test (they are not what is under test).
-#define GPU_CUDA(expr)                                                                              \
-  do {                                                                                              \
-    const cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
+// Empty when an SM90 device and backend are usable; otherwise why not (no CUDA device, the
+// device's compute capability, or the backend's own reason). Probed once.
+const std::string& sm90_skip_reason();
+// The device the tests run on, in words (the backend's description), or the skip reason.
+std::string sm90_device_description();
 
-// 0 when an SM90 device and backend are usable; otherwise prints why and returns 77 (ctest skip).
-int skip_unless_sm90(const char* test);
-int finish(const char* test);  // prints PASS/FAIL summary, returns 0 or 1
+// Base of every GPU test: skipped, with the reason, where no SM90 GPU is present.
+class Sm90Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!sm90_skip_reason().empty()) GTEST_SKIP() << sm90_skip_reason();
+  }
+};
+
+// The options of the GPU tests' shared main (gpu_test_main.cpp), after gtest's own flags.
+struct Options {
+  bool small = false;  // --small: shapes fast enough for compute-sanitizer
+  bool nccl = true;    // --no-nccl: leave out the multi-GPU NCCL part
+};
+Options& options();
 
 template <class T>
 class DevBuf {
@@ -79,10 +83,7 @@ class DevBuf {
     return h;
   }
   void from_host(const std::vector<T>& h) {
-    if (h.size() != n_) {
-      std::printf("from_host size mismatch\n");
-      std::exit(2);
-    }
+    if (h.size() != n_) throw std::length_error("DevBuf::from_host: size mismatch");
     if (n_) GPU_CUDA(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
   }
   void poison() {  // 0xFFFFFFFF: a NaN the kernels never write (they write the canonical 0x7FC00000)
@@ -134,33 +135,6 @@ detlogp::detail::LogpProblem device_problem(const DeviceModel& m, const uint16_t
 const detlogp::detail::Backend& sm90();
 // Every SM90 launch bucket's DETLOGP_SM90_BUCKET name, in the launch table's order.
 std::vector<std::string> sm90_bucket_names();
-
-// Scoped environment variable.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) {
-      had_ = true;
-      old_ = v;
-    }
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (had_)
-      setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
-
-inline float bf16f(uint16_t b) { return detlogp::bitcmp::float_from_bits(static_cast<uint32_t>(b) << 16); }
 
 // float64 reference of one row: z (with bias), lse and logp at temperature T.
 struct RefRow {

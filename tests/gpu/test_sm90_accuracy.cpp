@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ostream>
+#include <string>
 
 #include "gpu_test_util.hpp"
+#include "test_random.hpp"
 
 #if DETLOGP_TEST_HAVE_CUBLAS
 #include <cublas_v2.h>
@@ -21,9 +24,32 @@ struct Shape {
   bool bias;
   float temperature;
   bool per_row_temperature;
+  uint64_t seed;
 };
 
-void check_shape(const Shape& s, uint64_t seed) {
+void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
+
+const Shape kShapes[] = {
+    {"qwen3-8b", 4, 4096, 151936, 151936, false, 1.0f, false, 1234},
+    {"qwen3-8b-bias-T", 3, 4096, 151936, 151936, true, 0.7f, false, 1235},
+    {"V17-D64", 5, 64, 17, 17, true, 0.7f, false, 1236},
+    {"V2053-D1024", 33, 1024, 2053, 2053, false, 1.3f, true, 1237},
+    {"V30522-D1024", 9, 1024, 30522, 30522, true, 1.0f, false, 1238},
+    {"V2053-D64-padded-real2000", 7, 64, 2053, 2000, false, 1.0f, false, 1239},
+    {"V2053-D72-oddK", 6, 72, 2053, 2053, true, 2.0f, false, 1240},
+    // 3126 tiles a row: more than one chunk of the held-tiles combine (3072), the bits still the
+    // CPU's.
+    {"V200003-D64-long-row", 3, 64, 200003, 200003, false, 1.0f, false, 1241},
+};
+
+class Sm90Accuracy : public Sm90Test, public ::testing::WithParamInterface<Shape> {};
+class Sm90CublasComparison : public Sm90Test {};
+
+}  // namespace
+
+TEST_P(Sm90Accuracy, MatchesFloat64AndTheCpuReductionOfItsLogits) {
+  const Shape& s = GetParam();
+  const uint64_t seed = s.seed;
   std::printf("-- %s: N=%lld D=%lld V=%lld real=%lld bias=%d T=%g per_row_T=%d\n", s.name, (long long)s.rows,
               (long long)s.dim, (long long)s.vocab, (long long)s.real_vocab, s.bias, s.temperature,
               s.per_row_temperature);
@@ -32,11 +58,8 @@ void check_shape(const Shape& s, uint64_t seed) {
   DevBuf<uint16_t> hidden(static_cast<size_t>(s.rows * s.dim));
   fill_bf16_uniform(hidden.get(), s.rows * s.dim, seed + 1, 1.0f);
   std::vector<int32_t> targets(static_cast<size_t>(s.rows));
-  uint64_t x = seed;
-  for (int64_t r = 0; r < s.rows; ++r) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    targets[r] = (r % 5 == 3) ? -100 : static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(s.real_vocab));
-  }
+  detlogp_test::Rng rng(seed);
+  for (int64_t r = 0; r < s.rows; ++r) targets[r] = (r % 5 == 3) ? -100 : static_cast<int32_t>(rng.below(s.real_vocab));
   std::vector<float> temps(static_cast<size_t>(s.rows));
   for (int64_t r = 0; r < s.rows; ++r)
     temps[r] = s.per_row_temperature ? 0.5f + 0.25f * static_cast<float>(r % 7) : s.temperature;
@@ -58,18 +81,17 @@ void check_shape(const Shape& s, uint64_t seed) {
   sm90().run(ps);
   sm90().run(pt);
   GPU_CUDA(cudaDeviceSynchronize());
-  GPU_EXPECT(count_poison(serving.logits.get(), s.rows * s.vocab) == 0, "serving logits not fully written");
+  EXPECT_EQ(count_poison(serving.logits.get(), s.rows * s.vocab), 0) << "serving logits not fully written";
   const auto logits = serving.logits.to_host();
   const auto logp_s = serving.logp.to_host(), lse_s = serving.lse.to_host();
   const auto logp_t = trainer.logp.to_host(), lse_t = trainer.lse.to_host();
   auto c1 = detlogp::bitcmp::compare(logp_s, logp_t);
   auto c2 = detlogp::bitcmp::compare(lse_s, lse_t);
-  GPU_EXPECT(c1.identical() && c2.identical(),
-             "trainer vs serving: " << c1.describe("logp") << "; " << c2.describe("lse"));
+  EXPECT_TRUE(c1.identical() && c2.identical())
+      << "trainer vs serving: " << c1.describe("logp") << "; " << c2.describe("lse");
   for (int64_t r = 0; r < s.rows; ++r)
-    GPU_EXPECT(
-        detlogp::bitcmp::float_bits(logp_s[r]) != 0xFFFFFFFFu && detlogp::bitcmp::float_bits(lse_s[r]) != 0xFFFFFFFFu,
-        "row " << r << " logp/lse not written");
+    EXPECT_TRUE(detlogp::fp::bits(logp_s[r]) != 0xFFFFFFFFu && detlogp::fp::bits(lse_s[r]) != 0xFFFFFFFFu)
+        << "row " << r << " logp/lse not written";
 
   // float64 reference.
   const auto w = m.weight.to_host();
@@ -96,17 +118,17 @@ void check_shape(const Shape& s, uint64_t seed) {
     const double lse_err = std::fabs(lse_s[r] - ref.lse), logp_err = std::fabs(logp_s[r] - ref.logp);
     max_lse_err = std::max(max_lse_err, lse_err);
     max_logp_err = std::max(max_logp_err, logp_err);
-    GPU_EXPECT(lse_err <= tol,
-               s.name << " row " << r << " lse " << lse_s[r] << " vs ref " << ref.lse << " (tol " << tol << ")");
-    GPU_EXPECT(logp_err <= tol,
-               s.name << " row " << r << " logp " << logp_s[r] << " vs ref " << ref.logp << " (tol " << tol << ")");
-    if (t < 0) GPU_EXPECT(detlogp::bitcmp::float_bits(logp_s[r]) == 0u, "ignored row " << r << " logp must be +0");
+    EXPECT_LE(lse_err, tol) << s.name << " row " << r << " lse " << lse_s[r] << " vs ref " << ref.lse;
+    EXPECT_LE(logp_err, tol) << s.name << " row " << r << " logp " << logp_s[r] << " vs ref " << ref.logp;
+    if (t < 0) {
+      EXPECT_EQ(detlogp::fp::bits(logp_s[r]), 0u) << "ignored row " << r << " logp must be +0";
+    }
   }
   const double rel = std::sqrt(num / std::max(den, 1e-300));
   std::printf("   logits rel-L2 err %.3g, max |dz| %.3g (%.3g of tol), max |dlse| %.3g, max |dlogp| %.3g\n", rel,
               max_z_err, max_z_ratio, max_lse_err, max_logp_err);
-  GPU_EXPECT(max_z_ratio <= 1.0, s.name << " logits outside tolerance");
-  GPU_EXPECT(rel < 1e-5, s.name << " logits relative error " << rel);
+  EXPECT_LE(max_z_ratio, 1.0) << s.name << " logits outside tolerance";
+  EXPECT_LT(rel, 1e-5) << s.name << " logits relative error";
 
   // Cross-backend: the CPU contract reducer over the SM90 logits reproduces the SM90 bits.
   std::vector<float> logp_cpu(s.rows), lse_cpu(s.rows);
@@ -123,13 +145,22 @@ void check_shape(const Shape& s, uint64_t seed) {
   auto x2 = detlogp::bitcmp::compare(lse_cpu, lse_s);
   std::printf("   cross-backend (CPU reduce_logits of SM90 logits): %s; %s\n", x1.describe("logp").c_str(),
               x2.describe("lse").c_str());
-  GPU_EXPECT(x1.identical() && x2.identical(), "cross-backend mismatch");
+  EXPECT_TRUE(x1.identical() && x2.identical()) << "cross-backend mismatch";
 }
 
-#if DETLOGP_TEST_HAVE_CUBLAS
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Accuracy, ::testing::ValuesIn(kShapes),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           std::string name = info.param.name;
+                           for (char& c : name)
+                             if (c == '-') c = '_';
+                           return name;
+                         });
+
 // CONTRACT.md §6: at shapes where cuBLAS does not split K, its fp32-output bf16 GEMM gives the
-// same bits as the K-ascending wgmma chain. Informative: printed, not asserted.
-void cublas_logits_comparison() {
+// same bits as the K-ascending wgmma chain. The comparison is informative: printed, not asserted
+// (that the SM90 run writes every logit is).
+TEST_F(Sm90CublasComparison, ServingLogitsComparedWithCublasGemm) {
+#if DETLOGP_TEST_HAVE_CUBLAS
   const int64_t n = 300, d = 4096, v = 1024;
   DeviceModel m;
   m.make(d, v, 77, false);
@@ -142,12 +173,11 @@ void cublas_logits_comparison() {
   o.make(n, v, true);
   auto p = device_problem(m, hidden.get(), n, dt.get(), o);
   sm90().run(p);
+  GPU_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(count_poison(o.logits.get(), n * v), 0) << "serving logits not fully written";
   DevBuf<float> c(static_cast<size_t>(n * v));
   cublasHandle_t handle;
-  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
-    std::printf("INFO cuBLAS comparison skipped: cublasCreate failed\n");
-    return;
-  }
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) GTEST_SKIP() << "cuBLAS comparison: cublasCreate failed";
   const float alpha = 1.0f, beta = 0.0f;
   // Column-major C[v x n] = W^T... : A = W (d x v col-major, transposed), B = h (d x n col-major).
   const cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(v), static_cast<int>(n),
@@ -156,45 +186,12 @@ void cublas_logits_comparison() {
                                          static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   GPU_CUDA(cudaDeviceSynchronize());
   cublasDestroy(handle);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    std::printf("INFO cuBLAS comparison skipped: cublasGemmEx status %d\n", static_cast<int>(st));
-    return;
-  }
+  if (st != CUBLAS_STATUS_SUCCESS) GTEST_SKIP() << "cuBLAS comparison: cublasGemmEx status " << static_cast<int>(st);
   auto a = o.logits.to_host(), b = c.to_host();
   auto r = detlogp::bitcmp::compare(b, a);
   std::printf("INFO SM90 serving logits vs cuBLAS bf16 GEMM fp32-out (M=%lld N=%lld K=%lld): %s\n", (long long)n,
               (long long)v, (long long)d, r.describe("logits (expected=cuBLAS)").c_str());
-}
-#endif
-
-}  // namespace
-
-int main() {
-  if (int rc = skip_unless_sm90("test_sm90_accuracy")) return rc;
-  const Shape shapes[] = {
-      {"qwen3-8b", 4, 4096, 151936, 151936, false, 1.0f, false},
-      {"qwen3-8b-bias-T", 3, 4096, 151936, 151936, true, 0.7f, false},
-      {"V17-D64", 5, 64, 17, 17, true, 0.7f, false},
-      {"V2053-D1024", 33, 1024, 2053, 2053, false, 1.3f, true},
-      {"V30522-D1024", 9, 1024, 30522, 30522, true, 1.0f, false},
-      {"V2053-D64-padded-real2000", 7, 64, 2053, 2000, false, 1.0f, false},
-      {"V2053-D72-oddK", 6, 72, 2053, 2053, true, 2.0f, false},
-      // 3126 tiles a row: more than one chunk of the held-tiles combine (3072), the bits still the
-      // CPU's.
-      {"V200003-D64-long-row", 3, 64, 200003, 200003, false, 1.0f, false},
-  };
-  uint64_t seed = 1234;
-  for (const auto& s : shapes) {
-    try {
-      check_shape(s, seed++);
-    } catch (const std::exception& e) {
-      GPU_EXPECT(false, s.name << ": exception " << e.what());
-    }
-  }
-#if DETLOGP_TEST_HAVE_CUBLAS
-  cublas_logits_comparison();
 #else
-  std::printf("INFO cuBLAS not found at build time: logits-vs-cuBLAS comparison not built\n");
+  GTEST_SKIP() << "cuBLAS not found at build time: logits-vs-cuBLAS comparison not built";
 #endif
-  return finish("test_sm90_accuracy");
 }

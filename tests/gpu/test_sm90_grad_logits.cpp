@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/grad_logits.hpp"
 #include "gpu_test_util.hpp"
+#include "test_random.hpp"
 
 using namespace gput;
 using namespace detlogp;
@@ -64,18 +64,12 @@ struct GradCase {
     m.make(s.d, s.vocab, seed, s.bias);
     hidden = DevBuf<uint16_t>(static_cast<size_t>(s.n * s.d));
     fill_bf16_uniform(hidden.get(), s.n * s.d, seed ^ 0x51ull, 1.0f);
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    auto next = [&x] {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      return x;
-    };
+    detlogp_test::Rng rng(seed);
     targets.resize(static_cast<size_t>(s.n));
     const int64_t in_chunk = std::min(s.c, s.real_vocab - s.vocab_start);
     for (int64_t i = 0; i < s.n; ++i) {
-      targets[i] = static_cast<int64_t>(next() % static_cast<uint64_t>(s.real_vocab));
-      if (i % 3 == 0 && in_chunk > 0) targets[i] = s.vocab_start + static_cast<int64_t>(next() % in_chunk);
+      targets[i] = rng.below(s.real_vocab);
+      if (i % 3 == 0 && in_chunk > 0) targets[i] = s.vocab_start + rng.below(in_chunk);
       if (i % 7 == 5) targets[i] = kDefaultIgnoreIndex;
     }
     if (s.n > 1) targets[1] = s.real_vocab - 1;
@@ -85,8 +79,8 @@ struct GradCase {
     g_lse.resize(static_cast<size_t>(s.n));
     for (int64_t i = 0; i < s.n; ++i) {
       temps[i] = 0.5f + 0.125f * static_cast<float>(i % 9);
-      g_logp[i] = static_cast<float>(next() % 2001) / 1000.0f - 0.5f;
-      g_lse[i] = static_cast<float>(next() % 1001) / 1000.0f - 0.5f;
+      g_logp[i] = static_cast<float>(rng.below(2001)) / 1000.0f - 0.5f;
+      g_lse[i] = static_cast<float>(rng.below(1001)) / 1000.0f - 0.5f;
     }
     d_temps = DevBuf<float>(temps.size());
     d_temps.from_host(temps);
@@ -201,10 +195,10 @@ void expect_bits(const std::vector<uint16_t>& ref, const std::vector<uint16_t>& 
       if (first < 0) first = static_cast<int64_t>(i);
       ++diff;
     }
-  GPU_EXPECT(diff == 0, what << " " << describe(s) << ": " << diff << " of " << ref.size()
-                             << " bf16 elements differ; first at row " << (first / stride) << " col "
-                             << (first % stride) << ": expected 0x" << std::hex << ref[first] << ", got 0x"
-                             << got[first] << std::dec);
+  if (diff == 0) return;
+  ADD_FAILURE() << what << " " << describe(s) << ": " << diff << " of " << ref.size()
+                << " bf16 elements differ; first at row " << (first / stride) << " col " << (first % stride)
+                << ": expected 0x" << std::hex << ref[first] << ", got 0x" << got[first] << std::dec;
 }
 
 // The CPU implementation on host copies: its z is the CPU's (arch-specific), so only close.
@@ -231,28 +225,29 @@ void expect_close_to_cpu(const GradCase& g, const std::vector<uint16_t>& gpu) {
   std::vector<uint16_t> cpu(static_cast<size_t>(s.n * g.dz_stride), kPoison);
   const CallReport r = linear_logp_grad_logits(
       in, a, {TensorView::matrix(cpu.data(), DType::bf16, s.n, s.c, Memory::host, g.dz_stride)});
-  GPU_EXPECT(r.provenance.backend_id == "cpu-linear-logp-contract-v1", "CPU op served by " << r.provenance.backend_id);
+  EXPECT_EQ(r.provenance.backend_id, "cpu-linear-logp-contract-v1") << "the backend that served the CPU op";
   int64_t bad = 0;
   double worst = 0;
   for (int64_t n = 0; n < s.n; ++n) {
     const double scale = (std::fabs(g.g_logp[n]) + std::fabs(g.g_lse[n])) / (s.temp_rows ? g.temps[n] : 0.8f);
     for (int64_t c = 0; c < s.c; ++c) {
-      const double x = bf16f(cpu[n * g.dz_stride + c]), y = bf16f(gpu[n * g.dz_stride + c]);
+      const double x = fp::bf16_to_float(cpu[n * g.dz_stride + c]), y = fp::bf16_to_float(gpu[n * g.dz_stride + c]);
       const double err = std::fabs(x - y);
       // One bf16 ulp (2^-8 relative) from a rounding flip plus the fp32 z difference.
       if (!(err <= 0x1p-7 * std::fabs(x) + 1e-5 * scale)) ++bad;
       worst = std::max(worst, err / (std::fabs(x) + 1e-30));
     }
   }
-  GPU_EXPECT(bad == 0, "SM90 vs CPU " << describe(s) << ": " << bad << " elements outside the tolerance");
+  EXPECT_EQ(bad, 0) << "SM90 vs CPU " << describe(s) << ": elements outside the tolerance";
 }
+
+class Sm90GradLogits : public Sm90Test {};
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (int rc = skip_unless_sm90("test_sm90_grad_logits")) return rc;
+TEST_F(Sm90GradLogits, ShapeGridMatchesThePinnedFormulaOnSm90LogitsBitForBit) {
   // --small: the shapes with D <= 200 only (fast enough for compute-sanitizer).
-  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  const bool small = options().small;
 
   // The shape grid: every (N, C, D), the other options varied along it.
   int idx = 0;
@@ -286,7 +281,7 @@ int main(int argc, char** argv) {
         s.stride_pad = idx % 4 == 2 ? 7 : 0;
         GradCase g(s, 1000 + idx);
         const CallReport r = g.run();
-        GPU_EXPECT(r.provenance.backend_id == kId, "served by " << r.provenance.backend_id);
+        EXPECT_EQ(r.provenance.backend_id, kId) << describe(s);
         const std::vector<uint16_t> got = g.dz_host();
         expect_bits(g.reference(), got, s, g.dz_stride, "SM90 dz vs the pinned formula on SM90 logits");
         if (d <= 200 && n * c <= 300 * 2053) expect_close_to_cpu(g, got);
@@ -296,32 +291,36 @@ int main(int argc, char** argv) {
           expect_bits(got, g.dz_host(), s, g.dz_stride, "second run");
         }
         {  // the other free-axis schedule: one CTA per weight stage instead of a 2-CTA cluster
-          EnvGuard env("DETLOGP_SM90_GRAD_CLUSTER", "1");
+          ScopedEnv env("DETLOGP_SM90_GRAD_CLUSTER", "1");
           g.dz.poison();
           g.run();
           expect_bits(got, g.dz_host(), s, g.dz_stride, "DETLOGP_SM90_GRAD_CLUSTER=1 vs the default 2");
         }
         if (g.s.offset_dz) {  // the element before dz stays untouched
-          GPU_EXPECT(g.dz.to_host()[0] == kPoison, "the element before dz was written " << describe(s));
+          EXPECT_EQ(g.dz.to_host()[0], kPoison) << "the element before dz was written " << describe(s);
         }
         ++idx;
       }
   std::printf("   %d shapes checked (each also with DETLOGP_SM90_GRAD_CLUSTER=1: same bits)\n", idx);
+}
 
-  {  // a bad cluster knob is refused by name
-    EnvGuard env("DETLOGP_SM90_GRAD_CLUSTER", "3");
+TEST_F(Sm90GradLogits, ABadClusterKnobIsRefusedByName) {
+  {
+    ScopedEnv env("DETLOGP_SM90_GRAD_CLUSTER", "3");
     Spec s{77, 123, 64, 0, 123, 123, false, false, true, false, false, false, 0};
     GradCase g(s, 11);
     try {
       g.run();
-      GPU_EXPECT(false, "DETLOGP_SM90_GRAD_CLUSTER=3 was not refused");
+      ADD_FAILURE() << "DETLOGP_SM90_GRAD_CLUSTER=3 was not refused";
     } catch (const detlogp::Error& e) {
-      GPU_EXPECT(std::string(e.what()).find("DETLOGP_SM90_GRAD_CLUSTER=3") != std::string::npos,
-                 "message: " << e.what());
+      EXPECT_NE(std::string(e.what()).find("DETLOGP_SM90_GRAD_CLUSTER=3"), std::string::npos)
+          << "message: " << e.what();
     }
   }
+}
 
-  // Bad device-resident inputs: refused with the row and value named, nothing written.
+// Bad device-resident inputs: refused with the row and value named, nothing written.
+TEST_F(Sm90GradLogits, BadTargetsAndTemperaturesAreRefusedWithNothingWritten) {
   {
     Spec s{77, 123, 64, 64, 64 + 123, 64 + 123 + 64, true, true, true, true, false, false, 0};
     GradCase g(s, 7);
@@ -331,23 +330,23 @@ int main(int argc, char** argv) {
     g.dz.poison();
     try {
       g.run();
-      GPU_EXPECT(false, "a target == real_vocab was not refused");
+      ADD_FAILURE() << "a target == real_vocab was not refused";
     } catch (const detlogp::Error& e) {
       const std::string msg = e.what();
       const std::string want =
           "targets[5]=" + std::to_string(s.real_vocab) + " is >= real_vocab=" + std::to_string(s.real_vocab);
-      GPU_EXPECT(msg.find(want) != std::string::npos, "message: " << msg);
+      EXPECT_NE(msg.find(want), std::string::npos) << "message: " << msg;
       std::printf("   bad target -> %s\n", msg.c_str());
     }
-    GPU_EXPECT(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2) == (s.n * s.c + 1) / 2,
-               "dz was written despite an invalid target");
+    EXPECT_EQ(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2), (s.n * s.c + 1) / 2)
+        << "dz was written despite an invalid target";
     bad[5] = -7;
     g.set_targets(bad);
     try {
       g.run();
-      GPU_EXPECT(false, "a negative target was not refused");
+      ADD_FAILURE() << "a negative target was not refused";
     } catch (const detlogp::Error& e) {
-      GPU_EXPECT(std::string(e.what()).find("targets[5]=-7") != std::string::npos, "message: " << e.what());
+      EXPECT_NE(std::string(e.what()).find("targets[5]=-7"), std::string::npos) << "message: " << e.what();
     }
     g.set_targets(g.targets);
     std::vector<float> t = g.temps;
@@ -355,19 +354,22 @@ int main(int argc, char** argv) {
     g.d_temps.from_host(t);
     try {
       g.run();
-      GPU_EXPECT(false, "a zero temperature was not refused");
+      ADD_FAILURE() << "a zero temperature was not refused";
     } catch (const detlogp::Error& e) {
-      GPU_EXPECT(std::string(e.what()).find("temperature_rows[9]=0") != std::string::npos, "message: " << e.what());
+      EXPECT_NE(std::string(e.what()).find("temperature_rows[9]=0"), std::string::npos) << "message: " << e.what();
     }
-    GPU_EXPECT(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2) == (s.n * s.c + 1) / 2,
-               "dz was written despite an invalid input");
-    GPU_EXPECT(cudaGetLastError() == cudaSuccess, "CUDA error state left behind");
+    EXPECT_EQ(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2), (s.n * s.c + 1) / 2)
+        << "dz was written despite an invalid input";
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "CUDA error state left behind";
     // Still usable afterwards.
     g.d_temps.from_host(g.temps);
     g.run();
     expect_bits(g.reference(), g.dz_host(), s, g.dz_stride, "after the errors");
   }
-  {  // a misaligned hidden (TMA) is refused on the host
+}
+
+TEST_F(Sm90GradLogits, AMisalignedHiddenIsRefusedOnTheHost) {
+  {
     Spec s{16, 64, 64, 0, 64, 64, false, false, true, false, false, false, 0};
     GradCase g(s, 9);
     auto in = g.chunk_inputs();
@@ -381,10 +383,9 @@ int main(int argc, char** argv) {
     dz.rows = s.n - 1;
     try {
       linear_logp_grad_logits(in, a, dz);
-      GPU_EXPECT(false, "a misaligned hidden was not refused");
+      ADD_FAILURE() << "a misaligned hidden was not refused";
     } catch (const detlogp::Error& e) {
-      GPU_EXPECT(std::string(e.what()).find("16-byte") != std::string::npos, "message: " << e.what());
+      EXPECT_NE(std::string(e.what()).find("16-byte"), std::string::npos) << "message: " << e.what();
     }
   }
-  return finish("test_sm90_grad_logits");
 }

@@ -6,24 +6,24 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
-#include <random>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "sm90/workspace.hpp"
+#include "test_random.hpp"
 
 using namespace gput;
 using detlogp::bitcmp::compare;
-using detlogp::bitcmp::float_bits;
+using detlogp::fp::bits;
+using detlogp_test::Rng;
 
 namespace {
 
-const std::vector<std::string> kBuckets = sm90_bucket_names();
-
 std::vector<int32_t> random_targets(int64_t n, int64_t vocab, uint64_t seed, int ignore_every) {
-  std::mt19937_64 g(seed);
+  Rng rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    t[i] = (ignore_every > 0 && i % ignore_every == ignore_every - 1) ? -100 : static_cast<int32_t>(g() % vocab);
+    t[i] = (ignore_every > 0 && i % ignore_every == ignore_every - 1) ? -100 : static_cast<int32_t>(rng.below(vocab));
   return t;
 }
 
@@ -51,7 +51,7 @@ void run_subset(const char* what, const DeviceModel& m, const DevBuf<uint16_t>& 
   try {
     sm90().run(p);
   } catch (const std::exception& e) {
-    GPU_EXPECT(false, what << ": exception " << e.what());
+    ADD_FAILURE() << what << ": exception " << e.what();
     return;
   }
   const auto logp = o.logp.to_host(), lse = o.lse.to_host();
@@ -61,19 +61,20 @@ void run_subset(const char* what, const DeviceModel& m, const DevBuf<uint16_t>& 
     es[i] = base.lse[idx[i]];
   }
   auto a = compare(el, logp), b = compare(es, lse);
-  GPU_EXPECT(a.identical() && b.identical(), what << " N=" << n << (serving ? " serving" : " trainer") << ": "
-                                                  << a.describe("logp") << "; " << b.describe("lse"));
+  EXPECT_TRUE(a.identical() && b.identical()) << what << " N=" << n << (serving ? " serving" : " trainer") << ": "
+                                              << a.describe("logp") << "; " << b.describe("lse");
   if (serving && base.logits.size()) {
     const RowMismatch mm = compare_logit_rows(o.logits.get(), base.logits.get(), didx.get(), n, m.vocab);
-    GPU_EXPECT(mm.count == 0, what << " N=" << n << " logits: " << mm.count << " elements differ, first at row "
-                                   << mm.first_flat / m.vocab << " col " << mm.first_flat % m.vocab);
+    EXPECT_EQ(mm.count, 0u) << what << " N=" << n << " logits: elements differ, first at row "
+                            << mm.first_flat / m.vocab << " col " << mm.first_flat % m.vocab;
   }
 }
 
-std::vector<int64_t> sample(int64_t pool, int64_t n, std::mt19937_64& g) {
+// n distinct rows of the pool at random positions in random order (a Fisher-Yates prefix).
+std::vector<int64_t> sample(int64_t pool, int64_t n, Rng& rng) {
   std::vector<int64_t> all(static_cast<size_t>(pool));
   std::iota(all.begin(), all.end(), 0);
-  std::shuffle(all.begin(), all.end(), g);  // random positions, random order (permutation)
+  for (int64_t i = 0; i < n; ++i) std::swap(all[i], all[i + rng.below(pool - i)]);
   all.resize(static_cast<size_t>(n));
   return all;
 }
@@ -91,16 +92,20 @@ Base base_run(const DeviceModel& m, const DevBuf<uint16_t>& hidden, int64_t rows
     s.make(rows, m.vocab, true);
     auto ps = device_problem(m, hidden.get(), rows, targets.get(), s);
     sm90().run(ps);
-    GPU_EXPECT(count_poison(s.logits.get(), rows * m.vocab) == 0, "base serving logits not fully written");
+    EXPECT_EQ(count_poison(s.logits.get(), rows * m.vocab), 0) << "base serving logits not fully written";
     auto a = compare(b.logp, s.logp.to_host()), c = compare(b.lse, s.lse.to_host());
-    GPU_EXPECT(a.identical() && c.identical(),
-               "base serving vs trainer: " << a.describe("logp") << "; " << c.describe("lse"));
+    EXPECT_TRUE(a.identical() && c.identical())
+        << "base serving vs trainer: " << a.describe("logp") << "; " << c.describe("lse");
     b.logits = std::move(s.logits);
   }
   return b;
 }
 
-void medium_shape_l2() {
+class Sm90Invariance : public Sm90Test {};
+
+}  // namespace
+
+TEST_F(Sm90Invariance, MediumShapeRowBitsIndependentOfBatchBucketChunkingTargetsTypeAndShards) {
   std::printf("-- L2 medium shape D=1024 V=30522 (bias), pool 16384\n");
   const int64_t pool = 16384;
   DeviceModel m;
@@ -112,29 +117,30 @@ void medium_shape_l2() {
   dt.from_host(targets);
   const Base base = base_run(m, hidden, pool, dt, true);
   for (size_t i = 0; i < base.logp.size(); ++i)
-    if (float_bits(base.logp[i]) == 0xFFFFFFFFu || float_bits(base.lse[i]) == 0xFFFFFFFFu) {
-      GPU_EXPECT(false, "base row " << i << " not written");
+    if (bits(base.logp[i]) == 0xFFFFFFFFu || bits(base.lse[i]) == 0xFFFFFFFFu) {
+      ADD_FAILURE() << "base row " << i << " not written";
       break;
     }
 
-  std::mt19937_64 g(99);
+  const std::vector<std::string> buckets = sm90_bucket_names();
+  Rng g(99);
   const int64_t ns[] = {1, 2, 3, 7, 31, 63, 64, 65, 127, 128, 129, 1000, 4096, 16384};
   int runs = 0;
   for (int64_t n : ns)
-    for (const std::string& name : kBuckets)
+    for (const std::string& name : buckets)
       for (bool serving : {false, true}) {
         const char* bucket = name.c_str();
-        EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
+        ScopedEnv env("DETLOGP_SM90_BUCKET", bucket);
         const auto idx = sample(pool, n, g);
         run_subset(bucket, m, hidden, targets, base, idx, serving);
         ++runs;
       }
   std::printf("   %d subset runs (14 N x %zu buckets x serving on/off) compared per row with the base run\n", runs,
-              kBuckets.size());
+              buckets.size());
 
   // N chunking (workspace cap 1 MiB -> 256-row chunks) is bit-neutral.
   {
-    EnvGuard env(detlogp::sm90::kWorkspaceEnv, "1");
+    ScopedEnv env(detlogp::sm90::kWorkspaceEnv, "1");
     std::printf("   chunked run: %lld rows per chunk\n",
                 (long long)detlogp::sm90::chunk_rows(pool, (m.vocab + 63) / 64));
     std::vector<int64_t> all(static_cast<size_t>(pool));
@@ -154,7 +160,7 @@ void medium_shape_l2() {
     p.targets_i64 = true;
     sm90().run(p);
     auto a = compare(base.logp, o.logp.to_host()), b = compare(base.lse, o.lse.to_host());
-    GPU_EXPECT(a.identical() && b.identical(), "i64 targets: " << a.describe("logp") << "; " << b.describe("lse"));
+    EXPECT_TRUE(a.identical() && b.identical()) << "i64 targets: " << a.describe("logp") << "; " << b.describe("lse");
   }
 
   // Tensor-parallel partials: two shards split at a tile boundary.
@@ -225,8 +231,8 @@ void medium_shape_l2() {
       es[i] = base.lse[idx[i]];
     }
     auto a = compare(el, logp), b = compare(es, lse);
-    GPU_EXPECT(a.identical() && b.identical(),
-               "TP 2 shards merged: " << a.describe("logp") << "; " << b.describe("lse"));
+    EXPECT_TRUE(a.identical() && b.identical())
+        << "TP 2 shards merged: " << a.describe("logp") << "; " << b.describe("lse");
     // Tile summaries == the contract's tile_summary over the SM90 logits (proves the tree mapping).
     std::vector<float> logits_rows(static_cast<size_t>(n * m.vocab));
     for (int64_t i = 0; i < n; ++i)
@@ -242,7 +248,7 @@ void medium_shape_l2() {
           for (int c = 0; c < cols; ++c) y[c] = logits_rows[i * m.vocab + c0 + c];
           const auto ref = detlogp::tile_summary(y, cols);
           const auto got = s.hs[i * s.tiles + j];
-          if (float_bits(ref.max) != float_bits(got.max) || float_bits(ref.sum) != float_bits(got.sum)) {
+          if (bits(ref.max) != bits(got.max) || bits(ref.sum) != bits(got.sum)) {
             if (bad == 0)
               std::printf("   first summary mismatch shard@%lld row %lld tile %lld: ref {%a, %a} got {%a, %a}\n",
                           (long long)s.start, (long long)i, (long long)j, ref.max, ref.sum, got.max, got.sum);
@@ -251,15 +257,15 @@ void medium_shape_l2() {
         }
         const bool own = t[i] != -100 && t[i] >= s.start && t[i] < s.start + s.count;
         if (s.howned[i] != (own ? 1 : 0)) ++owned_bad;
-        if (own && float_bits(s.htl[i]) != float_bits(logits_rows[i * m.vocab + t[i]])) ++owned_bad;
-        if (!own && float_bits(s.htl[i]) != 0u) ++owned_bad;
+        if (own && bits(s.htl[i]) != bits(logits_rows[i * m.vocab + t[i]])) ++owned_bad;
+        if (!own && bits(s.htl[i]) != 0u) ++owned_bad;
       }
-    GPU_EXPECT(bad == 0, bad << " tile summaries differ from detlogp::tile_summary of the logits");
-    GPU_EXPECT(owned_bad == 0, owned_bad << " target ownership / target logit errors in partial mode");
+    EXPECT_EQ(bad, 0) << "tile summaries differ from detlogp::tile_summary of the logits";
+    EXPECT_EQ(owned_bad, 0) << "target ownership / target logit errors in partial mode";
   }
 }
 
-void qwen_shape() {
+TEST_F(Sm90Invariance, QwenShapeRunToRunAndRowSubsetsInEveryBucket) {
   std::printf("-- Qwen3-8B shape D=4096 V=151936, pool 1024\n");
   const int64_t pool = 1024;
   DeviceModel m;
@@ -293,23 +299,23 @@ void qwen_shape() {
       if (!compare(l0, o.logp.to_host()).identical() || !compare(s0, o.lse.to_host()).identical()) ++diff;
       if (serving && compare_logit_rows(o.logits.get(), first.logits.get(), did.get(), n, m.vocab).count) ++diff;
     }
-    GPU_EXPECT(diff == 0, "L1: " << diff << " of 100 repeats differ");
+    EXPECT_EQ(diff, 0) << "L1: repeats (of 100) that differ from the first run";
     std::printf("   L1: 100 repeats (20 with logits) of N=129: %d differ\n", diff);
     std::vector<float> el(base.logp.begin(), base.logp.begin() + n), es(base.lse.begin(), base.lse.begin() + n);
     auto a = compare(el, l0), b = compare(es, s0);
-    GPU_EXPECT(a.identical() && b.identical(),
-               "N=129 prefix vs N=1024: " << a.describe("logp") << "; " << b.describe("lse"));
+    EXPECT_TRUE(a.identical() && b.identical())
+        << "N=129 prefix vs N=1024: " << a.describe("logp") << "; " << b.describe("lse");
   }
-  std::mt19937_64 g(7);
+  Rng g(7);
   for (int64_t n : {1, 7, 64, 65, 129, 1000})
-    for (const std::string& name : kBuckets) {
+    for (const std::string& name : sm90_bucket_names()) {
       const char* bucket = name.c_str();
-      EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
+      ScopedEnv env("DETLOGP_SM90_BUCKET", bucket);
       run_subset(bucket, m, hidden, targets, base, sample(pool, n, g), false);
     }
 }
 
-void padded_vocab() {
+TEST_F(Sm90Invariance, PaddedVocabularyGivesTheRealVocabularysBits) {
   std::printf("-- padded V_local=152064 vs real 151936 (D=256)\n");
   const int64_t real = 151936, padded = 152064, d = 256, n = 300;
   DeviceModel mr, mp;
@@ -331,14 +337,14 @@ void padded_vocab() {
   sm90().run(pr);
   sm90().run(pp);
   auto a = compare(orl.logp.to_host(), opd.logp.to_host()), b = compare(orl.lse.to_host(), opd.lse.to_host());
-  GPU_EXPECT(a.identical() && b.identical(), "padded vs real: " << a.describe("logp") << "; " << b.describe("lse"));
+  EXPECT_TRUE(a.identical() && b.identical()) << "padded vs real: " << a.describe("logp") << "; " << b.describe("lse");
   const auto lr = orl.logits.to_host(), lp = opd.logits.to_host();
   auto c = detlogp::bitcmp::compare_rows(lr.data(), real, lp.data(), padded, n, real);
-  GPU_EXPECT(c.identical(), "padded vs real logits (real columns): " << c.describe("logits"));
+  EXPECT_TRUE(c.identical()) << "padded vs real logits (real columns): " << c.describe("logits");
   std::printf("   %s; %s; %s\n", a.describe("logp").c_str(), b.describe("lse").c_str(), c.describe("logits").c_str());
 }
 
-void temperature_bias_ignore() {
+TEST_F(Sm90Invariance, PerRowTemperatureBiasAddPointAndIgnoreIndex) {
   std::printf("-- temperature per row vs scalar, bias add point, ignore_index (D=1024 V=30522)\n");
   const int64_t n = 256;
   DeviceModel m;
@@ -372,7 +378,7 @@ void temperature_bias_ignore() {
     for (int64_t i = 0; i < n; ++i)
       if (temps[i] == tv && (!same_bits(a[i], lp[i]) || !same_bits(b[i], ls[i]))) ++bad;
   }
-  GPU_EXPECT(bad == 0, bad << " rows differ between per-row temperature and the scalar run at the same T");
+  EXPECT_EQ(bad, 0) << "rows differ between per-row temperature and the scalar run at the same T";
 
   // Bias: z = fl(acc + b) once after the K walk, so logits(bias) == fl(logits(no bias) + b) bitwise.
   {
@@ -389,7 +395,7 @@ void temperature_bias_ignore() {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t v = 0; v < m.vocab; ++v) expect[i * m.vocab + v] = detlogp::add_bias(z0[i * m.vocab + v], b[v]);
     auto c = compare(expect, z1);
-    GPU_EXPECT(c.identical(), "bias add point: " << c.describe("logits"));
+    EXPECT_TRUE(c.identical()) << "bias add point: " << c.describe("logits");
   }
 
   // ignore_index: +0 logp, lse unchanged, for the default -100 and a custom in-vocabulary index.
@@ -411,24 +417,9 @@ void temperature_bias_ignore() {
     int errs = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (!same_bits(sa[i], sb[i])) ++errs;
-      if (t2[i] == ignore && float_bits(lb[i]) != 0u) ++errs;
+      if (t2[i] == ignore && bits(lb[i]) != 0u) ++errs;
       if (t2[i] != ignore && !same_bits(la[i], lb[i])) ++errs;
     }
-    GPU_EXPECT(errs == 0, "ignore_index=" << ignore << ": " << errs << " errors");
+    EXPECT_EQ(errs, 0) << "ignore_index=" << ignore;
   }
-}
-
-}  // namespace
-
-int main() {
-  if (int rc = skip_unless_sm90("test_sm90_invariance")) return rc;
-  try {
-    medium_shape_l2();
-    qwen_shape();
-    padded_vocab();
-    temperature_bias_ignore();
-  } catch (const std::exception& e) {
-    GPU_EXPECT(false, "exception: " << e.what());
-  }
-  return finish("test_sm90_invariance");
 }

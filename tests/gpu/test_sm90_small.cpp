@@ -3,9 +3,6 @@
 // past expc_normal's domain, all-zero hidden) with and without bias, so the trainer entry runs both
 // the plain epilogue (no bias) and the general one: each row's results stay in that row. Fast
 // enough to run under compute-sanitizer (memcheck, racecheck, synccheck) in scripts/gpu_check.sh.
-#include <cstdio>
-#include <cstring>
-
 #include "gpu_test_util.hpp"
 
 using namespace gput;
@@ -24,7 +21,63 @@ void cpu_reduce(const std::vector<float>& z, const std::vector<int32_t>& t, int6
                          detlogp::mutable_vector(ls.data(), detlogp::DType::f32, n));
 }
 
-void special_rows() {
+class Sm90Small : public Sm90Test {};
+
+}  // namespace
+
+TEST_F(Sm90Small, EveryBucketWritesEveryOutputAndMatchesTheCpuReduction) {
+  struct S {
+    int64_t n, d, v;
+  };
+  const S shapes[] = {{37, 64, 2053}, {3, 72, 130}, {130, 128, 300}};
+  for (const auto& s : shapes)
+    for (const std::string& name : sm90_bucket_names()) {
+      const char* bucket = name.c_str();
+      ScopedEnv env("DETLOGP_SM90_BUCKET", bucket);
+      DeviceModel m;
+      m.make(s.d, s.v, 3, true);
+      DevBuf<uint16_t> hidden(static_cast<size_t>(s.n * s.d));
+      fill_bf16_uniform(hidden.get(), s.n * s.d, 4, 1.0f);
+      std::vector<int32_t> t(static_cast<size_t>(s.n));
+      for (int64_t i = 0; i < s.n; ++i) t[i] = i % 4 == 1 ? -100 : static_cast<int32_t>((i * 977) % s.v);
+      DevBuf<int32_t> dt(t.size());
+      dt.from_host(t);
+      Outputs o;
+      o.make(s.n, s.v, true);
+      auto p = device_problem(m, hidden.get(), s.n, dt.get(), o);
+      try {
+        sm90().run(p);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << bucket << " N=" << s.n << ": " << e.what();
+        continue;
+      }
+      EXPECT_TRUE(count_poison(o.logits.get(), s.n * s.v) == 0 && count_poison(o.logp.get(), s.n) == 0 &&
+                  count_poison(o.lse.get(), s.n) == 0)
+          << bucket << " N=" << s.n << " V=" << s.v << ": outputs not fully written";
+      const auto z = o.logits.to_host();
+      std::vector<float> lp, ls;
+      cpu_reduce(z, t, s.n, s.v, lp, ls);
+      auto a = detlogp::bitcmp::compare(lp, o.logp.to_host()), b = detlogp::bitcmp::compare(ls, o.lse.to_host());
+      EXPECT_TRUE(a.identical() && b.identical())
+          << bucket << " N=" << s.n << ": " << a.describe("logp") << "; " << b.describe("lse");
+
+      // Partial mode over the whole shard.
+      const int64_t tiles = (s.v + 63) / 64;
+      DevBuf<detlogp::TileSummary> sums(static_cast<size_t>(s.n * tiles));
+      DevBuf<float> tl(static_cast<size_t>(s.n));
+      DevBuf<uint8_t> owned(static_cast<size_t>(s.n));
+      Outputs none;
+      auto pp = device_problem(m, hidden.get(), s.n, dt.get(), none);
+      pp.logp = pp.lse = nullptr;
+      pp.summaries = sums.get();
+      pp.target_logit = tl.get();
+      pp.target_owned = owned.get();
+      EXPECT_NO_THROW(sm90().run(pp)) << bucket << " N=" << s.n << " partial mode";
+      GPU_CUDA(cudaDeviceSynchronize());
+    }
+}
+
+TEST_F(Sm90Small, SpecialRowsStayInTheirRowWithAndWithoutBias) {
   // A whole 256-column fragment first (the 256-column buckets' wide epilogue, with its warp vote and
   // slow path, sees every special row), then three whole vocab tiles and one of 8 lanes (the general
   // epilogue).
@@ -44,16 +97,13 @@ void special_rows() {
     h[kInfRow * d + 20] = 0x7F80u;  // +inf
     for (int64_t k = 0; k < d; ++k) {
       // x3000: logits spread by thousands, so most exponent arguments fall below -87 (expc's branches).
-      const float wide = bf16f(h[kWideRow * d + k]) * 3000.0f;
-      uint32_t bits = 0;
-      std::memcpy(&bits, &wide, sizeof bits);
-      h[kWideRow * d + k] = static_cast<uint16_t>(bits >> 16);
+      h[kWideRow * d + k] = detlogp::fp::bf16_round(detlogp::fp::bf16_to_float(h[kWideRow * d + k]) * 3000.0f);
       h[kZeroRow * d + k] = 0;
     }
     DevBuf<uint16_t> special(h.size());
     special.from_host(h);
     for (const std::string& name : sm90_bucket_names()) {
-      EnvGuard env("DETLOGP_SM90_BUCKET", name.c_str());
+      ScopedEnv env("DETLOGP_SM90_BUCKET", name.c_str());
       const std::string what = name + (with_bias ? " bias" : " no bias");
       Outputs serving, trainer, reference;
       serving.make(n, v, true);
@@ -67,7 +117,7 @@ void special_rows() {
         sm90().run(pt);
         sm90().run(pr);
       } catch (const std::exception& e) {
-        GPU_EXPECT(false, what << ": " << e.what());
+        ADD_FAILURE() << what << ": " << e.what();
         continue;
       }
       const auto z = serving.logits.to_host(), zr = reference.logits.to_host();
@@ -78,13 +128,12 @@ void special_rows() {
       const auto rlp = reference.logp.to_host(), rls = reference.lse.to_host();
       auto a = detlogp::bitcmp::compare(lp, slp), b = detlogp::bitcmp::compare(ls, sls);
       auto c = detlogp::bitcmp::compare(lp, tlp), e = detlogp::bitcmp::compare(ls, tls);
-      GPU_EXPECT(a.identical() && b.identical(),
-                 what << " serving: " << a.describe("logp") << "; " << b.describe("lse"));
-      GPU_EXPECT(c.identical() && e.identical(),
-                 what << " trainer: " << c.describe("logp") << "; " << e.describe("lse"));
-      GPU_EXPECT(detlogp::bitcmp::float_bits(tlp[kNanRow]) == detlogp::kCanonicalNanBits &&
-                     detlogp::bitcmp::float_bits(tls[kNanRow]) == detlogp::kCanonicalNanBits,
-                 what << ": the NaN row's logp/lse are not the canonical NaN");
+      EXPECT_TRUE(a.identical() && b.identical())
+          << what << " serving: " << a.describe("logp") << "; " << b.describe("lse");
+      EXPECT_TRUE(c.identical() && e.identical())
+          << what << " trainer: " << c.describe("logp") << "; " << e.describe("lse");
+      EXPECT_EQ(detlogp::fp::bits(tlp[kNanRow]), detlogp::kCanonicalNanBits) << what << ": the NaN row's logp";
+      EXPECT_EQ(detlogp::fp::bits(tls[kNanRow]), detlogp::kCanonicalNanBits) << what << ": the NaN row's lse";
       // Every other row: the same logits and results as without the special rows.
       long long leaked = 0;
       for (int64_t r = 0; r < n; ++r) {
@@ -93,68 +142,7 @@ void special_rows() {
         for (int64_t col = 0; col < v && same; ++col) same = same_bits(z[r * v + col], zr[r * v + col]);
         if (!same) ++leaked;
       }
-      GPU_EXPECT(leaked == 0, what << ": " << leaked << " ordinary rows differ from the run without special rows");
+      EXPECT_EQ(leaked, 0) << what << ": ordinary rows differ from the run without special rows";
     }
   }
-}
-
-}  // namespace
-
-int main() {
-  if (int rc = skip_unless_sm90("test_sm90_small")) return rc;
-  struct S {
-    int64_t n, d, v;
-  };
-  const S shapes[] = {{37, 64, 2053}, {3, 72, 130}, {130, 128, 300}};
-  for (const auto& s : shapes)
-    for (const std::string& name : sm90_bucket_names()) {
-      const char* bucket = name.c_str();
-      EnvGuard env("DETLOGP_SM90_BUCKET", bucket);
-      DeviceModel m;
-      m.make(s.d, s.v, 3, true);
-      DevBuf<uint16_t> hidden(static_cast<size_t>(s.n * s.d));
-      fill_bf16_uniform(hidden.get(), s.n * s.d, 4, 1.0f);
-      std::vector<int32_t> t(static_cast<size_t>(s.n));
-      for (int64_t i = 0; i < s.n; ++i) t[i] = i % 4 == 1 ? -100 : static_cast<int32_t>((i * 977) % s.v);
-      DevBuf<int32_t> dt(t.size());
-      dt.from_host(t);
-      Outputs o;
-      o.make(s.n, s.v, true);
-      auto p = device_problem(m, hidden.get(), s.n, dt.get(), o);
-      try {
-        sm90().run(p);
-      } catch (const std::exception& e) {
-        GPU_EXPECT(false, bucket << " N=" << s.n << ": " << e.what());
-        continue;
-      }
-      GPU_EXPECT(count_poison(o.logits.get(), s.n * s.v) == 0 && count_poison(o.logp.get(), s.n) == 0 &&
-                     count_poison(o.lse.get(), s.n) == 0,
-                 bucket << " N=" << s.n << " V=" << s.v << ": outputs not fully written");
-      const auto z = o.logits.to_host();
-      std::vector<float> lp(s.n), ls(s.n);
-      detlogp::ReduceLogitsInputs ri;
-      ri.logits = detlogp::TensorView::matrix(z.data(), detlogp::DType::f32, s.n, s.v);
-      ri.targets = detlogp::TensorView::vector(t.data(), detlogp::DType::i32, s.n);
-      detlogp::reduce_logits(ri, detlogp::mutable_vector(lp.data(), detlogp::DType::f32, s.n),
-                             detlogp::mutable_vector(ls.data(), detlogp::DType::f32, s.n));
-      auto a = detlogp::bitcmp::compare(lp, o.logp.to_host()), b = detlogp::bitcmp::compare(ls, o.lse.to_host());
-      GPU_EXPECT(a.identical() && b.identical(),
-                 bucket << " N=" << s.n << ": " << a.describe("logp") << "; " << b.describe("lse"));
-
-      // Partial mode over the whole shard.
-      const int64_t tiles = (s.v + 63) / 64;
-      DevBuf<detlogp::TileSummary> sums(static_cast<size_t>(s.n * tiles));
-      DevBuf<float> tl(static_cast<size_t>(s.n));
-      DevBuf<uint8_t> owned(static_cast<size_t>(s.n));
-      Outputs none;
-      auto pp = device_problem(m, hidden.get(), s.n, dt.get(), none);
-      pp.logp = pp.lse = nullptr;
-      pp.summaries = sums.get();
-      pp.target_logit = tl.get();
-      pp.target_owned = owned.get();
-      sm90().run(pp);
-      GPU_CUDA(cudaDeviceSynchronize());
-    }
-  special_rows();
-  return finish("test_sm90_small");
 }

@@ -7,7 +7,11 @@
 //     differs from its TP = 1 on some rows while detlogp does not (negative control).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "detlogp/dist.hpp"
 #include "gpu_test_util.hpp"
@@ -97,14 +101,14 @@ void run_ranks(std::vector<RankData>& ranks, std::vector<std::unique_ptr<detlogp
   std::vector<std::thread> threads;
   for (size_t r = 0; r < ranks.size(); ++r) {
     threads.emplace_back([&, r] {
-      GPU_CUDA(cudaSetDevice(ranks[r].device));
       detlogp::CallOptions opt;
       opt.strict = true;
       opt.cuda_stream = ranks[r].stream;
       try {
+        GPU_CUDA(cudaSetDevice(ranks[r].device));
         detlogp::linear_logp_tensor_parallel(rank_inputs(ranks[r], rows), rank_outputs(ranks[r], rows), *comms[r], opt);
         GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
-      } catch (const detlogp::Error& e) {
+      } catch (const std::exception& e) {  // detlogp::Error, or a CUDA error of the test itself
         ranks[r].error = e.what();
       }
     });
@@ -116,15 +120,15 @@ void run_ranks(std::vector<RankData>& ranks, std::vector<std::unique_ptr<detlogp
 int64_t check_ranks(std::vector<RankData>& ranks, const Reference& ref, int64_t rows, const std::string& what) {
   int64_t mismatched_rows = 0;
   for (size_t r = 0; r < ranks.size(); ++r) {
-    GPU_EXPECT(ranks[r].error.empty(), what << " rank " << r << " threw: " << ranks[r].error);
+    EXPECT_TRUE(ranks[r].error.empty()) << what << " rank " << r << " threw: " << ranks[r].error;
     if (!ranks[r].error.empty()) continue;
     GPU_CUDA(cudaSetDevice(ranks[r].device));
     const auto logp = ranks[r].out.logp.to_host(), lse = ranks[r].out.lse.to_host();
     for (int64_t n = 0; n < rows; ++n)
       mismatched_rows += (!same_bits(logp[n], ref.logp[n]) || !same_bits(lse[n], ref.lse[n])) ? 1 : 0;
     const auto a = bc::compare(ref.logp, logp), b = bc::compare(ref.lse, lse);
-    GPU_EXPECT(a.identical() && b.identical(),
-               what << " rank " << r << ": " << a.describe("logp") << "; " << b.describe("lse"));
+    EXPECT_TRUE(a.identical() && b.identical())
+        << what << " rank " << r << ": " << a.describe("logp") << "; " << b.describe("lse");
     if (ranks[r].out.logits.size() && !ref.logits.empty()) {
       const auto got = ranks[r].out.logits.to_host();
       std::vector<float> expect;
@@ -132,7 +136,7 @@ int64_t check_ranks(std::vector<RankData>& ranks, const Reference& ref, int64_t 
         expect.insert(expect.end(), ref.logits.begin() + n * kVocab + ranks[r].start,
                       ref.logits.begin() + n * kVocab + ranks[r].start + ranks[r].count);
       const auto c = bc::compare(expect, got);
-      GPU_EXPECT(c.identical(), what << " rank " << r << " logits shard: " << c.describe("logits"));
+      EXPECT_TRUE(c.identical()) << what << " rank " << r << " logits shard: " << c.describe("logits");
     }
   }
   return mismatched_rows;
@@ -161,42 +165,43 @@ float usual_lse(const std::vector<float>& logits, int64_t n, const std::vector<i
   return m + std::log(s);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (int rc = skip_unless_sm90("test_sm90_tp")) return rc;
-  bool small = false, nccl = true;  // --no-nccl: the one-GPU part only (compute-sanitizer runs)
-  for (int i = 1; i < argc; ++i) {
-    small = small || std::string(argv[i]) == "--small";
-    nccl = nccl && std::string(argv[i]) != "--no-nccl";
-  }
-  if (small) {
-    kDim = 256;
-    kVocab = 2112;
-    kReal = 2053;
-  }
-  // 37 rows: the device merge's held-tiles schedule (<= 256 rows, also under compute-sanitizer);
-  // 300: its many-row schedule.
-  const int64_t rows = small ? 37 : 300;
-  // Host copies of one model (each rank uploads its own shard to its own device).
-  DeviceModel model;
-  model.make(kDim, kVocab, 0x7E57, true);
-  const auto w = model.weight.to_host();
-  const auto b = model.bias.to_host();
-  DevBuf<uint16_t> hdev(static_cast<size_t>(rows * kDim));
-  fill_bf16_uniform(hdev.get(), rows * kDim, 0x4D1D, 1.0f);
-  const auto h = hdev.to_host();
-  std::vector<int32_t> t(static_cast<size_t>(rows));
-  for (int64_t n = 0; n < rows; ++n) t[n] = static_cast<int32_t>((n * 1000003) % kReal);
-  t[0] = 0;
-  t[1] = kReal - 1;
-  t[2] = -100;
-  t[3] = even_bounds(2)[1] - 1;  // last id of rank 0 at TP = 2
-  t[4] = even_bounds(2)[1];      // first id of rank 1
-
-  // TP = 1 reference: the whole (padded) vocabulary on GPU 0, serving entry.
+// One model (host copies; each rank uploads its own shard to its own device), the hidden rows and
+// targets (the vocabulary's edges, an ignored row, the TP = 2 split), and the TP = 1 reference:
+// the whole (padded) vocabulary on GPU 0, serving entry.
+class Sm90Tp : public Sm90Test {
+ protected:
+  int64_t rows = 0;
+  std::vector<uint16_t> h, w;
+  std::vector<float> b;
+  std::vector<int32_t> t;
   Reference ref;
-  {
+
+  void SetUp() override {
+    Sm90Test::SetUp();
+    if (IsSkipped()) return;
+    if (options().small) {
+      kDim = 256;
+      kVocab = 2112;
+      kReal = 2053;
+    }
+    // 37 rows: the device merge's held-tiles schedule (<= 256 rows, also under compute-sanitizer);
+    // 300: its many-row schedule.
+    rows = options().small ? 37 : 300;
+    DeviceModel model;
+    model.make(kDim, kVocab, 0x7E57, true);
+    w = model.weight.to_host();
+    b = model.bias.to_host();
+    DevBuf<uint16_t> hdev(static_cast<size_t>(rows * kDim));
+    fill_bf16_uniform(hdev.get(), rows * kDim, 0x4D1D, 1.0f);
+    h = hdev.to_host();
+    t.resize(static_cast<size_t>(rows));
+    for (int64_t n = 0; n < rows; ++n) t[n] = static_cast<int32_t>((n * 1000003) % kReal);
+    t[0] = 0;
+    t[1] = kReal - 1;
+    t[2] = -100;
+    t[3] = even_bounds(2)[1] - 1;  // last id of rank 0 at TP = 2
+    t[4] = even_bounds(2)[1];      // first id of rank 1
+
     std::vector<RankData> one(1);
     upload_rank(one[0], 0, 0, kVocab, h, w, b, t, rows, true);
     detlogp::CallOptions opt;
@@ -208,15 +213,26 @@ int main(int argc, char** argv) {
     ref.logits = one[0].out.logits.to_host();
   }
 
-  // One-GPU simulation of ranks.
+  // The ranks of an even split over `devices` (rank r on device devices[r]), with targets `targets`.
+  std::vector<RankData> make_ranks(int tp, const std::vector<int>& devices, const std::vector<int32_t>& targets,
+                                   bool serving) {
+    const auto bounds = even_bounds(tp);
+    std::vector<RankData> ranks(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r)
+      upload_rank(ranks[r], devices[r], bounds[r], bounds[r + 1] - bounds[r], h, w, b, targets, rows, serving);
+    return ranks;
+  }
+};
+
+}  // namespace
+
+TEST_F(Sm90Tp, SimulatedRanksOnOneGpuGiveTheTp1Bits) {
   for (int tp : {1, 2, 4, 8}) {
     for (bool serving : {false, true}) {
       if (serving && tp != 2) continue;
       const auto bounds = even_bounds(tp);
       if (bounds[tp - 1] >= bounds[tp]) continue;  // more ranks than 64-id tiles (--small)
-      std::vector<RankData> ranks(static_cast<size_t>(tp));
-      for (int r = 0; r < tp; ++r)
-        upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, serving);
+      std::vector<RankData> ranks = make_ranks(tp, std::vector<int>(tp, 0), t, serving);
       auto comms = detlogp::make_local_communicators(tp, detlogp::Memory::cuda, 0);
       run_ranks(ranks, comms, rows);
       const int64_t bad =
@@ -225,37 +241,34 @@ int main(int argc, char** argv) {
                   static_cast<long long>(bad), static_cast<long long>(rows));
     }
   }
-  {  // Row chunks of the gather (tiny workspace) are bit-neutral.
-    EnvGuard small("DETLOGP_TP_WORKSPACE_MB", "1");
-    const auto bounds = even_bounds(2);
-    std::vector<RankData> ranks(2);
-    for (int r = 0; r < 2; ++r) upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, false);
-    auto comms = detlogp::make_local_communicators(2, detlogp::Memory::cuda, 0);
-    run_ranks(ranks, comms, rows);
-    check_ranks(ranks, ref, rows, "simulated TP=2, 1 MiB gather chunks");
-  }
+}
 
+TEST_F(Sm90Tp, GatherRowChunksAreBitNeutral) {
+  ScopedEnv tiny_workspace("DETLOGP_TP_WORKSPACE_MB", "1");
+  std::vector<RankData> ranks = make_ranks(2, {0, 0}, t, false);
+  auto comms = detlogp::make_local_communicators(2, detlogp::Memory::cuda, 0);
+  run_ranks(ranks, comms, rows);
+  check_ranks(ranks, ref, rows, "simulated TP=2, 1 MiB gather chunks");
+}
+
+// Real NCCL, one GPU per rank, TP in {2, 4, 8} up to the GPU count.
+TEST_F(Sm90Tp, NcclRanksGiveTheTp1BitsAndRefuseAnInvalidTargetTogether) {
 #ifdef DETLOGP_WITH_NCCL
+  if (!options().nccl) GTEST_SKIP() << "NCCL part skipped: --no-nccl";
   int gpus = 0;
   GPU_CUDA(cudaGetDeviceCount(&gpus));
-  if (!nccl) gpus = 0;
-  if (gpus < 2) {
-    std::printf("NCCL part skipped: %s\n", nccl ? "fewer than 2 GPUs visible" : "--no-nccl");
-  }
+  if (gpus < 2) GTEST_SKIP() << "NCCL part skipped: fewer than 2 GPUs visible";
   for (int tp = 2; tp <= gpus && tp <= 8; tp *= 2) {
     std::vector<ncclComm_t> comms_raw(static_cast<size_t>(tp));
     std::vector<int> devs(static_cast<size_t>(tp));
     for (int r = 0; r < tp; ++r) devs[r] = r;
     const ncclResult_t init = ncclCommInitAll(comms_raw.data(), tp, devs.data());
-    GPU_EXPECT(init == ncclSuccess, "ncclCommInitAll(" << tp << ") failed: " << ncclGetErrorString(init));
-    if (init != ncclSuccess) break;
+    ASSERT_EQ(init, ncclSuccess) << "ncclCommInitAll(" << tp << ") failed: " << ncclGetErrorString(init);
     std::vector<std::unique_ptr<detlogp::Communicator>> comms;
     for (int r = 0; r < tp; ++r) comms.push_back(detlogp::make_nccl_communicator(comms_raw[r]));
     const auto bounds = even_bounds(tp);
     for (bool serving : {false, true}) {
-      std::vector<RankData> ranks(static_cast<size_t>(tp));
-      for (int r = 0; r < tp; ++r)
-        upload_rank(ranks[r], r, bounds[r], bounds[r + 1] - bounds[r], h, w, b, t, rows, serving);
+      std::vector<RankData> ranks = make_ranks(tp, devs, t, serving);
       run_ranks(ranks, comms, rows);
       const int64_t bad = check_ranks(ranks, ref, rows, "NCCL TP=" + std::to_string(tp) + (serving ? " serving" : ""));
       std::printf("NCCL TP=%d%s on %d GPUs: %lld of %lld rows differ from TP=1 (logp and lse, every rank)\n", tp,
@@ -267,23 +280,21 @@ int main(int argc, char** argv) {
           usual_bad += usual_lse(ref.logits, n, {0, kVocab}) != usual_lse(ref.logits, n, bounds) ? 1 : 0;
         std::printf("negative control: the usual merge at TP=2 differs from its TP=1 on %lld of %lld rows\n",
                     static_cast<long long>(usual_bad), static_cast<long long>(rows));
-        GPU_EXPECT(usual_bad > 0, "the usual merge matched its TP=1 on every row; the control shows nothing");
+        EXPECT_GT(usual_bad, 0) << "the usual merge matched its TP=1 on every row; the control shows nothing";
       }
     }
     {  // An invalid target: every rank throws the same message and nobody hangs.
       std::vector<int32_t> bad_t = t;
       bad_t[7] = 200000;
-      std::vector<RankData> ranks(static_cast<size_t>(tp));
-      for (int r = 0; r < tp; ++r)
-        upload_rank(ranks[r], r, bounds[r], bounds[r + 1] - bounds[r], h, w, b, bad_t, rows, false);
+      std::vector<RankData> ranks = make_ranks(tp, devs, bad_t, false);
       run_ranks(ranks, comms, rows);
+      const std::string expect = "targets[7]=200000 is >= real_vocab=" + std::to_string(kReal);
       for (int r = 0; r < tp; ++r) {
-        const std::string expect = "targets[7]=200000 is >= real_vocab=" + std::to_string(kReal);
-        GPU_EXPECT(ranks[r].error.find(expect) != std::string::npos,
-                   "NCCL TP=" << tp << " rank " << r << " error: '" << ranks[r].error << "'");
-        GPU_EXPECT(ranks[r].error == ranks[0].error, "rank " << r << " disagrees with rank 0");
+        EXPECT_NE(ranks[r].error.find(expect), std::string::npos)
+            << "NCCL TP=" << tp << " rank " << r << " error: '" << ranks[r].error << "'";
+        EXPECT_EQ(ranks[r].error, ranks[0].error) << "rank " << r << " disagrees with rank 0";
         GPU_CUDA(cudaSetDevice(r));
-        GPU_EXPECT(count_poison(ranks[r].out.logp.get(), rows) == rows, "rank " << r << " wrote logp");
+        EXPECT_EQ(count_poison(ranks[r].out.logp.get(), rows), rows) << "rank " << r << " wrote logp";
       }
       std::printf("NCCL TP=%d invalid target: every rank refused: %s\n", tp,
                   ranks[0].error.substr(0, ranks[0].error.find('\n', ranks[0].error.find('\n') + 1)).c_str());
@@ -291,7 +302,6 @@ int main(int argc, char** argv) {
     for (auto c : comms_raw) ncclCommDestroy(c);
   }
 #else
-  std::printf("NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)\n");
+  GTEST_SKIP() << "NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)";
 #endif
-  return finish("test_sm90_tp");
 }

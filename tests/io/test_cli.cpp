@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
+#include "detlogp/fpops.hpp"
 #include "io/npy.hpp"
 #include "io/safetensors.hpp"
 #include "io/sha256.hpp"
+#include "test_random.hpp"
 
 namespace {
 
@@ -88,13 +90,7 @@ std::vector<T> values_of(const HostTensor& t) {
   return v;
 }
 
-uint16_t bf16_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-
-// A small problem for file inputs: values from a linear congruential sequence.
+// A small problem for file inputs: values uniform in [-1, 1) from the tests' RNG, scaled.
 struct FileProblem {
   int64_t rows = 37, dim = 96, vocab = 300;
   std::vector<uint16_t> hidden, weight;
@@ -102,13 +98,10 @@ struct FileProblem {
   std::vector<float> bias, temperatures;
 
   FileProblem() {
-    uint64_t state = 12345;
-    auto next = [&] {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      return static_cast<float>(static_cast<int64_t>(state >> 40) - (1 << 23)) / static_cast<float>(1 << 23);
-    };
-    for (int64_t i = 0; i < rows * dim; ++i) hidden.push_back(bf16_of(next() * 2.0f));
-    for (int64_t i = 0; i < vocab * dim; ++i) weight.push_back(bf16_of(next() * 0.3f));
+    detlogp_test::Rng rng(12345);
+    auto next = [&] { return rng.next_unit_float() * 2.0f - 1.0f; };
+    for (int64_t i = 0; i < rows * dim; ++i) hidden.push_back(detlogp::fp::bf16_round(next() * 2.0f));
+    for (int64_t i = 0; i < vocab * dim; ++i) weight.push_back(detlogp::fp::bf16_round(next() * 0.3f));
     for (int64_t n = 0; n < rows; ++n) targets.push_back(n == 5 ? -100 : static_cast<int32_t>((n * 7919) % vocab));
     for (int64_t v = 0; v < vocab; ++v) bias.push_back(next());
     for (int64_t n = 0; n < rows; ++n) temperatures.push_back(0.5f + static_cast<float>(n % 4) * 0.25f);

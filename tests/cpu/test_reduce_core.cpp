@@ -73,7 +73,7 @@ TEST(TileTree, HandWorkedCaseWhereAssociationMatters) {
 }
 
 TEST(TileTree, EqualsExplicitRecursionOnAdversarialInputs) {
-  detlogp_test::SplitMix64 rng(42);
+  detlogp_test::Rng rng(42);
   int differs_from_sequential = 0, differs_from_strided = 0;
   for (int trial = 0; trial < 20000; ++trial) {
     float e[64];
@@ -102,7 +102,7 @@ TEST(TileTree, EqualsExplicitRecursionOnAdversarialInputs) {
 
 TEST(TileTree, EqualsExplicitRecursionOnSoftmaxLikeInputs) {
   // Values in (0, 1] as the tile summary produces them.
-  detlogp_test::SplitMix64 rng(7);
+  detlogp_test::Rng rng(7);
   for (int trial = 0; trial < 20000; ++trial) {
     float e[64];
     for (float& x : e) x = detlogp::expc(static_cast<float>(-20.0 * rng.uniform()));
@@ -111,7 +111,7 @@ TEST(TileTree, EqualsExplicitRecursionOnSoftmaxLikeInputs) {
 }
 
 TEST(TileSummary, MatchesItsDefinitionForEveryRealLaneCount) {
-  detlogp_test::SplitMix64 rng(3);
+  detlogp_test::Rng rng(3);
   for (int real = 1; real <= 64; ++real) {
     float y[64];
     for (float& v : y) v = static_cast<float>(rng.normal() * 4.0);
@@ -126,7 +126,7 @@ TEST(TileSummary, MatchesItsDefinitionForEveryRealLaneCount) {
 }
 
 TEST(TileSummary, PaddingLanesContributeExactlyZeroWhateverTheirContent) {
-  detlogp_test::SplitMix64 rng(5);
+  detlogp_test::Rng rng(5);
   for (int real : {1, 5, 17, 63}) {
     float clean[64], dirty[64];
     for (int v = 0; v < 64; ++v) clean[v] = dirty[v] = static_cast<float>(rng.normal());
@@ -224,7 +224,7 @@ TEST(Chain, FoldedSkipGivesTheBitsOfChainStep) {
 }
 
 TEST(Chain, StepIsOneFusedMultiplyAdd) {
-  detlogp_test::SplitMix64 rng(9);
+  detlogp_test::Rng rng(9);
   for (int i = 0; i < 10000; ++i) {
     const TileSummary t{static_cast<float>(rng.normal() * 10), static_cast<float>(1 + 63 * rng.uniform())};
     const float M = t.max + static_cast<float>(20 * rng.uniform());
@@ -235,7 +235,7 @@ TEST(Chain, StepIsOneFusedMultiplyAdd) {
 }
 
 TEST(Chain, RowReductionIsGlobalMaxThenAscendingChain) {
-  detlogp_test::SplitMix64 rng(11);
+  detlogp_test::Rng rng(11);
   std::vector<TileSummary> tiles(300);
   for (auto& t : tiles) t = {static_cast<float>(rng.normal() * 3), static_cast<float>(1 + 63 * rng.uniform())};
   tiles[17] = {-kInf, 0.0f};  // a padding tile in the middle
@@ -308,7 +308,7 @@ TEST(Finalize, TwoEqualLogitsGiveLn2) {
 TEST(Temperature, OneLeavesEveryLogitBitIdentical) {
   const float inv = detlogp::inverse_temperature(1.0f);
   EXPECT_EQ(bits(inv), bits(1.0f));
-  detlogp_test::SplitMix64 rng(13);
+  detlogp_test::Rng rng(13);
   for (int i = 0; i < 100000; ++i) {
     const float z = from_bits(static_cast<uint32_t>(rng.next()));
     if (std::isnan(z)) continue;

@@ -139,8 +139,8 @@ TEST(ServingLogits, SubnormalProductsFollowTheSeparatelyRoundedWalk) {
   // bf16 x bf16 product is inexact), so a fused multiply-add would give other bits.
   Problem p = make_problem(ProblemSpec{
       .rows = 4, .dim = 100, .vocab = 70, .real_vocab = -1, .bias = false, .logit_stddev = 1.0, .seed = 99});
-  for (auto& b : p.hidden) b = bf16_from_float(bf16_to_float(b) * 0x1p-70f);
-  for (auto& b : p.weight) b = bf16_from_float(bf16_to_float(b) * 0x1p-60f);
+  for (auto& b : p.hidden) b = bf16_round(bf16_to_float(b) * 0x1p-70f);
+  for (auto& b : p.weight) b = bf16_round(bf16_to_float(b) * 0x1p-60f);
   const Outputs out = run_linear_logp(p, true);
   std::vector<float> want(static_cast<size_t>(p.rows * p.vocab));
   int64_t differs_from_fma = 0;
@@ -267,10 +267,10 @@ Problem pad_vocab(const Problem& p, int64_t padded_vocab, uint16_t fill, uint64_
   Problem q = p;
   q.vocab = padded_vocab;
   q.real_vocab = p.vocab;
-  SplitMix64 rng(seed);
+  Rng rng(seed);
   q.weight.resize(static_cast<size_t>(padded_vocab * p.dim));
   for (size_t i = p.weight.size(); i < q.weight.size(); ++i)
-    q.weight[i] = fill ? fill : bf16_from_float(static_cast<float>(rng.normal() * 1e3));
+    q.weight[i] = fill ? fill : bf16_round(static_cast<float>(rng.normal() * 1e3));
   if (!p.bias.empty()) {
     q.bias.resize(static_cast<size_t>(padded_vocab));
     for (size_t i = p.bias.size(); i < q.bias.size(); ++i) q.bias[i] = fill ? bf16_to_float(fill) : 5e3f;
@@ -305,7 +305,7 @@ TEST(Padding, NanInPaddingRowsDoesNotLeak) {
   ProblemSpec s{.rows = 8, .dim = 64, .vocab = 1000, .real_vocab = -1, .bias = false, .logit_stddev = 2.0, .seed = 14};
   const Problem p = make_problem(s);
   const Outputs plain = run_linear_logp(p);
-  expect_same_rows(plain, run_linear_logp(pad_vocab(p, 1088, kBf16QuietNan, 1)), "NaN padding to 1088");
+  expect_same_rows(plain, run_linear_logp(pad_vocab(p, 1088, detlogp::kCanonicalNanBf16, 1)), "NaN padding to 1088");
 }
 
 TEST(Padding, RealVocabBelowTheWeightRowsWithoutAnExtraTile) {
@@ -337,7 +337,7 @@ TEST(ReduceLogits, OnTheServingLogitsGivesTheLinearLogpBits) {
 TEST(ReduceLogits, MatchesTheContractCoreRowByRow) {
   // reduce_logits over arbitrary fp32 logits == tile_summary + reduce_row_summaries.
   const int64_t rows = 5, V = 300;
-  SplitMix64 rng(17);
+  Rng rng(17);
   std::vector<float> z(static_cast<size_t>(rows * V));
   for (auto& x : z) x = static_cast<float>(rng.normal() * 5);
   z[2 * V + 7] = -INFINITY;

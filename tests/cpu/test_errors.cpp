@@ -196,7 +196,7 @@ TEST(NanRows, NanHiddenStaysInItsRow) {
   const Outputs ref = run_linear_logp(clean, true);
   for (int64_t bad_row : {0, 37, 69}) {
     Problem p = clean;
-    p.hidden[bad_row * p.dim + 77] = kBf16QuietNan;
+    p.hidden[bad_row * p.dim + 77] = detlogp::kCanonicalNanBf16;
     const Outputs out = run_linear_logp(p, true);
     for (int64_t n = 0; n < p.rows; ++n) {
       if (n == bad_row) {
@@ -218,7 +218,7 @@ TEST(NanRows, NanHiddenStaysInItsRow) {
 TEST(NanRows, NanHiddenWithIgnoredTargetKeepsLogpZero) {
   Problem p = make_problem(ProblemSpec{
       .rows = 3, .dim = 64, .vocab = 130, .real_vocab = -1, .bias = false, .logit_stddev = 2.0, .seed = 43});
-  p.hidden[1 * p.dim] = kBf16QuietNan;
+  p.hidden[1 * p.dim] = detlogp::kCanonicalNanBf16;
   p.targets[1] = -100;
   const Outputs out = run_linear_logp(p);
   EXPECT_EQ(bc::float_bits(out.logp[1]), 0x00000000u);

@@ -22,7 +22,7 @@ struct RowPool {
 
   explicit RowPool(const ProblemSpec& spec, bool per_row_temperature) : problem(make_problem(spec)) {
     if (per_row_temperature) {
-      SplitMix64 rng(spec.seed + 1);
+      Rng rng(spec.seed + 1);
       problem.temperature_rows.resize(static_cast<size_t>(problem.rows));
       for (auto& t : problem.temperature_rows) t = static_cast<float>(0.25 + 2.0 * rng.uniform());
     }
@@ -70,7 +70,7 @@ struct RowPool {
 const std::vector<int64_t> kBatchSizes = {1, 2, 3, 7, 63, 64, 65, 127, 128, 1000};
 
 void run_l2_ladder(const RowPool& pool, uint64_t seed, bool logits_for_all) {
-  SplitMix64 rng(seed);
+  Rng rng(seed);
   const int64_t R = pool.problem.rows;
   for (int64_t N : kBatchSizes) {
     const bool with_logits = logits_for_all || (N >= 63 && N <= 128);
@@ -120,7 +120,7 @@ TEST(L2, EveryRowEqualsTheRowAloneLargeDim) {
       ProblemSpec{
           .rows = 130, .dim = 1024, .vocab = 300, .real_vocab = 290, .bias = false, .logit_stddev = 3.0, .seed = 23},
       /*per_row_temperature=*/false);
-  SplitMix64 rng(2301);
+  Rng rng(2301);
   for (int64_t N : {1, 2, 3, 7, 63, 64, 65, 127, 128}) {
     std::vector<int64_t> picks(static_cast<size_t>(N));
     for (auto& p : picks) p = rng.below(pool.problem.rows);
@@ -181,7 +181,7 @@ TEST(InputLayout, StridedHiddenRowsGiveIdenticalBits) {
   const Problem p = make_problem(s);
   const Outputs packed = run_linear_logp(p, true);
   const int64_t stride = 96 + 40;
-  std::vector<uint16_t> wide(static_cast<size_t>(p.rows * stride), bf16_from_float(1e30f));  // junk between rows
+  std::vector<uint16_t> wide(static_cast<size_t>(p.rows * stride), bf16_round(1e30f));  // junk between rows
   for (int64_t n = 0; n < p.rows; ++n) std::copy_n(p.hidden.begin() + n * p.dim, p.dim, wide.begin() + n * stride);
   Outputs strided(p.rows, p.vocab, true);
   detlogp::LinearLogpInputs in = p.inputs();
@@ -201,7 +201,7 @@ TEST(L2, RowsAcrossAWorkspaceChunkBoundary) {
   const Outputs all = run_linear_logp(p);
   std::vector<int64_t> check = {0, 1, 31, 32, 33, 1759, 1760, 3599, 3598, 3567, 3568};
   for (int64_t n = 3488; n < 3552; n += 3) check.push_back(n);  // around 3520 = 110 x 32 rows
-  SplitMix64 rng(2701);
+  Rng rng(2701);
   for (int i = 0; i < 10; ++i) check.push_back(rng.below(p.rows));
   // The same rows alone, and (for a few) against the unpadded weight.
   for (int64_t n : check) {

@@ -83,12 +83,10 @@ TEST(Expc, NormalPathVariantGivesTheSameBitsOnSamples) {
   for (float x : {detlogp::kExpcNormalMin, std::nextafter(detlogp::kExpcNormalMin, 0.0f), -1e-30f, -0.0f, 0.0f, -1.0f,
                   -0.5f, -86.99f, 1.0f, 87.5f, detlogp::kExpcNormalMax})
     EXPECT_EQ(detlogp::fp::bits(detlogp::expc_normal(x)), detlogp::fp::bits(expc(x))) << "x = " << x;
-  uint64_t state = 0x9E3779B97F4A7C15ull;
+  detlogp_test::Rng rng(1);
   int differ = 0;
   for (int i = 0; i < 1000000; ++i) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const float u = static_cast<float>(state >> 40) * 0x1p-24f;  // [0, 1)
-    const float x = detlogp::kExpcNormalMin * u;                 // [-87, 0]
+    const float x = detlogp::kExpcNormalMin * rng.next_unit_float();  // [-87, 0]
     differ += detlogp::fp::bits(detlogp::expc_normal(x)) != detlogp::fp::bits(expc(x));
   }
   EXPECT_EQ(differ, 0);

@@ -37,7 +37,7 @@ struct GradCase {
       : full(p), vocab_start(start), cols(c), dz_stride(c + stride_pad) {
     Outputs out = run_linear_logp(full);
     lse = out.lse;
-    SplitMix64 rng(seed);
+    Rng rng(seed);
     g_logp.resize(static_cast<size_t>(full.rows));
     g_lse.resize(static_cast<size_t>(full.rows));
     for (auto& g : g_logp) g = static_cast<float>(rng.uniform() * 2.0 - 0.5);

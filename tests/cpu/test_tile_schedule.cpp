@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "sm90/device/tile_schedule.hpp"
+#include "test_random.hpp"
 
 using detlogp::sm90::FastDivider;
 using detlogp::sm90::raster_tile;
@@ -64,12 +64,12 @@ TEST(TileSchedule, TwoCtaClustersShareWeightTilesInLockstep) {
 }
 
 TEST(TileSchedule, FastDividerIsExactBelowTwoToThe31) {
-  std::mt19937 rng(7);
+  detlogp_test::Rng rng(7);
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
   for (uint32_t s = 12; s < 31; ++s)
     for (uint32_t d : {(1u << s) - 1, 1u << s, (1u << s) + 1}) divisors.push_back(d);
-  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + rng() % 0x7FFFFFFFu);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + static_cast<uint32_t>(rng.below(0x7FFFFFFF)));
   for (uint32_t d : divisors) {
     const FastDivider f = FastDivider::make(d);
     std::vector<uint32_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 0x7FFFFFFFu, 0x7FFFFFFFu - d};
@@ -80,7 +80,7 @@ TEST(TileSchedule, FastDividerIsExactBelowTwoToThe31) {
         ns.push_back(static_cast<uint32_t>(kd - 1));
       }
     }
-    for (int i = 0; i < 200; ++i) ns.push_back(rng() & 0x7FFFFFFFu);
+    for (int i = 0; i < 200; ++i) ns.push_back(static_cast<uint32_t>(rng.next()) & 0x7FFFFFFFu);
     for (uint32_t n : ns) {
       if (n > 0x7FFFFFFFu) continue;
       ASSERT_EQ(f.divide(n), n / d) << "n=" << n << " d=" << d;

@@ -1,7 +1,7 @@
-// Shared helpers for the detlogp CPU tests: a deterministic RNG (splitmix64), bf16 generation,
-// problem construction with owned buffers, output buffers poisoned with a NaN pattern, an
-// environment-variable guard, and a float64 reference of lse/logp computed from the same bf16
-// values, with a per-row error bound for the fp32 contract pipeline.
+// Shared helpers for the detlogp CPU tests: bf16 generation from the tests' RNG (test_random.hpp),
+// problem construction with owned buffers, output buffers poisoned with a NaN pattern, and a
+// float64 reference of lse/logp computed from the same bf16 values, with a per-row error bound
+// for the fp32 contract pipeline.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,62 +11,30 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
+#include "detlogp/fpops.hpp"
+#include "scoped_env.hpp"
+#include "test_random.hpp"
 
 namespace detlogp_test {
 
-// ---------------------------------------------------------------- deterministic randomness
+// ---------------------------------------------------------------- randomness and bf16
 
-// splitmix64 (Steele, Lea, Flood 2014): tiny, fast, and identical on every platform.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
-  // Uniform integer in [0, n).
-  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
-  // Standard normal by Box-Muller (one value per call; deterministic on a given libm).
-  double normal() {
-    double u1 = uniform();
-    if (u1 < 0x1p-60) u1 = 0x1p-60;
-    const double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
+// bf16 <-> fp32: the library's one rounding (round to nearest even, every NaN the canonical
+// kCanonicalNanBf16) and its exact widening.
+using detlogp::fp::bf16_round;
+using detlogp::fp::bf16_to_float;
 
- private:
-  uint64_t state_;
-};
-
-// ---------------------------------------------------------------- bf16
-
-// fp32 -> bf16 with round-to-nearest-even (NaN stays a quiet NaN).
-inline uint16_t bf16_from_float(float x) {
-  uint32_t u = detlogp::bitcmp::float_bits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-inline float bf16_to_float(uint16_t b) { return detlogp::bitcmp::float_from_bits(static_cast<uint32_t>(b) << 16); }
-
-inline std::vector<uint16_t> random_bf16(size_t n, double stddev, SplitMix64& rng) {
+// n values drawn from N(0, stddev^2), rounded to bf16.
+inline std::vector<uint16_t> random_bf16(size_t n, double stddev, Rng& rng) {
   std::vector<uint16_t> out(n);
-  for (auto& b : out) b = bf16_from_float(static_cast<float>(rng.normal() * stddev));
+  for (auto& b : out) b = bf16_round(static_cast<float>(rng.normal() * stddev));
   return out;
 }
-
-inline constexpr uint16_t kBf16QuietNan = 0x7FC0;
 
 // ---------------------------------------------------------------- problems and buffers
 
@@ -140,7 +108,7 @@ struct Problem {
 };
 
 inline Problem make_problem(const ProblemSpec& s) {
-  SplitMix64 rng(s.seed * 0x2545F4914F6CDD1Dull + 7);
+  Rng rng(s.seed * 0x2545F4914F6CDD1Dull + 7);
   Problem p;
   p.rows = s.rows;
   p.dim = s.dim;
@@ -322,32 +290,6 @@ inline ReferenceRow reference_row(const Problem& p, int64_t n) {
   }
   return r;
 }
-
-// ---------------------------------------------------------------- environment
-
-// Sets (or unsets, with value == nullopt) one environment variable for the guard's lifetime.
-class ScopedEnv {
- public:
-  ScopedEnv(std::string name, std::optional<std::string> value) : name_(std::move(name)) {
-    if (const char* old = std::getenv(name_.c_str())) old_ = std::string(old);
-    if (value)
-      ::setenv(name_.c_str(), value->c_str(), 1);
-    else
-      ::unsetenv(name_.c_str());
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_.c_str(), old_->c_str(), 1);
-    else
-      ::unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
 
 // Bit-for-bit equality of two runs' logp and lse, and of their logits where both have them.
 inline void expect_identical(const Outputs& a, const Outputs& b, const std::string& what) {
