@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SASS check of the SM90 contract kernels; needs no GPU.
-#   - every fused kernel (fused_linear_logp_sm90[_pingpong]_kernel<...>) issues HGMMA (wgmma tensor-core path);
-#   - no contract kernel (all of namespace detlogp::sm90) contains ATOM/RED (no atomics: the
+#   - every fused kernel (fused_pingpong_kernel<...>, fused_cooperative_kernel<...>) issues HGMMA
+#     (wgmma tensor-core path);
+#   - no contract kernel (all of namespaces detlogp::sm90 and detlogp::cuda) contains ATOM/RED (no atomics: the
 #     reductions are ordered) or MUFU.EX2/MUFU.LG2 (no hardware approximations of exp/log: the
 #     contract's expc/logc are built from IEEE fp32 operations);
 #   - reports local-memory traffic (LDL/STL) per kernel;
@@ -82,11 +83,11 @@ rm -f "$sass"
 
 fail=0; fused=0; contract=0
 while read -r fn hg at mu lm; do
-  [[ "$fn" == *detlogp*sm90* ]] || continue
+  [[ "$fn" == _ZN7detlogp4sm90* || "$fn" == _ZN7detlogp4cuda* ]] || continue
   contract=$((contract + 1))
-  short="$(echo "$fn" | sed -E 's/^_ZN7detlogp4sm90//' | cut -c1-90)"
+  short="$(echo "$fn" | sed -E 's/^_ZN7detlogp4(sm90|cuda)//' | cut -c1-90)"
   status="ok"
-  if [[ "$fn" == *fused_linear_logp_sm90*kernel* ]]; then
+  if [[ "$fn" == *fused_pingpong_kernel* || "$fn" == *fused_cooperative_kernel* ]]; then
     fused=$((fused + 1))
     if [[ "$hg" -eq 0 ]]; then status="FAIL(no HGMMA)"; fail=1; fi
   fi

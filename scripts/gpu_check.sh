@@ -6,7 +6,7 @@
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
 #   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,shapes]
 #   [,mainloop][,combine][,cycles] (default: all but profile, pyprofile, shapes, mainloop, combine and
-#   cycles). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench_sm90_mainloop,
+#   cycles). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench/experiments/bench_sm90_mainloop,
 #   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
 #   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: more
 #   model shapes (BENCH_SHAPES="D:V:N-list ...", default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B,
@@ -72,6 +72,8 @@ if has build; then
   { nvidia-smi 2>&1 || true; "$NVCC" --version 2>&1 || true; cmake --version 2>&1 | head -1; } >"$OUT/build.log"
   PYOPT=()
   python3 -c "import nanobind" >/dev/null 2>&1 && PYOPT=(-DDETLOGP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
+  # The mainloop step's binary lives in bench/experiments, built only when asked for.
+  [[ ",$STEPS," == *",mainloop,"* ]] && PYOPT+=(-DDETLOGP_BUILD_EXPERIMENTS=ON)
   if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" "${PYOPT[@]}" >>"$OUT/build.log" 2>&1 &&
      cmake --build "$BUILD" -j "$JOBS" ${GPU_CHECK_TARGETS:+--target $GPU_CHECK_TARGETS} >>"$OUT/build.log" 2>&1; then
     mode="top-level"
@@ -286,7 +288,7 @@ if has profile; then
   NCU="$(command -v ncu || true)"
   if [[ -n "$bench" && -n "$NCU" ]]; then
     rcs=""
-    for job in ${PROFILE_JOBS-1:auto:fused_linear_logp 4096:auto:fused_linear_logp}; do
+    for job in ${PROFILE_JOBS-1:auto:fused_ 4096:auto:fused_}; do
       IFS=: read -r n bucket regex <<<"$job"
       echo "== ncu N=$n bucket=$bucket kernel=$regex" >>"$OUT/profile.log"
       # shellcheck disable=SC2086

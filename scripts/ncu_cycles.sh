@@ -11,13 +11,13 @@
 # Each BENCH_SM90 is a bench_sm90 binary (e.g. one per commit). For every N and round it prints one
 # line per binary: sm__cycles_active.avg (the mean over the SMs), the executed instructions and the
 # ratio to cuBLAS's bf16 GEMM, whose cycles are taken once per N from the first binary. --kernel
-# picks the fused kernel (default: coop_persistent, the trainer's kernel above N = 64 at D = 4096;
-# use pingpong for N <= 64). Exit status 1 when a measurement is missing.
+# picks the fused kernel (default: fused_cooperative, the trainer's kernel above N = 64 at D = 4096;
+# use fused_pingpong for N <= 64). Exit status 1 when a measurement is missing.
 set -uo pipefail
 
 ns="1024,4096"
 rounds=2
-kernel="coop_persistent"
+kernel="fused_cooperative"
 bins=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
