@@ -256,7 +256,7 @@ class CallbackCommunicator final : public detlogp::Communicator {
   nb::callable gather_;
 };
 
-// How linear_logp_tensor_parallel's refusal opens (src/dist/tp_operator.cpp, decide()); the
+// How linear_logp_tensor_parallel's refusal opens (the decision after its header exchange); the
 // agreement step of detlogp.torch refuses in the same words (TENSOR_PARALLEL_REFUSAL).
 constexpr const char* kTensorParallelRefusal = "tensor-parallel linear_logp refused on every rank";
 
