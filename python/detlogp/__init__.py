@@ -180,9 +180,9 @@ def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_sta
     return (hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index)), rows
 
 
-def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100, return_logits: bool = False,
-                vocab_start: int = 0, real_vocab: Optional[int] = None, backend: Optional[str] = None,
-                strict: Optional[bool] = None) -> Result:  # fmt: skip
+def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
+                return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
+                backend: Optional[str] = None, strict: Optional[bool] = None) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or

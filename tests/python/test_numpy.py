@@ -231,7 +231,8 @@ def test_bf16_rounding_is_the_librarys():
     nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FA5A5A5], np.uint32)
     assert list(detlogp.to_bf16_bits(nans.view(np.float32))) == [0x7FC0] * len(nans)
     u = np.random.default_rng(3).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)
-    u = np.concatenate([u, np.array([0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x00018000, 0x80000000, 0xFF800000], np.uint32)])
+    edges = [0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x00018000, 0x80000000, 0xFF800000]  # overflow, ties, -0, -inf
+    u = np.concatenate([u, np.array(edges, np.uint32)])
     f = u.view(np.float32)
     u64 = u.astype(np.uint64)
     expect = np.where(np.isnan(f), 0x7FC0, (u64 + 0x7FFF + ((u64 >> 16) & 1)) >> 16).astype(np.uint16)

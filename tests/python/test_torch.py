@@ -225,7 +225,8 @@ def test_tensor_parallel_agreement_decision():
             check_agreement([cpu, cpu, rec])
         assert "rank 1" not in str(e.value)  # only the ranks that differ from rank 0 are named
     failed = [cpu, ["error", "TargetIndexError", "targets[1]=9 is >= real_vocab=3"], ["error", "InputError", "bad D"]]
-    with pytest.raises(detlogp.TargetIndexError, match=r"refused on every rank .*\n  rank 1: targets.*\n  rank 2: bad D"):
+    refusal = r"refused on every rank .*\n  rank 1: targets.*\n  rank 2: bad D"
+    with pytest.raises(detlogp.TargetIndexError, match=refusal):
         check_agreement(failed)  # the class of the first failing rank, every failing rank's message
     with pytest.raises(detlogp.DetlogpError, match="rank 1: garbled"):
         check_agreement([cpu, ["error", "NotAnError", "garbled"]])

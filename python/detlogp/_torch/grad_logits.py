@@ -60,8 +60,8 @@ def _grad_logits_into(hidden, weight, targets, bias, temperature, temperature_ro
 
 @torch.library.custom_op("detlogp::grad_logits", mutates_args=())
 def grad_logits_op(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], temperature: float,
-                   temperature_rows: Optional[Tensor], real_vocab: int, vocab_start: int, ignore_index: int, lse: Tensor,
-                   g_logp: Optional[Tensor], g_lse: Optional[Tensor]) -> Tensor:  # fmt: skip
+                   temperature_rows: Optional[Tensor], real_vocab: int, vocab_start: int, ignore_index: int,
+                   lse: Tensor, g_logp: Optional[Tensor], g_lse: Optional[Tensor]) -> Tensor:  # fmt: skip
     dz = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16, device=hidden.device)
     _grad_logits_into(
         hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse,

@@ -29,7 +29,8 @@ def vec(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index):
+def library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start,
+                    ignore_index):  # fmt: skip
     """The extension's problem tuple (python/src/detlogp_ext.cpp, Problem) of one call."""
     return (
         contiguous_rows(hidden), contiguous_rows(weight), targets.contiguous(), vec(bias), temperature,
