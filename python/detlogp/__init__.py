@@ -131,20 +131,21 @@ def shard_tiles(vocab_local: int) -> int:
 
 
 def to_bf16_bits(x) -> np.ndarray:
-    """float32 (or float64) values -> bf16 bit patterns (uint16), round to nearest even; NaN stays
-    NaN. The inverse is from_bf16_bits."""
+    """float32 (or float64, rounded to float32 first) values -> bf16 bit patterns (uint16), the
+    library's rounding: to nearest even, every NaN -> the canonical quiet NaN 0x7FC0. The inverse
+    is from_bf16_bits."""
     f = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
-    u = f.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(f)
-    rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)  # keep NaN quiet after truncation
-    return rounded
+    out = np.empty(f.shape, np.uint16)
+    _ext.bf16_round(f.reshape(-1), out.reshape(-1))
+    return out
 
 
 def from_bf16_bits(b) -> np.ndarray:
     """bf16 bit patterns (uint16/int16) -> float32 values (exact)."""
-    u = np.ascontiguousarray(np.asarray(b)).view(np.uint16).astype(np.uint32) << 16
-    return u.view(np.float32)
+    u = np.ascontiguousarray(np.asarray(b)).view(np.uint16)
+    out = np.empty(u.shape, np.float32)
+    _ext.bf16_to_float(u.reshape(-1), out.reshape(-1))
+    return out
 
 
 def _host_array(x, name: str):
@@ -170,65 +171,45 @@ def _backend_arg(backend: Optional[str]) -> str:
     return backend or ""
 
 
-def linear_logp(
-    hidden,
-    weight,
-    targets,
-    bias=None,
-    temperature=1.0,
-    ignore_index: int = -100,
-    return_logits: bool = False,
-    vocab_start: int = 0,
-    real_vocab: Optional[int] = None,
-    backend: Optional[str] = None,
-    strict: Optional[bool] = None,
-) -> Result:
+def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab):
+    """The extension's problem tuple of one call and its row count."""
+    hidden, weight, targets = (_host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets")))
+    rows = int(hidden.shape[0]) if hasattr(hidden, "shape") else 0
+    temp, temp_rows = _split_temperature(temperature, rows)
+    rv = -1 if real_vocab is None else int(real_vocab)
+    return (hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index)), rows
+
+
+def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
+                return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
+                backend: Optional[str] = None, strict: Optional[bool] = None) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
     int64, bias [V] float32, temperature a float or a [N] float32 array. Returns
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report)."""
-    hidden, weight, targets = (_host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets")))
-    rows = int(hidden.shape[0]) if hasattr(hidden, "shape") else 0
-    temp, temp_rows = _split_temperature(temperature, rows)
+    problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
     logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
-    report = _ext.linear_logp(
-        hidden, weight, targets, bias, temp, temp_rows,
-        -1 if real_vocab is None else int(real_vocab), int(vocab_start), int(ignore_index),
-        logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0,
-    )  # fmt: skip
+    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0)
     return Result(logp, lse, logits, report)
 
 
-def linear_logp_partials(
-    hidden,
-    weight,
-    targets,
-    bias=None,
-    temperature=1.0,
-    ignore_index: int = -100,
-    return_logits: bool = False,
-    vocab_start: int = 0,
-    real_vocab: Optional[int] = None,
-    backend: Optional[str] = None,
-    strict: Optional[bool] = None,
-) -> Partials:
+def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
+                         return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
+                         backend: Optional[str] = None, strict: Optional[bool] = None) -> Partials:  # fmt: skip
     """One vocabulary shard's partials (tensor parallelism): weight is rows
     [vocab_start, vocab_start + V_local) of the lm_head, real_vocab the global real vocabulary."""
-    rows = int(hidden.shape[0])
-    temp, temp_rows = _split_temperature(temperature, rows)
+    problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     tiles = shard_tiles(int(weight.shape[0]))
     summaries = np.zeros((rows, tiles, 2), np.float32)
     target_logit = np.zeros(rows, np.float32)
     target_owned = np.zeros(rows, np.uint8)
     logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
     report = _ext.linear_logp_partials(
-        hidden, weight, targets, bias, temp, temp_rows,
-        -1 if real_vocab is None else int(real_vocab), int(vocab_start), int(ignore_index),
-        summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0,
-    )  # fmt: skip
+        problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0
+    )
     return Partials(summaries, target_logit, target_owned, logits, report)
 
 

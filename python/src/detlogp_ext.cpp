@@ -9,12 +9,15 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
+#include "detlogp/dist.hpp"
+#include "detlogp/fpops.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -23,7 +26,6 @@ namespace {
 
 using InArray = nb::ndarray<nb::ro>;
 using OutArray = nb::ndarray<>;
-
 // DLPack device codes (dlpack.h): kDLCPU, kDLCUDA, kDLCUDAHost (pinned host memory).
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
@@ -34,26 +36,9 @@ struct BindingInputError : std::runtime_error {
 [[noreturn]] void value_error(const std::string& msg) { throw BindingInputError(msg); }
 
 std::string dtype_str(nb::dlpack::dtype d) {
-  const char* code = "?";
-  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
-    case nb::dlpack::dtype_code::Int:
-      code = "int";
-      break;
-    case nb::dlpack::dtype_code::UInt:
-      code = "uint";
-      break;
-    case nb::dlpack::dtype_code::Float:
-      code = "float";
-      break;
-    case nb::dlpack::dtype_code::Bfloat:
-      code = "bfloat";
-      break;
-    case nb::dlpack::dtype_code::Bool:
-      code = "bool";
-      break;
-    default:
-      break;
-  }
+  // DLPack's type codes (dlpack.h, DLDataTypeCode), by value.
+  static constexpr const char* kCodes[] = {"int", "uint", "float", "handle", "bfloat", "complex", "bool"};
+  const char* code = d.code < std::size(kCodes) ? kCodes[d.code] : "?";
   return std::string(code) + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
@@ -129,33 +114,36 @@ std::optional<detlogp::TensorView> opt_view(const std::optional<InArray>& a, con
   return view_of(*a, name, ndim, false);
 }
 
-nb::dict provenance_dict(const detlogp::Provenance& p) {
+// A Python dict from (key, value) pairs, in their order.
+nb::dict dict_of(std::initializer_list<std::pair<const char*, nb::object>> items) {
   nb::dict d;
-  d["contract_name"] = p.contract_name;
-  d["contract_version"] = p.contract_version;
-  d["backend_id"] = p.backend_id;
-  d["arch"] = p.arch;
-  d["cc"] = p.cc;
-  d["vocab_tile"] = p.vocab_tile;
-  d["k_slab"] = p.k_slab;
-  d["n_split_policy"] = p.n_split_policy;
-  d["tree_id"] = p.tree_id;
-  d["transcendental_id"] = p.transcendental_id;
-  d["temperature_id"] = p.temperature_id;
-  d["string"] = detlogp::to_string(p);
+  for (const auto& [key, value] : items) d[key] = value;
   return d;
 }
 
+nb::dict provenance_dict(const detlogp::Provenance& p) {
+  return dict_of({{"contract_name", nb::cast(p.contract_name)},
+                  {"contract_version", nb::cast(p.contract_version)},
+                  {"backend_id", nb::cast(p.backend_id)},
+                  {"arch", nb::cast(p.arch)},
+                  {"cc", nb::cast(p.cc)},
+                  {"vocab_tile", nb::cast(p.vocab_tile)},
+                  {"k_slab", nb::cast(p.k_slab)},
+                  {"n_split_policy", nb::cast(p.n_split_policy)},
+                  {"tree_id", nb::cast(p.tree_id)},
+                  {"transcendental_id", nb::cast(p.transcendental_id)},
+                  {"temperature_id", nb::cast(p.temperature_id)},
+                  {"string", nb::cast(detlogp::to_string(p))}});
+}
+
 nb::dict report_dict(const detlogp::CallReport& r) {
-  nb::dict d;
-  d["requested_backend"] = r.requested_backend;
-  d["strict"] = r.strict;
-  d["fallback"] = r.fallback;
-  d["fallback_reason"] = r.fallback_reason;
-  d["backend_id"] = r.provenance.backend_id;
-  d["contract"] = r.provenance.contract_version > 0;
-  d["provenance"] = provenance_dict(r.provenance);
-  return d;
+  return dict_of({{"requested_backend", nb::cast(r.requested_backend)},
+                  {"strict", nb::cast(r.strict)},
+                  {"fallback", nb::cast(r.fallback)},
+                  {"fallback_reason", nb::cast(r.fallback_reason)},
+                  {"backend_id", nb::cast(r.provenance.backend_id)},
+                  {"contract", nb::cast(r.provenance.contract_version > 0)},
+                  {"provenance", provenance_dict(r.provenance)}});
 }
 
 detlogp::CallOptions options(const std::string& backend, bool strict, uintptr_t stream) {
@@ -166,10 +154,14 @@ detlogp::CallOptions options(const std::string& backend, bool strict, uintptr_t 
   return o;
 }
 
-detlogp::LinearLogpInputs inputs(const InArray& hidden, const InArray& weight, const InArray& targets,
-                                 const std::optional<InArray>& bias, float temperature,
-                                 const std::optional<InArray>& temperature_rows, int64_t real_vocab,
-                                 int64_t vocab_start, int64_t ignore_index) {
+// The problem every entry takes, passed as one Python tuple: (hidden, weight, targets, bias | None, temperature,
+// temperature_rows | None, real_vocab, vocab_start, ignore_index).
+using Problem = std::tuple<InArray, InArray, InArray, std::optional<InArray>, float, std::optional<InArray>, int64_t,
+                           int64_t, int64_t>;
+
+detlogp::LinearLogpInputs inputs(const Problem& problem) {
+  const auto& [hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index] =
+      problem;
   detlogp::LinearLogpInputs in;
   in.hidden = view_of(hidden, "hidden", 2, true);
   in.weight = view_of(weight, "weight", 2, true);
@@ -183,6 +175,91 @@ detlogp::LinearLogpInputs inputs(const InArray& hidden, const InArray& weight, c
   return in;
 }
 
+detlogp::LinearLogpOutputs outputs(const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits) {
+  detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
+  if (logits) out.logits = out_view(*logits, "logits", 2);
+  return out;
+}
+
+// Runs one library call without the GIL and returns its report.
+template <class Call>
+nb::dict reported(Call&& call) {
+  detlogp::CallReport r;
+  {
+    nb::gil_scoped_release release;
+    r = call();
+  }
+  return report_dict(r);
+}
+
+// One shard's partials over three arrays: summaries [N, tiles, 2] f32, target_logit [N] f32,
+// target_owned [N] u8, contiguous, in one memory. `at` names the rank in the messages.
+template <class A>
+detlogp::ShardPartials partials_of(const A& s, const A& tl, const A& own, const std::string& at) {
+  if (s.ndim() != 3 || s.shape(2) != 2 || s.dtype() != nb::dtype<float>())
+    value_error(at + "summaries must be [N, tiles, 2] float32");
+  if (tl.ndim() != 1 || tl.dtype() != nb::dtype<float>() || own.ndim() != 1 || own.dtype() != nb::dtype<uint8_t>() ||
+      tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0))
+    value_error(at + "target_logit must be [N] float32 and target_owned [N] uint8");
+  detlogp::ShardPartials p;
+  p.rows = static_cast<int64_t>(s.shape(0));
+  p.tiles = static_cast<int64_t>(s.shape(1));
+  if (p.rows * p.tiles > 0 && (s.stride(2) != 1 || s.stride(1) != 2 || (p.rows > 1 && s.stride(0) != 2 * p.tiles)))
+    value_error(at + "summaries must be contiguous");
+  if (p.rows > 1 && (tl.stride(0) != 1 || own.stride(0) != 1))
+    value_error(at + "target_logit and target_owned must be contiguous");
+  const Placement pl = placement_of(s.device_type(), s.device_id(), "summaries");
+  for (const Placement q : {placement_of(tl.device_type(), tl.device_id(), "target_logit"),
+                            placement_of(own.device_type(), own.device_id(), "target_owned")})
+    if (q.memory != pl.memory || q.device != pl.device) value_error(at + "partials must all live in one memory");
+  p.summaries = static_cast<detlogp::TileSummary*>(const_cast<void*>(static_cast<const void*>(s.data())));
+  p.target_logit = static_cast<float*>(const_cast<void*>(static_cast<const void*>(tl.data())));
+  p.target_owned = static_cast<uint8_t*>(const_cast<void*>(static_cast<const void*>(own.data())));
+  p.memory = pl.memory;
+  p.device = pl.device;
+  return p;
+}
+
+// The first `rows` rows of a view (0 for the zero-row check of a tensor-parallel call).
+detlogp::TensorView first_rows(detlogp::TensorView t, int64_t rows) {
+  if (t.present()) t.rows = rows;
+  return t;
+}
+
+// A Communicator whose all-gather is a Python callable, gather(send, recv): two uint8 arrays
+// (DLPack, in the tensors' memory) of `bytes` and size() * `bytes`; rank r's bytes land at
+// recv[r * bytes]. CUDA gathers must be ordered on the caller's current stream, which is the
+// stream the operator runs on (torch.distributed orders its collectives that way).
+class CallbackCommunicator final : public detlogp::Communicator {
+ public:
+  CallbackCommunicator(int rank, int size, Placement where, nb::callable gather)
+      : rank_(rank), size_(size), where_(where), gather_(std::move(gather)) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  detlogp::Memory memory() const override { return where_.memory; }
+  int device() const override { return where_.device; }
+  void all_gather(const void* send, void* recv, size_t bytes, void*) override {
+    nb::gil_scoped_acquire gil;
+    gather_(byte_array(const_cast<void*>(send), bytes), byte_array(recv, bytes * static_cast<size_t>(size_)));
+  }
+  const char* name() const override { return "Python callback"; }
+
+ private:
+  nb::object byte_array(void* data, size_t bytes) const {
+    const int type = where_.memory == detlogp::Memory::cuda ? kDLCUDA : kDLCPU;
+    const nb::ndarray<uint8_t, nb::ndim<1>> a(data, {bytes}, nb::handle(), {}, nb::dtype<uint8_t>(), type,
+                                              where_.device);
+    return nb::cast(a, nb::rv_policy::reference);
+  }
+  int rank_, size_;
+  Placement where_;
+  nb::callable gather_;
+};
+
+// How linear_logp_tensor_parallel's refusal opens (the decision after its header exchange); the
+// agreement step of detlogp.torch refuses in the same words (TENSOR_PARALLEL_REFUSAL).
+constexpr const char* kTensorParallelRefusal = "tensor-parallel linear_logp refused on every rank";
+
 // Python exception class for a detlogp::Error. The C++ messages name the argument; the class is
 // chosen from what the message is about (the tests pin one real message of every class).
 const char* error_class(const std::string& what) {
@@ -192,12 +269,19 @@ const char* error_class(const std::string& what) {
     const size_t colon = m.find(": ");
     if (colon != std::string::npos) m = m.substr(colon + 2);
   }
+  // A tensor-parallel refusal lists every failing rank ("\n  rank r: <its message>") and takes
+  // the class of the first one: every rank raises the same class.
+  if (m.rfind(kTensorParallelRefusal, 0) == 0) {
+    const size_t first = m.find(": ", m.find("\n  rank "));
+    if (first != std::string::npos) return error_class(m.substr(first + 2));
+  }
   auto has = [&](const char* s) { return m.find(s) != std::string::npos; };
   if (has("strict mode")) return "StrictModeError";
   if (m.rfind("targets[", 0) == 0) return "TargetIndexError";
   if (has("environment variable") || m.rfind("DETLOGP_", 0) == 0) return "ConfigError";
-  if (has("unavailable") || has("CUDA call failed") || has("could not allocate") || has("compute capability") ||
-      has("unknown status") || has("cuTensorMapEncode") || has("driver entry point"))
+  if (has("unavailable") || has("served by different backends") || has("CUDA call failed") ||
+      has("could not allocate") || has("compute capability") || has("unknown status") || has("cuTensorMapEncode") ||
+      has("driver entry point"))
     return "BackendError";
   return "InputError";
 }
@@ -224,6 +308,15 @@ void translate(const std::exception_ptr& p, void*) {
   }
 }
 
+// out[i] = f(x[i]) over two contiguous host vectors of one length (the bf16 conversions).
+template <class In, class Out, auto f>
+void convert(const nb::ndarray<In, nb::ndim<1>, nb::c_contig, nb::device::cpu>& x,
+             const nb::ndarray<Out, nb::ndim<1>, nb::c_contig, nb::device::cpu>& out) {
+  if (x.shape(0) != out.shape(0)) value_error("out must have as many elements as the input");
+  nb::gil_scoped_release release;
+  for (size_t i = 0; i < x.shape(0); ++i) out(i) = f(x(i));
+}
+
 }  // namespace
 
 NB_MODULE(_detlogp, m) {
@@ -235,131 +328,78 @@ NB_MODULE(_detlogp, m) {
   m.def("shard_tiles", &detlogp::shard_tiles, "vocab_local"_a);
   m.def(
       "error_class", [](const std::string& msg) { return std::string(error_class(msg)); }, "message"_a);
+  m.attr("TENSOR_PARALLEL_REFUSAL") = kTensorParallelRefusal;
+
+  // The library's bf16 conversions over host arrays (detlogp.to_bf16_bits / from_bf16_bits).
+  m.def("bf16_round", &convert<const float, uint16_t, detlogp::fp::bf16_round>, "x"_a, "out"_a);
+  m.def("bf16_to_float", &convert<const uint16_t, float, detlogp::fp::bf16_to_float>, "x"_a, "out"_a);
 
   m.def("contract", [] {
-    nb::dict d;
-    d["contract_name"] = detlogp::kContractName;
-    d["contract_version"] = detlogp::kContractVersion;
-    d["vocab_tile"] = detlogp::kVocabTile;
-    d["k_slab"] = detlogp::kKSlab;
-    d["tree_id"] = detlogp::kTreeId;
-    d["transcendental_id"] = detlogp::kTranscendentalId;
-    d["n_split_policy"] = detlogp::kNSplitPolicy;
-    d["temperature_id"] = detlogp::kTemperatureId;
-    d["default_ignore_index"] = detlogp::kDefaultIgnoreIndex;
-    return d;
+    return dict_of({{"contract_name", nb::cast(detlogp::kContractName)},
+                    {"contract_version", nb::cast(detlogp::kContractVersion)},
+                    {"vocab_tile", nb::cast(detlogp::kVocabTile)},
+                    {"k_slab", nb::cast(detlogp::kKSlab)},
+                    {"tree_id", nb::cast(detlogp::kTreeId)},
+                    {"transcendental_id", nb::cast(detlogp::kTranscendentalId)},
+                    {"n_split_policy", nb::cast(detlogp::kNSplitPolicy)},
+                    {"temperature_id", nb::cast(detlogp::kTemperatureId)},
+                    {"default_ignore_index", nb::cast(detlogp::kDefaultIgnoreIndex)}});
   });
 
   m.def("list_backends", [] {
     nb::list out;
-    for (const detlogp::BackendInfo& b : detlogp::list_backends()) {
-      nb::dict d;
-      d["id"] = b.id;
-      d["contract"] = b.contract_bearing;
-      d["available"] = b.available;
-      d["detail"] = b.detail;
-      d["memory"] = b.memory == detlogp::Memory::host ? "host" : "cuda";
-      d["provenance"] = provenance_dict(b.provenance);
-      out.append(d);
-    }
+    for (const detlogp::BackendInfo& b : detlogp::list_backends())
+      out.append(dict_of({{"id", nb::cast(b.id)},
+                          {"contract", nb::cast(b.contract_bearing)},
+                          {"available", nb::cast(b.available)},
+                          {"detail", nb::cast(b.detail)},
+                          {"memory", nb::cast(b.memory == detlogp::Memory::host ? "host" : "cuda")},
+                          {"provenance", provenance_dict(b.provenance)}}));
     return out;
   });
 
   m.def(
       "linear_logp",
-      [](const InArray& hidden, const InArray& weight, const InArray& targets, const std::optional<InArray>& bias,
-         float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
-         int64_t ignore_index, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
+      [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
          const std::string& backend, bool strict, uintptr_t stream) {
-        const detlogp::LinearLogpInputs in =
-            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
-        detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
-        if (logits) out.logits = out_view(*logits, "logits", 2);
+        const detlogp::LinearLogpInputs in = inputs(problem);
+        const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         const detlogp::CallOptions opt = options(backend, strict, stream);
-        detlogp::CallReport r;
-        {
-          nb::gil_scoped_release release;
-          r = detlogp::linear_logp(in, out, opt);
-        }
-        return report_dict(r);
+        return reported([&] { return detlogp::linear_logp(in, out, opt); });
       },
-      "hidden"_a, "weight"_a, "targets"_a, "bias"_a.none(), "temperature"_a, "temperature_rows"_a.none(),
-      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a,
-      "stream"_a);
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a);
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry).
   m.def(
       "linear_logp_partials",
-      [](const InArray& hidden, const InArray& weight, const InArray& targets, const std::optional<InArray>& bias,
-         float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
-         int64_t ignore_index, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
+      [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
          const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream) {
-        const detlogp::LinearLogpInputs in =
-            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
-        detlogp::ShardPartials p;
-        p.rows = in.hidden.rows;
-        // Validated here because ShardPartials carries raw pointers, not views.
-        if (summaries.ndim() != 3 || summaries.shape(2) != 2 || static_cast<int64_t>(summaries.shape(0)) != p.rows)
-          value_error("summaries must be [N=" + std::to_string(p.rows) + ", tiles, 2]");
-        if (dtype_of(summaries.dtype(), "summaries", false) != detlogp::DType::f32)
-          value_error("summaries must be float32");
-        const Placement pl = placement_of(summaries.device_type(), summaries.device_id(), "summaries");
-        p.tiles = static_cast<int64_t>(summaries.shape(1));
-        if (p.rows * p.tiles > 0 && (summaries.stride(2) != 1 || summaries.stride(1) != 2 ||
-                                     (p.rows > 1 && summaries.stride(0) != 2 * p.tiles)))
-          value_error("summaries must be contiguous");
-        const detlogp::MutableTensorView tl = out_view(target_logit, "target_logit", 1);
-        if (tl.dtype != detlogp::DType::f32 || tl.rows != p.rows || tl.memory != pl.memory)
-          value_error("target_logit must be [N] float32 in the memory of summaries");
-        if (target_owned.ndim() != 1 || static_cast<int64_t>(target_owned.shape(0)) != p.rows ||
-            target_owned.dtype() != nb::dtype<uint8_t>() ||
-            placement_of(target_owned.device_type(), target_owned.device_id(), "target_owned").memory != pl.memory)
-          value_error("target_owned must be [N] uint8 in the memory of summaries");
-        p.summaries = static_cast<detlogp::TileSummary*>(summaries.data());
-        p.target_logit = static_cast<float*>(target_logit.data());
-        p.target_owned = static_cast<uint8_t*>(target_owned.data());
-        p.memory = pl.memory;
-        p.device = pl.device;
+        const detlogp::LinearLogpInputs in = inputs(problem);
+        detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
-        detlogp::CallReport r;
-        {
-          nb::gil_scoped_release release;
-          r = detlogp::linear_logp_partials(in, p, opt);
-        }
-        return report_dict(r);
+        return reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
       },
-      "hidden"_a, "weight"_a, "targets"_a, "bias"_a.none(), "temperature"_a, "temperature_rows"_a.none(),
-      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "summaries"_a, "target_logit"_a, "target_owned"_a,
-      "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a);
+      "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
+      "stream"_a);
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
   m.def(
       "linear_logp_grad_logits",
-      [](const InArray& hidden, const InArray& weight, const InArray& targets, const std::optional<InArray>& bias,
-         float temperature, const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t vocab_start,
-         int64_t ignore_index, const InArray& lse, const std::optional<InArray>& g_logp,
+      [](const Problem& problem, const InArray& lse, const std::optional<InArray>& g_logp,
          const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream) {
-        const detlogp::LinearLogpInputs in =
-            inputs(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index);
+        const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::GradLogitsArgs args;
         args.lse = view_of(lse, "lse", 1, false);
         if (auto g = opt_view(g_logp, "g_logp", 1)) args.g_logp = *g;
         if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
         const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
         const detlogp::CallOptions opt = options("", false, stream);
-        detlogp::CallReport r;
-        {
-          nb::gil_scoped_release release;
-          r = detlogp::linear_logp_grad_logits(in, args, out, opt);
-        }
-        return report_dict(r);
+        return reported([&] { return detlogp::linear_logp_grad_logits(in, args, out, opt); });
       },
-      "hidden"_a, "weight"_a, "targets"_a, "bias"_a.none(), "temperature"_a, "temperature_rows"_a.none(),
-      "real_vocab"_a, "vocab_start"_a, "ignore_index"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a,
-      "stream"_a);
+      "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a);
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned)].
   m.def(
@@ -369,31 +409,7 @@ NB_MODULE(_detlogp, m) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
           const auto& [s, tl, own] = ranks[r];
-          const std::string at = "rank " + std::to_string(r) + " ";
-          if (s.ndim() != 3 || s.shape(2) != 2 || s.dtype() != nb::dtype<float>())
-            value_error(at + "summaries must be [N, tiles, 2] float32");
-          if (tl.ndim() != 1 || tl.dtype() != nb::dtype<float>() || own.ndim() != 1 ||
-              own.dtype() != nb::dtype<uint8_t>() || tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0))
-            value_error(at + "target_logit must be [N] float32 and target_owned [N] uint8");
-          detlogp::ShardPartials p;
-          p.rows = static_cast<int64_t>(s.shape(0));
-          p.tiles = static_cast<int64_t>(s.shape(1));
-          if (p.rows * p.tiles > 0 &&
-              (s.stride(2) != 1 || s.stride(1) != 2 || (p.rows > 1 && s.stride(0) != 2 * p.tiles)))
-            value_error(at + "summaries must be contiguous");
-          if ((p.rows > 1 && (tl.stride(0) != 1 || own.stride(0) != 1)))
-            value_error(at + "target_logit and target_owned must be contiguous");
-          const Placement pl = placement_of(s.device_type(), s.device_id(), "summaries");
-          for (const Placement q : {placement_of(tl.device_type(), tl.device_id(), "target_logit"),
-                                    placement_of(own.device_type(), own.device_id(), "target_owned")})
-            if (q.memory != pl.memory || q.device != pl.device)
-              value_error(at + "partials must all live in one memory");
-          p.summaries = const_cast<detlogp::TileSummary*>(static_cast<const detlogp::TileSummary*>(s.data()));
-          p.target_logit = const_cast<float*>(static_cast<const float*>(tl.data()));
-          p.target_owned = const_cast<uint8_t*>(static_cast<const uint8_t*>(own.data()));
-          p.memory = pl.memory;
-          p.device = pl.device;
-          parts.push_back(p);
+          parts.push_back(partials_of(s, tl, own, "rank " + std::to_string(r) + " "));
         }
         const detlogp::TensorView t = view_of(targets, "targets", 1, false);
         const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
@@ -402,6 +418,43 @@ NB_MODULE(_detlogp, m) {
         detlogp::merge_partials(parts, t, ignore_index, lp, ls, opt);
       },
       "ranks"_a, "targets"_a, "ignore_index"_a, "logp"_a, "lse"_a, "backend"_a, "strict"_a, "stream"_a);
+
+  // What one rank of a tensor-parallel call checks before any collective: the arrays (this
+  // binding's checks), then a zero-row partials call with the rank's shard, whose report names
+  // the backend that would serve it. Raises what the rank's call would raise; computes nothing.
+  m.def(
+      "tensor_parallel_local_check",
+      [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
+         const std::string& backend, bool strict) {
+        detlogp::LinearLogpInputs in = inputs(problem);
+        const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        in.hidden = first_rows(in.hidden, 0);
+        in.targets = first_rows(in.targets, 0);
+        in.temperature_rows = first_rows(in.temperature_rows, 0);
+        detlogp::ShardPartials none;
+        none.tiles = in.weight.rows > 0 ? detlogp::shard_tiles(in.weight.rows) : 0;
+        none.memory = in.hidden.memory;
+        none.device = in.hidden.device;
+        none.logits = {first_rows(out.logits, 0)};
+        const detlogp::CallOptions opt = options(backend, strict, 0);
+        return reported([&] { return detlogp::linear_logp_partials(in, none, opt); });
+      },
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a);
+
+  // The C++ tensor-parallel operator (docs/tensor-parallel.md) over a Python all-gather:
+  // gather(send, recv) as CallbackCommunicator describes; rank and size of this rank's group.
+  m.def(
+      "linear_logp_tensor_parallel",
+      [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
+         const std::string& backend, bool strict, uintptr_t stream, int rank, int size, nb::callable gather) {
+        const detlogp::LinearLogpInputs in = inputs(problem);
+        const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        const detlogp::CallOptions opt = options(backend, strict, stream);
+        CallbackCommunicator comm(rank, size, {in.hidden.memory, in.hidden.device}, std::move(gather));
+        return reported([&] { return detlogp::linear_logp_tensor_parallel(in, out, comm, opt); });
+      },
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a, "rank"_a, "size"_a,
+      "gather"_a);
 
   m.def(
       "reduce_logits",

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch tests need it)")
 import detlogp  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
+from detlogp._torch import backward  # noqa: E402
 
 
 def problem(n, d, v, seed=0, real_vocab=None, ignore=(1,)):
@@ -111,7 +112,7 @@ def test_fused_backward_knob(monkeypatch):
 
 def _force_fused(monkeypatch, chunk_rows):
     """The fused chunk loop on the CPU op (on CUDA it is the SM90 kernel), chunk_rows per chunk."""
-    monkeypatch.setattr(dt, "_fused_backward_ok", lambda hidden, weight, need_t, g_logits: not need_t and (
+    monkeypatch.setattr(backward, "_fused_backward_ok", lambda hidden, weight, need_t, g_logits: not need_t and (
         g_logits is None or g_logits.numel() == 0))  # fmt: skip
     monkeypatch.setattr(dt, "BACKWARD_FUSED_CHUNK_BYTES", chunk_rows * 2 * 13)
 

@@ -203,6 +203,16 @@ def test_error_class_of_backend_messages():
     assert cls("detlogp error at a.cu:1: targets[0]=9 is >= real_vocab=3") == "TargetIndexError"
     assert cls("detlogp error at a.cu:1: hidden base pointer 0x1 is not 16-byte aligned") == "InputError"
     assert cls("detlogp error at r.cpp:1: strict mode forbids fallback: x") == "StrictModeError"
+    # A tensor-parallel refusal takes the class of its first failing rank's message.
+    refusal = "detlogp error at tp.cpp:1: tensor-parallel linear_logp refused on every rank (nothing was written):"
+    assert cls(f"{refusal}\n  rank 1: detlogp error at v.cpp:1: targets[5]=9 is >= real_vocab=3\n  rank 2: x") == (
+        "TargetIndexError"
+    )
+    assert cls(f"{refusal}\n  rank 0: detlogp error at r.cpp:1: strict mode refuses backend 'x'") == "StrictModeError"
+    assert cls(f"{refusal}\n  rank 3: detlogp error at v.cpp:1: hidden has D=0 columns") == "InputError"
+    assert cls("detlogp error at tp.cpp:1: ranks would be served by different backends (rank 0 and rank 1)") == (
+        "BackendError"
+    )
 
 
 def test_bf16_helpers_round_to_nearest_even():
@@ -212,6 +222,24 @@ def test_bf16_helpers_round_to_nearest_even():
     assert list(b) == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80]
     assert np.array_equal(detlogp.from_bf16_bits(b), np.array([1.0, 1.0, 1.015625, -2.5, np.inf], np.float32))
     assert np.isnan(detlogp.from_bf16_bits(detlogp.to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_bf16_rounding_is_the_librarys():
+    """to_bf16_bits is fp::bf16_round: every NaN (either sign, quiet or signalling, any payload)
+    becomes the canonical 0x7FC0; everything else rounds to nearest even on the bits, overflow to
+    inf, subnormals kept. from_bf16_bits is exact."""
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FA5A5A5], np.uint32)
+    assert list(detlogp.to_bf16_bits(nans.view(np.float32))) == [0x7FC0] * len(nans)
+    u = np.random.default_rng(3).integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    edges = [0x7F7FFFFF, 0x7F7F8000, 0x00008000, 0x00018000, 0x80000000, 0xFF800000]  # overflow, ties, -0, -inf
+    u = np.concatenate([u, np.array(edges, np.uint32)])
+    f = u.view(np.float32)
+    u64 = u.astype(np.uint64)
+    expect = np.where(np.isnan(f), 0x7FC0, (u64 + 0x7FFF + ((u64 >> 16) & 1)) >> 16).astype(np.uint16)
+    assert np.array_equal(detlogp.to_bf16_bits(f), expect)
+    b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    assert np.array_equal(detlogp.from_bf16_bits(b).view(np.uint32), b.astype(np.uint32) << 16)
+    assert detlogp.to_bf16_bits(np.ones((3, 5), np.float64)).shape == (3, 5)
 
 
 def test_empty_batch():

@@ -193,30 +193,43 @@ def test_torch_compile_cpu():
         assert rel_err(c.grad.float(), a.grad.double()) < 1e-2
 
 
-def _partials_fill_logits() -> bool:
-    # The serving entry of a shard (ShardPartials.logits) is new in the C++ API; older library
-    # builds leave the buffer untouched.
-    h, w, t, _, _ = make_problem(2, 8, 64)
-    logits = np.full((2, 64), np.nan, np.float32)
-    detlogp._ext.linear_logp_partials(h, w, t, None, 1.0, None, 128, 0, -100, np.zeros((2, 1, 2), np.float32),
-                                      np.zeros(2, np.float32), np.zeros(2, np.uint8), logits, "", False, 0)  # fmt: skip
-    return not np.isnan(logits).any()
-
-
-def test_tensor_parallel_gloo_two_ranks(tmp_path):
-    """TP=2 through torch.distributed (gloo, two CPU processes) gives the TP=1 bits."""
+@pytest.mark.parametrize("world", [2, 3])
+def test_tensor_parallel_gloo(world):
+    """TP through torch.distributed (gloo, CPU processes; three ranks: uneven shards) gives the
+    TP=1 bits, and every refusal (one rank's bad input, disagreeing backends or contracts) is the
+    same exception on every rank."""
     pytest.importorskip("torch.distributed")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-           str(HERE / "tp_worker.py"), "--device", "cpu", "--rows", "33", "--dim", "64", "--vocab", "517"]  # fmt: skip
-    if not _partials_fill_logits():
-        cmd.append("--no-logits-check")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
+           str(29515 + world), str(HERE / "tp_worker.py"), "--device", "cpu", "--rows", "33", "--dim", "64", "--vocab",
+           "517"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert out.count("TP_OK") == 2, out[-4000:]
+    assert out.count("TP_OK") == world, out[-4000:]
+    assert "FAIL" not in out, out[-4000:]
+
+
+def test_tensor_parallel_agreement_decision():
+    """The decision every rank takes from the gathered agreement records, in one process."""
+    from detlogp._torch.tensor_parallel import check_agreement
+
+    cpu = ["ok", "cpu-linear-logp-contract-v1", "detlogp-linear-logp-contract", "1", "cpu"]
+    check_agreement([cpu, cpu, cpu])  # agreeing ranks go on
+    for i, other in ((1, "cuda-fused-linear-logp-sm90-contract-v1"), (2, "other"), (3, "2"), (4, "sm90a")):
+        rec = list(cpu)
+        rec[i] = other
+        with pytest.raises(detlogp.BackendError, match=f"rank 0: .*; rank 2: .*={other}") as e:
+            check_agreement([cpu, cpu, rec])
+        assert "rank 1" not in str(e.value)  # only the ranks that differ from rank 0 are named
+    failed = [cpu, ["error", "TargetIndexError", "targets[1]=9 is >= real_vocab=3"], ["error", "InputError", "bad D"]]
+    refusal = r"refused on every rank .*\n  rank 1: targets.*\n  rank 2: bad D"
+    with pytest.raises(detlogp.TargetIndexError, match=refusal):
+        check_agreement(failed)  # the class of the first failing rank, every failing rank's message
+    with pytest.raises(detlogp.DetlogpError, match="rank 1: garbled"):
+        check_agreement([cpu, ["error", "NotAnError", "garbled"]])
 
 
 def test_backward_allocates_no_vocab_sized_buffer():

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the GPU tests need it)")
 import detlogp  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
+from detlogp._torch import backward  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -123,7 +124,7 @@ def test_backward_peak_memory_bounded():
     accumulators = n * d * 4 + n * d * 4  # fp32 hidden-gradient accumulator and one GEMM result
     path = dt.last_backward_path()
     if path == "fused":
-        chunk = n * dt._fused_chunk_rows(n, v) * 2  # the bf16 dz chunk (<= BACKWARD_FUSED_CHUNK_BYTES)
+        chunk = n * backward.fused_chunk_rows(n, v) * 2  # the bf16 dz chunk (<= BACKWARD_FUSED_CHUNK_BYTES)
     else:
         c = dt.BACKWARD_VOCAB_CHUNK
         chunk = n * c * 4 + n * c * 2 + c * d * 4 + c * d * 2  # fp32 logits chunk, its bf16 copy, dW chunk

@@ -12,7 +12,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+import detlogp
 import detlogp.torch as dt
+from detlogp._torch import tensor_parallel
 
 
 def shard_bounds(vocab: int, world: int, rank: int):
@@ -39,7 +41,6 @@ def main():
     ap.add_argument("--rows", type=int, default=257)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=5000)
-    ap.add_argument("--no-logits-check", action="store_true", help="library without ShardPartials.logits")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -76,10 +77,7 @@ def main():
     rep = dt.last_report()
     check("logp bits equal TP=1", torch.equal(lps.view(torch.int32), lp1.view(torch.int32)))
     check("lse bits equal TP=1", torch.equal(lses.view(torch.int32), lse1.view(torch.int32)))
-    if args.no_logits_check:
-        print(f"[rank {rank}] SKIP logits shard: this library build does not fill ShardPartials.logits", flush=True)
-    else:
-        check("logits shard bits equal TP=1 slice", torch.equal(zs.view(torch.int32), z1[:, lo:hi].view(torch.int32)))
+    check("logits shard bits equal TP=1 slice", torch.equal(zs.view(torch.int32), z1[:, lo:hi].view(torch.int32)))
     check("report names a contract backend", rep["contract"], rep["backend_id"])
     (lps.sum() + 0.25 * lses.sum()).backward()
     for name, a, r in (("grad_hidden", hs.grad, h1.grad), ("grad_weight", ws.grad, w1.grad[lo:hi]),
@@ -91,15 +89,60 @@ def main():
     dist.all_gather(gathered, hs.grad)
     check("grad_hidden identical on every rank", all(torch.equal(g.view(torch.int16), gathered[0].view(torch.int16)) for g in gathered))
 
-    # An error on one rank reaches every rank as the same exception, before any data moves.
+    # A refusal on one rank reaches every rank as the same exception, before any data moves, and
+    # leaves the group in step for the next call.
+    def refused_alike(name, exc_type, call, *must_name):
+        try:
+            call()
+            message = None
+        except exc_type as e:
+            message = str(e)
+        messages = [None] * world
+        dist.all_gather_object(messages, message)
+        same = message is not None and all(m == message for m in messages)
+        named = message is not None and all(s in message for s in must_name)
+        check(name, same and named, (message or "no exception").replace("\n", " | ")[:200])
+
+    def shard_call(targets=t, bias=None, backend=None):
+        return dt.linear_logp(h, w[lo:hi], targets, bias=bias, vocab_start=lo, real_vocab=real_vocab,
+                              tp_group=dist.group.WORLD, backend=backend)  # fmt: skip
+
+    last = world - 1
     bad = t.clone()
-    if rank == world - 1:
+    if rank == last:
         bad[5] = real_vocab + 7
-    try:
-        dt.linear_logp(h, w[lo:hi], bad, vocab_start=lo, real_vocab=real_vocab, tp_group=dist.group.WORLD)
-        check("error on one rank raises on all", False, "no exception")
-    except IndexError as e:
-        check("error on one rank raises on all", f"rank {world - 1}" in str(e), str(e)[:120])
+    refused_alike("a bad target on one rank raises on all", IndexError, lambda: shard_call(bad), f"rank {last}:",
+                  f"targets[5]={real_vocab + 7}")  # fmt: skip
+    wrong_bias = b[lo:hi].double() if rank == 0 else b[lo:hi]
+    refused_alike("a torch-side check failing on one rank raises on all", ValueError,
+                  lambda: shard_call(bias=wrong_bias), "rank 0:", "bias must be torch.float32")  # fmt: skip
+    refused_alike("a rank whose backend serves no partials is refused on all", ValueError,
+                  lambda: shard_call(backend="reference-materialized" if rank == last else None), f"rank {last}:",
+                  "cannot produce tensor-parallel partials")  # fmt: skip
+
+    # Ranks that would be served under another contract or arch: one rank's local check is made to
+    # report a different provenance (one build and one kind of device cannot produce it for real).
+    ext = tensor_parallel._ext
+    real_check = ext.tensor_parallel_local_check
+    for field, other in (("arch", "sm90a"), ("contract_version", 2), ("contract_name", "other-contract"),
+                         ("backend_id", "cuda-fused-linear-logp-sm90-contract-v1")):  # fmt: skip
+
+        def served_otherwise(*args, field=field, other=other):
+            report = real_check(*args)
+            report["provenance"][field] = other
+            return report
+
+        ext.tensor_parallel_local_check = served_otherwise if rank == last else real_check
+        try:
+            refused_alike(f"ranks disagreeing on {field} are refused on all", detlogp.BackendError, shard_call,
+                          "rank 0:", f"rank {last}: ", f"{field}={other}", "different backends")  # fmt: skip
+        finally:
+            ext.tensor_parallel_local_check = real_check
+
+    lp_again = shard_call(bias=b[lo:hi])[0]
+    lp_whole = dt.linear_logp(h, w, t, bias=b, real_vocab=real_vocab)[0]
+    in_step = torch.equal(lp_again.view(torch.int32), lp_whole.view(torch.int32))
+    check("the group is in step after the refusals", in_step)
     dist.barrier()
     dist.destroy_process_group()
     print(f"[rank {rank}] {'TP_OK' if not failures else 'TP_FAILED ' + ','.join(failures)}", flush=True)

@@ -1,0 +1,236 @@
+"""The backward of detlogp::linear_logp: the logits recomputed one vocabulary chunk at a time (never
+an [N, V] buffer), in a fixed order, so gradients are deterministic run to run.
+
+For CUDA bf16 tensors served by the SM90 backend it is fused: one kernel per chunk (grad_logits)
+recomputes the chunk's logits and writes the bf16 logit gradient dz directly, then two GEMMs (dz @
+W_c into an fp32 hidden gradient, dz^T @ h for the weight chunk). Elsewhere (CPU, other dtypes, a
+temperature gradient, a gradient through the returned logits, or DETLOGP_TORCH_FUSED_BACKWARD=0)
+the chunk loop is written in torch with BACKWARD_VOCAB_CHUNK rows per chunk. Gradients are not part
+of the numeric contract (only logp/lse are).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _detlogp as _ext
+from .grad_logits import grad_logits_op
+
+# Vocabulary rows per backward chunk. The backward's extra memory, besides the gradients it
+# returns, is about N*C*6 + N*D*8 + C*D*6 bytes for C = BACKWARD_VOCAB_CHUNK: the fp32 logits chunk
+# and its bf16 copy, the fp32 hidden-gradient accumulator and one GEMM result, the fp32 weight-
+# gradient chunk and its cast. Never [N, V].
+BACKWARD_VOCAB_CHUNK = 4096
+
+# The fused backward's chunk: C vocabulary rows with the bf16 dz chunk [N, C] at most this many
+# bytes (C a multiple of 256, at least 256). Its extra memory besides the gradients is about
+# N*C*2 + N*D*8 bytes: dz, the fp32 hidden-gradient accumulator and one GEMM result.
+BACKWARD_FUSED_CHUNK_BYTES = 256 << 20
+
+# DETLOGP_TORCH_FUSED_BACKWARD=0 keeps the torch chunk loop on CUDA too (for comparison).
+FUSED_BACKWARD_ENV = "DETLOGP_TORCH_FUSED_BACKWARD"
+SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
+
+# Process-wide, not thread-local: autograd runs CUDA backward passes on its own worker threads.
+last_backward = {"path": None}
+
+
+def last_backward_path() -> Optional[str]:
+    """How the process's most recent detlogp.torch backward computed its chunks: "fused" (the SM90
+    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); None before any.
+    (Autograd runs CUDA backward passes on its own threads, so this is not per calling thread.)"""
+    return last_backward["path"]
+
+
+# aten::mm.dtype (bf16 x bf16 -> fp32 on CUDA) exists from torch 2.8 on; older: upcast.
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
+def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b with an fp32 (or fp64) result. bf16 operands on CUDA stay bf16 (fp32 accumulate and
+    output, tensor cores); elsewhere they are upcast."""
+    if a.dtype == torch.float64 or b.dtype == torch.float64:
+        return torch.mm(a.double(), b.double())
+    if a.is_cuda and a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and _MM_OUT_DTYPE:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return torch.mm(a.float(), b.float())
+
+
+_SM90_AVAILABLE: Optional[bool] = None
+
+
+def _sm90_available() -> bool:
+    global _SM90_AVAILABLE
+    if _SM90_AVAILABLE is None:
+        _SM90_AVAILABLE = any(b["id"] == SM90_BACKEND_ID and b["available"] for b in _ext.list_backends())
+    return _SM90_AVAILABLE
+
+
+def _tma_ok(t: Tensor) -> bool:
+    """What the SM90 kernel's TMA loads need: unit column stride, 16-byte base and row stride.
+    A traced (fake) tensor has no pointer: its storage offset decides (allocator blocks are
+    aligned)."""
+    es = t.element_size()
+    if t.stride(-1) != 1 or (t.shape[0] > 1 and (t.stride(0) * es) % 16 != 0):
+        return False
+    if (t.storage_offset() * es) % 16 != 0:
+        return False
+    return _traced(t) or t.data_ptr() % 16 == 0
+
+
+def _traced(t: Tensor) -> bool:
+    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
+    f = getattr(torch.compiler, "is_compiling", None)
+    if f is not None and f():
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return bool(is_fake(t))
+    except ImportError:  # pragma: no cover - older torch
+        return False
+
+
+def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: Optional[Tensor]) -> bool:
+    if os.environ.get(FUSED_BACKWARD_ENV, "1") == "0" or need_t:
+        return False
+    if g_logits is not None and g_logits.numel() > 0:
+        return False
+    if not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16):
+        return False
+    return hidden.shape[1] % 8 == 0 and _tma_ok(hidden) and _tma_ok(weight) and _sm90_available()
+
+
+def fused_chunk_rows(n: int, v: int) -> int:
+    """Vocabulary rows per fused chunk: at most BACKWARD_FUSED_CHUNK_BYTES of bf16 dz (a multiple of
+    256, at least 256), then evened out over the chunks that takes (no small tail chunk)."""
+    c_max = min(v, max(256, BACKWARD_FUSED_CHUNK_BYTES // max(1, 2 * n) // 256 * 256))
+    chunks = (v + c_max - 1) // c_max
+    if chunks == 1:
+        return c_max
+    even = (v + chunks - 1) // chunks
+    return min(c_max, (even + 255) // 256 * 256)
+
+
+def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse,
+                         vocab_start, real_vocab, ignore_index, need):  # fmt: skip
+    """The fused backward of a vocabulary shard: per chunk, the SM90 kernel writes dz [N, C] bf16,
+    then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
+    = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
+    need_h, need_w, need_b, _ = need
+    n, d = hidden.shape
+    v = weight.shape[0]
+    dev = hidden.device
+    c_max = fused_chunk_rows(n, v)
+    grad_h = torch.zeros((n, d), dtype=torch.float32, device=dev) if need_h else None
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = torch.empty_like(bias) if need_b else None
+    lse = lse.float()
+    g_logp = None if g_logp is None else g_logp.float()
+    g_lse = None if g_lse is None else g_lse.float()
+    t_rows = None if temperature_rows is None else temperature_rows.float()
+    for c0 in range(0, v, c_max):
+        c1 = min(v, c0 + c_max)
+        w_c = weight[c0:c1]
+        dz = grad_logits_op(
+            hidden, w_c, targets, None if bias is None else bias[c0:c1], float(temperature), t_rows, int(real_vocab),
+            int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse,
+        )  # fmt: skip
+        if need_h:
+            grad_h += _mm_fp32(dz, w_c)
+        if need_w:
+            torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
+        if need_b:
+            grad_b[c0:c1] = dz.sum(0, dtype=torch.float32).to(bias.dtype)
+        del dz  # free this chunk before the next one is allocated
+    last_backward["path"] = "fused"
+    return grad_h, grad_w, grad_b, None
+
+
+def chunked_grads(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    targets: Tensor,
+    inv_t: Tensor,  # [N, 1] in the compute dtype
+    lse: Tensor,
+    g_logp: Optional[Tensor],
+    g_lse: Optional[Tensor],
+    g_logits: Optional[Tensor],
+    vocab_start: int,
+    real_vocab: int,
+    ignore_index: int,
+    need: Tuple[bool, bool, bool, bool],
+    temperature: float = 1.0,
+    temperature_rows: Optional[Tensor] = None,
+):
+    """Gradients of this vocabulary shard: (grad_hidden partial in the compute dtype, grad_weight,
+    grad_bias, sum_v grad_y * y per row for the temperature). y = z * inv_t, p = exp(y - lse),
+    dlogp/dy = onehot(t) - p, dlse/dy = p, dz = dy * inv_t; ignored rows carry no logp gradient.
+    CUDA bf16 on SM90 (no temperature gradient, no logits gradient): the fused path."""
+    need_h, need_w, need_b, need_t = need
+    if _fused_backward_ok(hidden, weight, need_t, g_logits):
+        return _fused_chunked_grads(
+            hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse, vocab_start, real_vocab,
+            ignore_index, need,
+        )  # fmt: skip
+    last_backward["path"] = "torch"
+    n, d = hidden.shape
+    v = weight.shape[0]
+    cd = inv_t.dtype
+    dev = hidden.device
+    ignored = targets == ignore_index
+    gl = torch.zeros(n, dtype=cd, device=dev) if g_logp is None else torch.where(ignored, 0.0, g_logp.to(cd))
+    gs = torch.zeros(n, dtype=cd, device=dev) if g_lse is None else g_lse.to(cd)
+    coef_z = (gs - gl)[:, None] * inv_t
+    gl_z = gl[:, None] * inv_t
+    neg_lse = -lse.to(cd)[:, None]
+    t_local = torch.where(ignored, -1, targets.long() - vocab_start)[:, None]
+    grad_h = torch.zeros((n, d), dtype=cd, device=dev) if need_h else None
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = torch.empty_like(bias) if need_b else None
+    grad_ty = torch.zeros(n, dtype=cd, device=dev) if need_t else None
+    low_precision = hidden.dtype == torch.bfloat16 and hidden.is_cuda
+    for c0 in range(0, v, BACKWARD_VOCAB_CHUNK):
+        c1 = min(v, c0 + BACKWARD_VOCAB_CHUNK)
+        w_c = weight[c0:c1]
+        z = _mm_fp32(hidden, w_c.t())
+        if bias is not None:
+            z += bias[c0:c1].to(cd)
+        z_keep = z.clone() if need_t else None
+        # Few passes over the [N, C] chunk, in place: p = exp(z * inv_t - lse), then
+        # dz = p * (g_lse - g_logp) * inv_t, plus g_logp * inv_t at the target column.
+        p = torch.addcmul(neg_lse, z, inv_t, out=z).exp_()
+        pad_from = real_vocab - vocab_start - c0  # padding rows (global id >= real_vocab) get p = 0
+        if pad_from < c1 - c0:
+            p[:, max(pad_from, 0) :] = 0.0
+        gz = p.mul_(coef_z)
+        # The target term: at most one column per row, so a gather/scatter pair writes each
+        # element once (deterministic, O(N) extra memory; rows without a target here add +0).
+        in_chunk = (t_local >= c0) & (t_local < c1)
+        col = (t_local - c0).clamp(0, c1 - c0 - 1)
+        gz.scatter_(1, col, gz.gather(1, col) + torch.where(in_chunk, gl_z, 0.0))
+        if need_t:
+            # dL/dT = sum_v dL/dy_v * (-y_v / T) = -inv_t * sum_v dz_v * z_v
+            grad_ty += (gz * z_keep).sum(1)
+        if g_logits is not None and g_logits.numel() > 0:
+            gz += g_logits[:, c0:c1].to(cd)
+        gz_op = gz.to(torch.bfloat16) if low_precision else gz
+        if need_h:
+            grad_h += _mm_fp32(gz_op, w_c)
+        if need_w:
+            grad_w[c0:c1] = _mm_fp32(gz_op.t(), hidden).to(weight.dtype)
+        if need_b:
+            grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
+        del z, p, gz, gz_op, z_keep  # free this chunk before the next one is allocated
+    return grad_h, grad_w, grad_b, grad_ty
+
+
+def inverse_temperature(temperature: float, temperature_rows: Optional[Tensor], n: int, cd, device) -> Tensor:
+    if temperature_rows is not None:
+        return (1.0 / temperature_rows.to(cd))[:, None]
+    return torch.full((n, 1), 1.0 / temperature, dtype=cd, device=device)

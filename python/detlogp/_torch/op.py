@@ -1,0 +1,125 @@
+"""The forward custom op ``detlogp::linear_logp``: the C++ library's lanes (SM90 on CUDA tensors,
+the CPU backend on CPU tensors) on the caller's current CUDA stream, the plain-torch lane, the
+fake implementation that lets torch.compile trace it, and the report of the thread's last call."""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
+from . import backward
+from .tensors import library_problem, out_dtype, stream_of
+
+_tls = threading.local()
+
+
+def last_report() -> Optional[dict]:
+    """The report of this thread's last eager detlogp.torch call: which backend served it and its
+    provenance. (A replayed CUDA graph runs no Python, so it reports nothing new.)"""
+    return getattr(_tls, "report", None)
+
+
+def set_report(report: dict) -> None:
+    _tls.report = report
+
+
+def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab):
+    """The plain, non-contract lane: F.linear + log_softmax in fp32 (fp64 for fp64 inputs)."""
+    cd = out_dtype(hidden)
+    z = F.linear(hidden.to(cd), weight.to(cd), None if bias is None else bias.to(cd))
+    inv_t = (1.0 / temperature_rows.to(cd))[:, None] if temperature_rows is not None else 1.0 / temperature
+    y = z * inv_t
+    if real_vocab < weight.shape[0]:
+        y = y.masked_fill(torch.arange(weight.shape[0], device=y.device) >= real_vocab, float("-inf"))
+    lse = torch.logsumexp(y, dim=1)
+    ignored = targets == ignore_index
+    y_t = y.gather(1, torch.where(ignored, 0, targets).long()[:, None])[:, 0]
+    logp = torch.where(ignored, torch.zeros_like(lse), y_t - lse)
+    logits = z if return_logits else z.new_empty((0,))
+    return logp, lse, logits
+
+
+@torch.library.custom_op("detlogp::linear_logp", mutates_args=())
+def linear_logp_op(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Optional[Tensor],
+    temperature: float,
+    temperature_rows: Optional[Tensor],
+    ignore_index: int,
+    return_logits: bool,
+    real_vocab: int,
+    backend: str,
+    strict: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    if backend == TORCH_BACKEND_ID:
+        _ext.check_environment()  # the C++ lanes check it in the library; this lane here
+        out = _torch_lane(
+            hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab
+        )
+        set_report(
+            {
+                "requested_backend": backend,
+                "strict": False,
+                "fallback": False,
+                "fallback_reason": "",
+                "backend_id": TORCH_BACKEND_ID,
+                "contract": False,
+                "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
+            }
+        )
+        return out
+    n, v = hidden.shape[0], weight.shape[0]
+    logp = hidden.new_empty((n,), dtype=torch.float32)
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
+    problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
+    set_report(
+        _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
+    )
+    return logp, lse, logits
+
+
+@linear_logp_op.register_fake
+def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict):
+    n, v = hidden.shape[0], weight.shape[0]
+    dt = out_dtype(hidden) if backend == TORCH_BACKEND_ID else torch.float32
+    logits_shape = (n, v) if return_logits else (0,)
+    return hidden.new_empty((n,), dtype=dt), hidden.new_empty((n,), dtype=dt), hidden.new_empty(logits_shape, dtype=dt)
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s = inputs
+    ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1])
+    ctx.temperature = temperature
+    ctx.ignore_index = ignore_index
+    ctx.real_vocab = real_vocab
+
+
+def _backward(ctx, g_logp, g_lse, g_logits):
+    hidden, weight, targets, bias, temperature_rows, lse = ctx.saved_tensors
+    need = (
+        ctx.needs_input_grad[0],
+        ctx.needs_input_grad[1],
+        bias is not None and ctx.needs_input_grad[3],
+        temperature_rows is not None and ctx.needs_input_grad[5],
+    )
+    n, cd = hidden.shape[0], out_dtype(hidden)
+    inv_t = backward.inverse_temperature(ctx.temperature, temperature_rows, n, cd, hidden.device)
+    gh, gw, gb, gty = backward.chunked_grads(
+        hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need,
+        ctx.temperature, temperature_rows,
+    )  # fmt: skip
+    g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
+    return (
+        None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None,
+    )  # fmt: skip
+
+
+linear_logp_op.register_autograd(_backward, setup_context=_setup_context)
