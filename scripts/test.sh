@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/check_format.sh
+scripts/check_layers.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 1500
 if command -v nvcc >/dev/null; then

@@ -1,4 +1,4 @@
-// What served a call, in the terms of the contract (CONTRACT.md §4 "Provenance").
+// What served a call, in the terms of the contract (docs/contract.md §1 "Identity and provenance").
 #pragma once
 
 #include <string>

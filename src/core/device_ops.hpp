@@ -1,5 +1,5 @@
 // The few device operations the tensor-parallel layer needs, implemented by the SM90 layer
-// (src/sm90/sm90_backend.cu) so that src/dist stays free of CUDA headers. Builds without CUDA
+// (src/sm90/sm90_backend.cu) so that src/tp stays free of CUDA headers. Builds without CUDA
 // link src/sm90/sm90_unavailable.cpp, whose versions throw and say why.
 #pragma once
 

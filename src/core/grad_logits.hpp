@@ -6,42 +6,22 @@
 
 #include <cstdint>
 
+#include "core/problem.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/grad.hpp"
 
 namespace detlogp::detail {
 
-struct GradLogitsProblem {
-  int64_t rows = 0;         // N
-  int64_t dim = 0;          // D
-  int64_t cols = 0;         // C: columns of the chunk
-  int64_t vocab_start = 0;  // global id of chunk column 0
-  int64_t real_vocab = 0;   // global ids >= real_vocab are padding (p = 0)
-  int64_t ignore_index = kDefaultIgnoreIndex;
+struct GradLogitsProblem : HeadOperands {
+  int64_t cols = 0;  // C: columns of the chunk (weight rows)
 
-  const uint16_t* hidden = nullptr;  // bf16 bits [rows][hidden_stride]
-  int64_t hidden_stride = 0;
-  const uint16_t* weight = nullptr;  // bf16 bits [cols][weight_stride]
-  int64_t weight_stride = 0;
-  const float* bias = nullptr;  // [cols] or null
-  const void* targets = nullptr;
-  bool targets_i64 = false;
-  float temperature = 1.0f;
-  const float* temperature_rows = nullptr;  // [rows] or null
-  const float* lse = nullptr;               // [rows]
-  const float* g_logp = nullptr;            // [rows] or null (zeros)
-  const float* g_lse = nullptr;             // [rows] or null (zeros)
+  const float* lse = nullptr;     // [rows]
+  const float* g_logp = nullptr;  // [rows] or null (zeros)
+  const float* g_lse = nullptr;   // [rows] or null (zeros)
 
   uint16_t* dz = nullptr;  // bf16 bits [rows][dz_stride]
   int64_t dz_stride = 0;
 
-  Memory memory = Memory::host;
-  int device = 0;
-  void* stream = nullptr;
-
-  int64_t target(int64_t row) const {
-    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
-  }
   // Chunk columns [0, real_cols()) have global ids < real_vocab.
   int64_t real_cols() const {
     const int64_t n = real_vocab - vocab_start;

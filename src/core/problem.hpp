@@ -10,19 +10,20 @@
 
 namespace detlogp::detail {
 
-struct LogpProblem {
+// The operands every problem built from LinearLogpInputs carries: the head's shape, the input
+// pointers and where they live. The weight's row count is named by each problem (V_local, C).
+struct HeadOperands {
   int64_t rows = 0;         // N
   int64_t dim = 0;          // D
-  int64_t vocab_local = 0;  // V_local
-  int64_t real_vocab = 0;   // V_real (global)
+  int64_t real_vocab = 0;   // V_real (global): ids >= real_vocab are padding
   int64_t vocab_start = 0;  // global id of weight row 0
-  int64_t ignore_index = -100;
+  int64_t ignore_index = kDefaultIgnoreIndex;
 
   const uint16_t* hidden = nullptr;  // bf16 bits, [rows][hidden_stride]
   int64_t hidden_stride = 0;         // elements
-  const uint16_t* weight = nullptr;  // bf16 bits, [vocab_local][weight_stride]
+  const uint16_t* weight = nullptr;  // bf16 bits, [weight rows][weight_stride]
   int64_t weight_stride = 0;
-  const float* bias = nullptr;  // [vocab_local] or null
+  const float* bias = nullptr;  // [weight rows] or null
   const void* targets = nullptr;
   bool targets_i64 = false;
   float temperature = 1.0f;
@@ -31,6 +32,14 @@ struct LogpProblem {
   Memory memory = Memory::host;
   int device = 0;
   void* stream = nullptr;
+
+  int64_t target(int64_t row) const {
+    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
+  }
+};
+
+struct LogpProblem : HeadOperands {
+  int64_t vocab_local = 0;  // V_local: weight rows
 
   // Full mode: logp/lse (and logits when non-null, row stride vocab_local).
   float* logp = nullptr;
@@ -51,9 +60,6 @@ struct LogpProblem {
     return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
   }
   bool partial_mode() const { return summaries != nullptr; }
-  int64_t target(int64_t row) const {
-    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
-  }
 };
 
 }  // namespace detlogp::detail

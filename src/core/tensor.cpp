@@ -1,40 +1,40 @@
+// The helpers of the public value types (tensor views, provenance), used by every layer.
 #include "detlogp/tensor.hpp"
+
+#include <sstream>
 
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp {
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  int size;  // bytes
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::bf16, "bf16", 2}, {DType::f32, "f32", 4}, {DType::i32, "i32", 4}, {DType::i64, "i64", 8}};
+
+const DTypeInfo* find_dtype(DType d) {
+  for (const DTypeInfo& info : kDTypes)
+    if (info.dtype == d) return &info;
+  return nullptr;
+}
+
+}  // namespace
 
 const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::bf16:
-      return "bf16";
-    case DType::f32:
-      return "f32";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-  }
-  return "?";
+  const DTypeInfo* info = find_dtype(d);
+  return info ? info->name : "?";
 }
 
 int dtype_size(DType d) {
-  switch (d) {
-    case DType::bf16:
-      return 2;
-    case DType::f32:
-      return 4;
-    case DType::i32:
-      return 4;
-    case DType::i64:
-      return 8;
-  }
-  return 0;
+  const DTypeInfo* info = find_dtype(d);
+  return info ? info->size : 0;
 }
 
 int64_t shard_tiles(int64_t vocab_local) { return (vocab_local + kVocabTile - 1) / kVocabTile; }
-
-std::string version_string() { return DETLOGP_VERSION; }
 
 std::string to_string(const Provenance& p) {
   std::ostringstream os;

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/reduce_logits.hpp"
+
 namespace detlogp::detail {
 
 void check_memory(const TensorView& t, const char* name, Memory expected, int device) {
@@ -84,19 +86,19 @@ HeadShape check_head(const LinearLogpInputs& in, const char* vocab_name, const c
   return h;
 }
 
-LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials) {
-  LogpProblem p;
-  const HeadShape head = check_head(in, "V_local", "shard");
+int64_t check_operands(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role, HeadOperands& p) {
+  const HeadShape head = check_head(in, vocab_name, vocab_role);
   const Memory mem = head.memory;
   const int dev = head.device;
   p.rows = head.rows;
   p.dim = head.dim;
-  p.vocab_local = head.vocab;
+  p.memory = mem;
+  p.device = dev;
 
   check_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64});
   check_memory(in.targets, "targets", mem, dev);
   if (in.bias.present()) {
-    check_vector(in.bias, "bias", p.vocab_local, {DType::f32});
+    check_vector(in.bias, "bias", head.vocab, {DType::f32});
     check_memory(in.bias, "bias", mem, dev);
     p.bias = static_cast<const float*>(in.bias.data);
   }
@@ -106,32 +108,47 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     check_memory(in.temperature_rows, "temperature_rows", mem, dev);
     p.temperature_rows = static_cast<const float*>(in.temperature_rows.data);
   }
-
   DETLOGP_CHECK(in.vocab_start >= 0, "vocab_start=" << in.vocab_start << " must be >= 0");
-  DETLOGP_CHECK(in.vocab_start % kVocabTile == 0,
-                "vocab_start=" << in.vocab_start << " is not a multiple of VOCAB_TILE=" << kVocabTile
-                               << ": shard boundaries must fall on global vocab tile boundaries");
+
   p.vocab_start = in.vocab_start;
-  p.real_vocab = in.real_vocab < 0 ? in.vocab_start + p.vocab_local : in.real_vocab;
-  DETLOGP_CHECK(in.real_vocab == -1 || in.real_vocab > 0,
-                "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + V_local)");
-  const int64_t shard_end = p.vocab_start + p.vocab_local;
-  DETLOGP_CHECK(shard_end >= p.real_vocab || p.vocab_local % kVocabTile == 0,
-                "weight shard [" << p.vocab_start << ", " << shard_end
-                                 << ") ends inside the real vocabulary (real_vocab=" << p.real_vocab
-                                 << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
-                                 << "; a tile would straddle two shards");
   p.ignore_index = in.ignore_index;
   p.temperature = in.temperature;
-
   p.hidden = static_cast<const uint16_t*>(in.hidden.data);
   p.hidden_stride = in.hidden.row_stride;
   p.weight = static_cast<const uint16_t*>(in.weight.data);
   p.weight_stride = in.weight.row_stride;
   p.targets = in.targets.data;
   p.targets_i64 = in.targets.dtype == DType::i64;
-  p.memory = mem;
-  p.device = dev;
+  return head.vocab;
+}
+
+int64_t checked_real_vocab(const LinearLogpInputs& in, int64_t vocab, const char* vocab_name) {
+  DETLOGP_CHECK(in.real_vocab == -1 || in.real_vocab > 0,
+                "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + " << vocab_name << ")");
+  return in.real_vocab < 0 ? in.vocab_start + vocab : in.real_vocab;
+}
+
+void check_host_values(const HeadOperands& p) {
+  if (p.memory != Memory::host || p.rows == 0) return;
+  check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
+  if (p.temperature_rows) check_temperatures_host(p.temperature_rows, p.rows);
+}
+
+LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials) {
+  LogpProblem p;
+  p.vocab_local = check_operands(in, "V_local", "shard", p);
+  const Memory mem = p.memory;
+  const int dev = p.device;
+  DETLOGP_CHECK(in.vocab_start % kVocabTile == 0,
+                "vocab_start=" << in.vocab_start << " is not a multiple of VOCAB_TILE=" << kVocabTile
+                               << ": shard boundaries must fall on global vocab tile boundaries");
+  p.real_vocab = checked_real_vocab(in, p.vocab_local, "V_local");
+  const int64_t shard_end = p.vocab_start + p.vocab_local;
+  DETLOGP_CHECK(shard_end >= p.real_vocab || p.vocab_local % kVocabTile == 0,
+                "weight shard [" << p.vocab_start << ", " << shard_end
+                                 << ") ends inside the real vocabulary (real_vocab=" << p.real_vocab
+                                 << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
+                                 << "; a tile would straddle two shards");
 
   if (partials != nullptr) {
     DETLOGP_CHECK(partials->memory == mem, "partials are not in the same memory as hidden");
@@ -158,10 +175,49 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     if (out->logits.present()) p.logits = checked_logits(out->logits, p, mem, dev);
   }
 
-  if (mem == Memory::host && p.rows > 0) {
-    check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
-    if (p.temperature_rows) check_temperatures_host(p.temperature_rows, p.rows);
+  check_host_values(p);
+  return p;
+}
+
+ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, const MutableTensorView& logp,
+                                               const MutableTensorView& lse) {
+  const TensorView& z = in.logits;
+  DETLOGP_CHECK(z.ndim == 2 && z.dtype == DType::f32,
+                "logits must be a 2-D f32 tensor, got ndim=" << z.ndim << " dtype=" << dtype_name(z.dtype));
+  DETLOGP_CHECK(z.memory == Memory::host, "reduce_logits runs on host memory; logits are in CUDA memory");
+  DETLOGP_CHECK(z.cols > 0, "logits has V=0 columns");
+  DETLOGP_CHECK(z.row_stride >= z.cols, "logits row_stride=" << z.row_stride << " < " << z.cols << " columns");
+  ReduceLogitsProblem p;
+  p.rows = z.rows;
+  p.vocab = z.cols;
+  p.real_vocab = in.real_vocab < 0 ? p.vocab : in.real_vocab;
+  const int64_t rows = p.rows;
+  DETLOGP_CHECK(p.real_vocab > 0 && p.real_vocab <= p.vocab,
+                "real_vocab=" << in.real_vocab << " must be in [1, V=" << p.vocab << "] (or -1 for V)");
+  for (const auto* t : {&in.targets, static_cast<const TensorView*>(&logp), static_cast<const TensorView*>(&lse)})
+    DETLOGP_CHECK(t->memory == Memory::host, "reduce_logits needs host memory for targets/logp/lse");
+  DETLOGP_CHECK(in.targets.ndim == 1 && (in.targets.dtype == DType::i32 || in.targets.dtype == DType::i64) &&
+                    in.targets.rows == rows,
+                "targets must be [N=" << rows << "] i32 or i64");
+  DETLOGP_CHECK(logp.ndim == 1 && logp.dtype == DType::f32 && logp.rows == rows, "logp must be [N=" << rows << "] f32");
+  DETLOGP_CHECK(lse.ndim == 1 && lse.dtype == DType::f32 && lse.rows == rows, "lse must be [N=" << rows << "] f32");
+  check_temperature_value(in.temperature, "temperature", -1);
+  if (in.temperature_rows.present()) {
+    DETLOGP_CHECK(in.temperature_rows.ndim == 1 && in.temperature_rows.dtype == DType::f32 &&
+                      in.temperature_rows.rows == rows && in.temperature_rows.memory == Memory::host,
+                  "temperature_rows must be [N=" << rows << "] f32 in host memory");
+    p.temperature_rows = static_cast<const float*>(in.temperature_rows.data);
+    check_temperatures_host(p.temperature_rows, rows);
   }
+  p.ignore_index = in.ignore_index;
+  p.logits = static_cast<const float*>(z.data);
+  p.logits_stride = z.row_stride;
+  p.targets = in.targets.data;
+  p.targets_i64 = in.targets.dtype == DType::i64;
+  p.temperature = in.temperature;
+  p.logp = static_cast<float*>(logp.mutable_data());
+  p.lse = static_cast<float*>(lse.mutable_data());
+  if (rows > 0) check_targets_host(p.targets, p.targets_i64, rows, p.real_vocab, p.ignore_index);
   return p;
 }
 

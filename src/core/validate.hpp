@@ -34,6 +34,15 @@ struct HeadShape {
 };
 HeadShape check_head(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role);
 
+// The checks every entry on LinearLogpInputs starts with, in this order: check_head, targets,
+// bias, temperature, temperature_rows, vocab_start >= 0. Fills the operands of `p` (all but
+// real_vocab) and returns the weight's row count.
+int64_t check_operands(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role, HeadOperands& p);
+// in.real_vocab (> 0), or for -1 the end of a weight of `vocab` rows starting at in.vocab_start.
+int64_t checked_real_vocab(const LinearLogpInputs& in, int64_t vocab, const char* vocab_name);
+// Host memory: every target in [0, real_vocab) or ignore_index, every row temperature valid.
+void check_host_values(const HeadOperands& p);
+
 // Host-side value checks, also used by reduce_logits.
 void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);
 void check_temperature_value(float t, const char* what, int64_t row);

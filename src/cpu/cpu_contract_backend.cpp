@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "detlogp/detlogp.hpp"
@@ -53,13 +53,10 @@ void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, Ti
       });
 }
 
-class CpuContractBackend final : public Backend {
+class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend() { prov_ = contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0); }
-  const Provenance& provenance() const override { return prov_; }
+  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0)) {}
   bool contract_bearing() const override { return true; }
-  Memory memory() const override { return Memory::host; }
-  bool available(std::string*) const override { return true; }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;
@@ -89,9 +86,6 @@ class CpuContractBackend final : public Backend {
       });
     }
   }
-
- private:
-  Provenance prov_;
 };
 
 }  // namespace

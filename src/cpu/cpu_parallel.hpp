@@ -12,7 +12,7 @@
 
 namespace detlogp::cpu {
 
-int cpu_threads();  // DETLOGP_CPU_THREADS, else hardware concurrency (src/registry/env.cpp)
+int cpu_threads();  // DETLOGP_CPU_THREADS (checked by check_environment), else hardware concurrency
 
 // Runs body(task, worker) for task in [0, n_tasks); worker in [0, workers) indexes per-thread
 // scratch. Rethrows the first exception.

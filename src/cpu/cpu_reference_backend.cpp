@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "detlogp/detlogp.hpp"
@@ -14,16 +14,12 @@
 namespace detlogp::detail {
 namespace {
 
-class ReferenceMaterializedBackend final : public Backend {
+class ReferenceMaterializedBackend final : public CpuBackend {
  public:
-  ReferenceMaterializedBackend() {
-    prov_ = {"none", 0, "reference-materialized", "cpu", 0, 0, 0, "n/a", "sequential-std", "std::exp/std::log",
-             "y=z/T"};
-  }
-  const Provenance& provenance() const override { return prov_; }
+  ReferenceMaterializedBackend()
+      : CpuBackend({"none", 0, "reference-materialized", "cpu", 0, 0, 0, "n/a", "sequential-std", "std::exp/std::log",
+                    "y=z/T"}) {}
   bool contract_bearing() const override { return false; }
-  Memory memory() const override { return Memory::host; }
-  bool available(std::string*) const override { return true; }
   bool supports_partials() const override { return false; }
 
   void run(const LogpProblem& p) const override {
@@ -66,9 +62,6 @@ class ReferenceMaterializedBackend final : public Backend {
       p.logp[row] = target == p.ignore_index ? 0.0f : z[target] / t - lse;
     });
   }
-
- private:
-  Provenance prov_;
 };
 
 }  // namespace

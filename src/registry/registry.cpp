@@ -1,16 +1,16 @@
 #include "registry/registry.hpp"
 
-#include <array>
-
-#include "registry/env.hpp"
+#include "core/env.hpp"
+#include "core/grad_logits.hpp"
 
 namespace detlogp::detail {
-namespace {
 
 std::array<const Backend*, 4> all_backends() {
   return {&sm90_contract_backend(), &cpu_contract_backend(), &cublas_materialized_backend(),
           &reference_materialized_backend()};
 }
+
+namespace {
 
 std::string backend_ids() {
   std::string ids;
@@ -70,22 +70,18 @@ void dispatch(const Backend& backend, const LogpProblem& problem) {
     backend.run_from_host(problem);
 }
 
-}  // namespace detlogp::detail
-
-namespace detlogp {
-
-std::vector<BackendInfo> list_backends() {
-  std::vector<BackendInfo> out;
-  for (const detail::Backend* b : detail::all_backends()) {
-    BackendInfo info;
-    info.id = b->id();
-    info.contract_bearing = b->contract_bearing();
-    info.available = b->available(&info.detail);
-    info.memory = b->memory();
-    info.provenance = b->provenance();
-    out.push_back(info);
+void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
+  if (p.memory == Memory::host) {
+    report.provenance = cpu_contract_backend().provenance();
+    if (p.rows > 0) cpu_grad_logits(p);
+    return;
   }
-  return out;
+  const Backend& sm90 = sm90_contract_backend();
+  std::string why;
+  DETLOGP_CHECK(sm90.available(&why),
+                "tensors are in CUDA memory but the SM90 backend is unavailable for the logit gradient: " << why);
+  report.provenance = sm90.provenance();
+  if (p.rows > 0) sm90_grad_logits(p);
 }
 
-}  // namespace detlogp
+}  // namespace detlogp::detail

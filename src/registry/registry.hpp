@@ -1,12 +1,17 @@
-// Backend selection: auto, by id, strict mode, fallback reporting.
+// Backend selection: auto, by id, strict mode, fallback reporting; where the logit gradient runs.
 #pragma once
 
-#include <string>
+#include <array>
 
 #include "core/backend.hpp"
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp::detail {
+
+struct GradLogitsProblem;
+
+// Every backend, in the order list_backends reports them.
+std::array<const Backend*, 4> all_backends();
 
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
 // strict, fallback). Throws with the backend ids named when it cannot serve.
@@ -14,5 +19,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
 
 // Runs the problem on the backend, staging host tensors to a device backend when needed.
 void dispatch(const Backend& backend, const LogpProblem& problem);
+
+// Runs the logit gradient where its tensors live (host: the CPU, CUDA memory: the SM90 kernel,
+// which must be available) and names the implementation in report.provenance.
+void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report);
 
 }  // namespace detlogp::detail

@@ -1,5 +1,7 @@
-// linear_logp_tensor_parallel: header exchange (every rank takes the same decision), rank-local
+// The tensor-parallel protocol: header exchange (every rank takes the same decision), rank-local
 // partials, one rank-ordered all-gather of their bytes per row chunk, the owned merge everywhere.
+#include "tp/tp_operator.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -8,12 +10,11 @@
 #include <vector>
 
 #include "core/device_ops.hpp"
+#include "core/env.hpp"
 #include "core/validate.hpp"
-#include "detlogp/dist.hpp"
-#include "registry/env.hpp"
-#include "registry/registry.hpp"
+#include "tp/tp_merge.hpp"
 
-namespace detlogp {
+namespace detlogp::tp {
 namespace {
 
 constexpr uint64_t kHeaderMagic = 0x31305054504C4444ull;  // "DDLPTP01"
@@ -162,15 +163,14 @@ std::vector<RankHeader> exchange(Communicator& comm, const RankHeader& mine, voi
 
 }  // namespace
 
-CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
-                                       const CallOptions& opt) {
+CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
+                               void* stream, PartialsBackend& backend) {
   const int ranks = comm.size(), me = comm.rank();
   DETLOGP_CHECK(ranks >= 1 && ranks <= kMaxTensorParallelRanks,
                 "communicator size " << ranks << " is outside [1, " << kMaxTensorParallelRanks << "]");
   DETLOGP_CHECK(me >= 0 && me < ranks, "communicator rank " << me << " is outside [0, " << ranks << ")");
   const Memory memory = comm.memory();
   const int device = comm.device();
-  void* stream = opt.cuda_stream;
 
   // 1. Local validation, caught: a failing rank still joins the header exchange.
   RankHeader mine;
@@ -183,7 +183,6 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
   mine.ignore_index = in.ignore_index;
   mine.serving = out.logits.present() ? 1 : 0;
   CallReport report;
-  const detail::Backend* backend = nullptr;
   try {
     DETLOGP_CHECK(in.hidden.memory == memory, "hidden is in "
                                                   << (in.hidden.memory == Memory::host ? "host" : "CUDA")
@@ -191,7 +190,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
                                                   << (memory == Memory::host ? "host" : "CUDA") << " memory");
     DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
                   "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
-    backend = &detail::select_backend(opt, memory, true, report);
+    const std::string backend_id = backend.select(memory, report);
     // Validation only: the partial buffers come per chunk below; make_problem never reads them.
     static TileSummary validation_summary;
     static float validation_float;
@@ -248,7 +247,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
     }
     mine.inputs_hash = hash.h;
     Fnv64 bh;
-    bh.add(backend->id());
+    bh.add(backend_id);
     mine.backend_hash = bh.h;
   } catch (const std::exception& e) {  // detlogp::Error, and bad_alloc from the host copies
     mine.error = 1;
@@ -311,7 +310,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
     if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
     detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
     problem.stream = stream;
-    detail::dispatch(*backend, problem);
+    backend.run(problem);
 
     comm.all_gather(my_slot, gather, slot.bytes, stream);
 
@@ -326,7 +325,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
         views[r].target_logit = byte_offset<float>(s, slot.target_logit);
         views[r].target_owned = byte_offset<uint8_t>(s, slot.owned);
       }
-      merge_partials(views, part_in.targets, in.ignore_index, logp, lse);
+      merge_owned(views, part_in.targets, in.ignore_index, logp, lse, nullptr);
     } else {
       std::vector<detail::DeviceMergeRank> views(static_cast<size_t>(ranks));
       for (int r = 0; r < ranks; ++r) {
@@ -344,4 +343,4 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
   return report;
 }
 
-}  // namespace detlogp
+}  // namespace detlogp::tp

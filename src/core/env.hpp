@@ -8,6 +8,9 @@
 
 namespace detlogp::detail {
 
+// The check behind detlogp::check_environment, which every entry point runs first.
+void check_environment();
+
 std::optional<std::string> env_value(const char* name);
 bool env_strict();               // DETLOGP_STRICT=1
 std::string env_backend();       // DETLOGP_BACKEND, "" when unset

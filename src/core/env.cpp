@@ -1,24 +1,25 @@
-#include "registry/env.hpp"
+// The DETLOGP_* knob table (free axes accepted, frozen constants refused) and its readers.
+#include "core/env.hpp"
 
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <thread>
 
-#include "cpu/cpu_parallel.hpp"
-#include "detlogp/detlogp.hpp"
+#include "detlogp/error.hpp"
 
 extern char** environ;
 
-namespace detlogp {
+namespace detlogp::detail {
 namespace {
 
-struct FreeKnob {
+// A DETLOGP_* name and what it stands for: a free knob's meaning, or the frozen constant a
+// refused name would change.
+struct Knob {
   const char* name;
-  const char* meaning;
+  const char* what;
 };
 // Free axes only (docs/contract.md §2): they change speed or selection, never bytes.
-constexpr FreeKnob kFreeKnobs[] = {
+constexpr Knob kFreeKnobs[] = {
     {"DETLOGP_STRICT", "1: only contract-bearing backends, no fallback"},
     {"DETLOGP_BACKEND", "backend id to use (auto by default)"},
     {"DETLOGP_CPU_THREADS", "worker threads of the CPU backend"},
@@ -29,12 +30,8 @@ constexpr FreeKnob kFreeKnobs[] = {
     {"DETLOGP_TORCH_FUSED_BACKWARD", "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)"},
 };
 
-struct FrozenKnob {
-  const char* name;
-  const char* constant;
-};
 // Names someone may try in order to change a frozen constant; each is refused with the reason.
-constexpr FrozenKnob kFrozenKnobs[] = {
+constexpr Knob kFrozenKnobs[] = {
     {"DETLOGP_VOCAB_TILE", "VOCAB_TILE=64"},
     {"DETLOGP_K_SLAB", "K_SLAB=32"},
     {"DETLOGP_BLOCK_K", "the ascending K walk (K_SLAB=32)"},
@@ -64,26 +61,24 @@ void check_environment() {
     if (known) continue;
     for (const auto& f : kFrozenKnobs)
       DETLOGP_CHECK(name != f.name, "environment variable "
-                                        << *e << " tries to change a frozen contract constant (" << f.constant
+                                        << *e << " tries to change a frozen contract constant (" << f.what
                                         << "); frozen constants change only with a contract version bump");
     std::string free_list;
     for (const auto& k : kFreeKnobs) free_list += std::string(free_list.empty() ? "" : ", ") + k.name;
     DETLOGP_FAIL("unknown detlogp environment variable " << *e << "; the settable knobs are: " << free_list);
   }
-  if (auto v = detail::env_value("DETLOGP_STRICT"))
+  if (auto v = env_value("DETLOGP_STRICT"))
     DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_STRICT=" << *v << " must be 0 or 1");
-  if (auto v = detail::env_value("DETLOGP_TORCH_FUSED_BACKWARD"))
+  if (auto v = env_value("DETLOGP_TORCH_FUSED_BACKWARD"))
     DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_TORCH_FUSED_BACKWARD=" << *v << " must be 0 or 1");
-  if (auto v = detail::env_value("DETLOGP_CPU_THREADS")) {
+  if (auto v = env_value("DETLOGP_CPU_THREADS")) {
     char* end = nullptr;
     const long n = std::strtol(v->c_str(), &end, 10);
     DETLOGP_CHECK(!v->empty() && *end == '\0' && n >= 1 && n <= 4096,
                   "DETLOGP_CPU_THREADS=" << *v << " must be an integer in [1, 4096]");
   }
-  (void)detail::env_tp_workspace_mib();
+  (void)env_tp_workspace_mib();
 }
-
-namespace detail {
 
 int64_t env_tp_workspace_mib() {
   const auto v = env_value("DETLOGP_TP_WORKSPACE_MB");
@@ -105,14 +100,4 @@ bool env_strict() { return env_value("DETLOGP_STRICT").value_or("0") == "1"; }
 
 std::string env_backend() { return env_value("DETLOGP_BACKEND").value_or(""); }
 
-}  // namespace detail
-
-namespace cpu {
-
-int cpu_threads() {
-  if (auto v = detail::env_value("DETLOGP_CPU_THREADS")) return std::max(1, std::atoi(v->c_str()));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-}  // namespace cpu
-}  // namespace detlogp
+}  // namespace detlogp::detail

@@ -48,10 +48,4 @@ std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm) {
   return std::make_unique<NcclCommunicator>(comm);
 }
 
-CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, ncclComm_t comm,
-                                       const CallOptions& opt) {
-  NcclCommunicator c(comm);
-  return linear_logp_tensor_parallel(in, out, c, opt);
-}
-
 }  // namespace detlogp

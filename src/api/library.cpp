@@ -1,0 +1,26 @@
+// What the library is and how it is set up: its version, its backends, its environment knobs.
+#include "core/env.hpp"
+#include "detlogp/detlogp.hpp"
+#include "registry/registry.hpp"
+
+namespace detlogp {
+
+std::string version_string() { return DETLOGP_VERSION; }
+
+std::vector<BackendInfo> list_backends() {
+  std::vector<BackendInfo> out;
+  for (const detail::Backend* b : detail::all_backends()) {
+    BackendInfo info;
+    info.id = b->id();
+    info.contract_bearing = b->contract_bearing();
+    info.available = b->available(&info.detail);
+    info.memory = b->memory();
+    info.provenance = b->provenance();
+    out.push_back(info);
+  }
+  return out;
+}
+
+void check_environment() { detail::check_environment(); }
+
+}  // namespace detlogp

@@ -1,0 +1,100 @@
+// The tensor-parallel entry points: the operator over a communicator (src/tp's protocol, served
+// by the registry's backend), the owned merge, and the in-process simulation of ranks.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "detlogp/detlogp.hpp"
+#include "detlogp/dist.hpp"
+#include "registry/registry.hpp"
+#include "tp/tp_merge.hpp"
+#include "tp/tp_operator.hpp"
+
+namespace detlogp {
+namespace {
+
+// The registry's backend for this rank's partials, chosen from the call's options.
+class RegistryPartials final : public tp::PartialsBackend {
+ public:
+  explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
+  std::string select(Memory memory, CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, memory, true, report);
+    return backend_->id();
+  }
+  void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
+
+ private:
+  const CallOptions& opt_;
+  const detail::Backend* backend_ = nullptr;
+};
+
+}  // namespace
+
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
+                                       const CallOptions& opt) {
+  RegistryPartials backend(opt);
+  return tp::run_tensor_parallel(in, out, comm, opt.cuda_stream, backend);
+}
+
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt) {
+  tp::merge_owned(ranks_in_order, targets, ignore_index, logp, lse, opt.cuda_stream);
+}
+
+CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
+                                    const CallOptions& opt) {
+  DETLOGP_CHECK(ranks >= 1, "ranks=" << ranks << " must be >= 1");
+  DETLOGP_CHECK(in.hidden.memory == Memory::host, "simulate_tensor_parallel runs on host tensors");
+  DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
+  DETLOGP_CHECK(in.vocab_start == 0,
+                "simulate_tensor_parallel shards the whole vocabulary; vocab_start=" << in.vocab_start);
+  const int64_t vocab = in.weight.rows;
+  const int64_t rows = in.hidden.rows;
+  const int64_t per_rank = (vocab + ranks - 1) / ranks;
+  const int64_t shard = std::max<int64_t>(kVocabTile, (per_rank + kVocabTile - 1) / kVocabTile * kVocabTile);
+  const int64_t real_vocab = in.real_vocab < 0 ? vocab : in.real_vocab;
+
+  struct RankBuffers {
+    std::vector<TileSummary> summaries;
+    std::vector<float> target_logit;
+    std::vector<uint8_t> owned;
+  };
+  std::vector<RankBuffers> buffers(static_cast<size_t>(ranks));
+  std::vector<ShardPartials> partials;
+  CallReport report;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t start = std::min<int64_t>(vocab, r * shard);
+    const int64_t count = std::min<int64_t>(shard, vocab - start);
+    ShardPartials p;
+    p.rows = rows;
+    p.memory = Memory::host;
+    if (count > 0) {
+      LinearLogpInputs shard_in = in;
+      shard_in.weight = TensorView::matrix(static_cast<const uint16_t*>(in.weight.data) + start * in.weight.row_stride,
+                                           DType::bf16, count, in.weight.cols, Memory::host, in.weight.row_stride);
+      if (in.bias.present())
+        shard_in.bias = TensorView::vector(static_cast<const float*>(in.bias.data) + start, DType::f32, count);
+      shard_in.vocab_start = start;
+      shard_in.real_vocab = real_vocab;
+      RankBuffers& b = buffers[static_cast<size_t>(r)];
+      p.tiles = shard_tiles(count);
+      b.summaries.resize(static_cast<size_t>(rows * p.tiles));
+      b.target_logit.resize(static_cast<size_t>(rows));
+      b.owned.resize(static_cast<size_t>(rows));
+      p.summaries = b.summaries.data();
+      p.target_logit = b.target_logit.data();
+      p.target_owned = b.owned.data();
+      report = linear_logp_partials(shard_in, p, opt);
+    }
+    partials.push_back(p);
+  }
+  // Validate the outputs like linear_logp would, then merge.
+  DETLOGP_CHECK(out.logp.ndim == 1 && out.logp.rows == rows && out.lse.ndim == 1 && out.lse.rows == rows,
+                "logp and lse must be [N=" << rows << "]");
+  DETLOGP_CHECK(!out.logits.present(),
+                "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
+  if (rows > 0) merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse);
+  return report;
+}
+
+}  // namespace detlogp
