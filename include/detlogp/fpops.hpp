@@ -53,13 +53,20 @@ DETLOGP_HD float fma(float a, float b, float c) {
 #endif
 }
 
+// The host's bit cast between two 4-byte types (memcpy: no aliasing assumptions).
+template <class To, class From>
+inline To host_bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the width");
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
 DETLOGP_HD uint32_t bits(float x) {
 #if DETLOGP_DEVICE_PASS
   return __float_as_uint(x);
 #else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
+  return host_bit_cast<uint32_t>(x);
 #endif
 }
 
@@ -67,9 +74,7 @@ DETLOGP_HD float from_bits(uint32_t u) {
 #if DETLOGP_DEVICE_PASS
   return __uint_as_float(u);
 #else
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
+  return host_bit_cast<float>(u);
 #endif
 }
 

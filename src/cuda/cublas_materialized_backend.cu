@@ -14,12 +14,13 @@
 #include "core/backend.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "cuda/lane_backend.hpp"
 #include "cuda/status.hpp"
 
 namespace detlogp::detail {
 namespace {
 
-constexpr const char* kId = "cuda-cublas-materialized";
+constexpr const char* kId = kCublasLaneId;
 constexpr int kThreads = 512;
 
 #define DETLOGP_CUBLAS_CHECK(expr)                                                                         \
@@ -81,40 +82,33 @@ __global__ void __launch_bounds__(kThreads) log_softmax_rows_kernel(const Softma
   p.logp[row] = target == p.ignore_index ? 0.0f : z[target - p.vocab_start] / t - lse;
 }
 
-class CublasMaterializedBackend final : public Backend {
+class CublasMaterializedBackend final : public CudaLaneBackend {
  public:
-  CublasMaterializedBackend() {
-    prov_ = {"none", 0, kId, "cuda", 0, 0, 0, "cublas-gemm-fp32-out", "block-parallel", "expf/logf", "y=z/T"};
+  CublasMaterializedBackend() : CudaLaneBackend(cublas_lane_provenance(), false) {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       (void)cudaGetLastError();
-      reason_ = "no CUDA device present";
+      set_availability(false, "no CUDA device present");
       return;
     }
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess) {
-      prov_.cc = major * 10 + minor;
-      available_ = major == 9 && minor == 0;  // the library's kernels are built for sm_90a only
-      reason_ = available_ ? "CUDA device " + std::to_string(dev) + " (cuBLAS bf16 GEMM, fp32 logits)"
-                           : "CUDA device " + std::to_string(dev) + " is not sm_90 (this build's kernels are sm_90a)";
+      mutable_provenance().cc = major * 10 + minor;
+      const bool sm90 = major == 9 && minor == 0;  // the library's kernels are built for sm_90a only
+      set_availability(sm90,
+                       sm90 ? "CUDA device " + std::to_string(dev) + " (cuBLAS bf16 GEMM, fp32 logits)"
+                            : "CUDA device " + std::to_string(dev) + " is not sm_90 (this build's kernels are sm_90a)");
     } else {
       (void)cudaGetLastError();
-      reason_ = "could not query the current CUDA device";
+      set_availability(false, "could not query the current CUDA device");
     }
-  }
-  const Provenance& provenance() const override { return prov_; }
-  bool contract_bearing() const override { return false; }
-  Memory memory() const override { return Memory::cuda; }
-  bool available(std::string* why) const override {
-    if (why != nullptr) *why = reason_;
-    return available_;
   }
   bool supports_partials() const override { return false; }
 
   void run(const LogpProblem& p) const override {
-    DETLOGP_CHECK(available_, "backend " << kId << " unavailable: " << reason_);
+    DETLOGP_CHECK(is_available(), "backend " << kId << " unavailable: " << reason());
     DETLOGP_CHECK(p.memory == Memory::cuda, kId << " needs tensors in CUDA memory");
     if (p.rows == 0) return;
     DETLOGP_CHECK(p.rows < (int64_t{1} << 31) && p.vocab_local < (int64_t{1} << 31) && p.dim < (int64_t{1} << 31),
@@ -180,9 +174,6 @@ class CublasMaterializedBackend final : public Backend {
     if (handles.h[device] == nullptr) DETLOGP_CUBLAS_CHECK(cublasCreate(&handles.h[device]));
     return handles.h[device];
   }
-  Provenance prov_;
-  bool available_ = false;
-  std::string reason_;
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "core/device_ops.hpp"
 #include "cuda/device.hpp"
+#include "cuda/lane_backend.hpp"
 #include "cuda/status.hpp"
 #include "detlogp/config.hpp"
 #include "sm90/backend.hpp"
@@ -32,20 +33,9 @@ using cuda::StreamBuffer;
 using cuda::Verdict;
 using detail::DeviceAllocation;
 
-class Sm90Backend final : public detail::Backend {
+class Sm90Backend final : public detail::CudaLaneBackend {
  public:
-  Sm90Backend() {
-    prov_ = detail::contract_provenance(kBackendId, "sm90a", 0);
-    probe();
-  }
-  const Provenance& provenance() const override { return prov_; }
-  bool contract_bearing() const override { return true; }
-  Memory memory() const override { return Memory::cuda; }
-  // why: the reason it cannot run, or the device it would use.
-  bool available(std::string* why) const override {
-    if (why != nullptr) *why = reason_;
-    return available_;
-  }
+  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0), true) { probe(); }
 
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;
@@ -56,36 +46,31 @@ class Sm90Backend final : public detail::Backend {
     const cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
       (void)cudaGetLastError();
-      reason_ = e != cudaSuccess
-                    ? std::string("no usable CUDA device (") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")"
-                    : std::string("no CUDA device present");
+      set_availability(false, e != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorName(e) + ": " +
+                                                     cudaGetErrorString(e) + ")"
+                                               : std::string("no CUDA device present"));
       return;
     }
     int dev = 0;
     cudaDeviceProp prop{};
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
       (void)cudaGetLastError();
-      reason_ = "could not query the current CUDA device";
+      set_availability(false, "could not query the current CUDA device");
       return;
     }
-    prov_.cc = prop.major * 10 + prop.minor;
+    mutable_provenance().cc = prop.major * 10 + prop.minor;
     if (prop.major != 9 || prop.minor != 0) {
-      reason_ = "CUDA device " + std::to_string(dev) + " (" + prop.name + ") has compute capability " +
-                std::to_string(prop.major) + "." + std::to_string(prop.minor) +
-                "; this backend is built for sm_90a (H100/H200, compute capability 9.0)";
+      set_availability(false, "CUDA device " + std::to_string(dev) + " (" + prop.name + ") has compute capability " +
+                                  std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                                  "; this backend is built for sm_90a (H100/H200, compute capability 9.0)");
       return;
     }
-    available_ = true;
-    reason_ = "CUDA device " + std::to_string(dev) + ": " + prop.name + " (sm_90a)";
+    set_availability(true, "CUDA device " + std::to_string(dev) + ": " + prop.name + " (sm_90a)");
   }
-
-  Provenance prov_;
-  bool available_ = false;
-  std::string reason_;
 };
 
 void Sm90Backend::run(const detail::LogpProblem& p) const {
-  DETLOGP_CHECK(available_, "SM90 backend unavailable: " << reason_);
+  DETLOGP_CHECK(is_available(), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
@@ -215,7 +200,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
-  DETLOGP_CHECK(available_, "SM90 backend unavailable: " << reason_);
+  DETLOGP_CHECK(is_available(), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(hp.memory == Memory::host, "run_from_host needs a problem in host memory");
   if (hp.rows == 0) return;
   int device = 0;

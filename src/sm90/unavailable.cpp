@@ -14,21 +14,12 @@
 namespace detlogp::detail {
 namespace {
 
-class Sm90Unavailable final : public Backend {
+class Sm90Unavailable final : public CudaLaneBackend {
  public:
-  Sm90Unavailable() { prov_ = contract_provenance(sm90::kBackendId, "sm90a", 0); }
-  const Provenance& provenance() const override { return prov_; }
-  bool contract_bearing() const override { return true; }
-  Memory memory() const override { return Memory::cuda; }
-  bool available(std::string* why) const override {
-    if (why != nullptr) *why = kNoCudaReason;
-    return false;
+  Sm90Unavailable() : CudaLaneBackend(contract_provenance(sm90::kBackendId, "sm90a", 0), true) {
+    set_availability(false, kNoCudaReason);
   }
   void run(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kNoCudaReason); }
-  void run_from_host(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kNoCudaReason); }
-
- private:
-  Provenance prov_;
 };
 
 }  // namespace

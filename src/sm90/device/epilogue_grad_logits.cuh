@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "detlogp/grad.hpp"
 #include "sm90/params.hpp"
@@ -85,21 +86,20 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
         }
     }
     float pe[kJB][2][2];
-    if (__all_sync(0xFFFFFFFFu, normal)) {
+    // The exponentials as straight-line code: expc_normal where the vote allows, else expc.
+    auto exponentials = [&](auto fast_path) {
 #pragma unroll
       for (int jj = 0; jj < kJB; ++jj)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) pe[jj][h][e] = expc_normal(x[jj][h][e]);
-    } else {
-#pragma unroll
-      for (int jj = 0; jj < kJB; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) pe[jj][h][e] = expc(x[jj][h][e]);
-    }
+          for (int e = 0; e < 2; ++e)
+            pe[jj][h][e] = decltype(fast_path)::value ? expc_normal(x[jj][h][e]) : expc(x[jj][h][e]);
+    };
+    if (__all_sync(0xFFFFFFFFu, normal))
+      exponentials(std::true_type{});
+    else
+      exponentials(std::false_type{});
 #pragma unroll
     for (int jj = 0; jj < kJB; ++jj) {
       const int c = 8 * (j0 + jj) + 2 * q;

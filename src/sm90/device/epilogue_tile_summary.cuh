@@ -251,18 +251,9 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
       const int64_t local_tile = col0 / kVocabTile + tt;
       real[tt] = local_tile < p.local_tiles ? tile_real_lanes(p, local_tile) : 0;
     }
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& v = acc[at(tt, h, i)];
-          v = scale_logit(v, inv_t[h]);
-          const float before = i == 0 ? fp::neg_inf() : m[2 * tt + h];
-          m[2 * tt + h] = 8 * (i / 2) + 2 * q + i % 2 < real[tt] ? fp::max_nan(before, v) : before;
-        }
-  } else if (kPrepared ? prepared->unit_temperature : __all_sync(0xFFFFFFFFu, inv_t[0] == 1.0f && inv_t[1] == 1.0f)) {
+  }
+  if (!kEdge &&
+      (kPrepared ? prepared->unit_temperature : __all_sync(0xFFFFFFFFu, inv_t[0] == 1.0f && inv_t[1] == 1.0f))) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -279,7 +270,12 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
         for (int h = 0; h < 2; ++h) {
           float& v = acc[at(tt, h, i)];
           v = scale_logit(v, inv_t[h]);
-          m[2 * tt + h] = i == 0 ? v : fp::max_nan(m[2 * tt + h], v);
+          if constexpr (kEdge) {
+            const float before = i == 0 ? fp::neg_inf() : m[2 * tt + h];
+            m[2 * tt + h] = 8 * (i / 2) + 2 * q + i % 2 < real[tt] ? fp::max_nan(before, v) : before;
+          } else {
+            m[2 * tt + h] = i == 0 ? v : fp::max_nan(m[2 * tt + h], v);
+          }
         }
   }
   // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread
@@ -471,8 +467,7 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
     return fragment_tile_summaries<BlockN, kPlain, kPrepared, false>(acc, p, rows, prepared, row_tile0, row_limit, col0,
                                                                      logits_vec2);
-  fragment_tile_summaries<BlockN, kPlain, kPrepared, true>(acc, p, rows, prepared, row_tile0, row_limit, col0,
-                                                           logits_vec2);
+  fragment_tile_summaries<BlockN, kPlain, false, true>(acc, p, rows, prepared, row_tile0, row_limit, col0, logits_vec2);
 }
 
 }  // namespace detlogp::sm90
