@@ -31,9 +31,15 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 say "GPUs visible: ${ngpu:-0}"
 
 # TP in {2, 4, 8} on real NCCL (as many as the GPUs allow), padded vocabulary, against TP=1.
-"$BUILD/tests/gpu/test_sm90_tp" >"$OUT/tp_nccl.log" 2>&1
+# A skipped NCCL case (too few GPUs, no NCCL) is "not run", never a pass.
+"$BUILD/tests/gpu/test_sm90_tp" --gtest_filter='*Nccl*' >"$OUT/tp_nccl.log" 2>&1
 rc=$?
-say "TP on real NCCL (test_sm90_tp): $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc")"
+if [[ $rc -eq 0 ]] && grep -q '\[  SKIPPED \]' "$OUT/tp_nccl.log"; then
+  say "TP on real NCCL (test_sm90_tp): NOT RUN ($(grep -m1 'NCCL part skipped' "$OUT/tp_nccl.log" | sed 's/.*NCCL part/NCCL part/'))"
+  rc=1
+else
+  say "TP on real NCCL (test_sm90_tp): $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc")"
+fi
 grep -E "^NCCL TP|NCCL part" "$OUT/tp_nccl.log" | tee -a "$SUMMARY" >/dev/null
 [[ $rc -eq 0 ]] || status=1
 for tp in 4 8; do

@@ -19,10 +19,16 @@ else
   echo "test.sh: no nvcc here; the SM90 sources were not built (SASS check skipped)"
 fi
 # Python package (docs/python.md): built by pip (CPU-only) into a venv under build/, then the
-# numpy tests against the CPU backend and the CLI built above; torch tests skip without torch.
+# numpy and torch tests against the CPU backend and the CLI built above. torch comes from its CPU
+# wheel index, else from PyPI; where neither answers, the torch tests skip and say so.
 venv=build/pyvenv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q nanobind scikit-build-core numpy pytest
+if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+  "$venv/bin/python" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu ||
+    "$venv/bin/python" -m pip install -q torch ||
+    echo "test.sh: WARNING: torch could not be installed; the torch tests will be skipped"
+fi
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \
   -C cmake.define.DETLOGP_ENABLE_CUDA=OFF -C build-dir=build/pip
 PYTEST_DETLOGP_CLI=build/detlogp "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python

@@ -1,7 +1,7 @@
 // The contract's own transcendentals (docs/contract.md §4). One definition, compiled for host
 // and device alike, built from the pinned fp32 operations in fpops.hpp and integer bit
 // manipulation for powers of two. Coefficients come from tools/contract/fit_polys.py; the
-// exhaustive tests in tests/test_transcendentals.cpp bound the error at <= 1 ulp.
+// exhaustive tests in tests/cpu/test_transcendentals.cpp bound the error at <= 1 ulp.
 #pragma once
 
 #include <cstdint>

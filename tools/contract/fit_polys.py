@@ -2,7 +2,7 @@
 """Derive the polynomial coefficients of the contract transcendentals (docs/contract.md §4).
 
 Run once by hand (needs numpy and mpmath); its output is pinned in
-include/detlogp/transcendentals.hpp and checked exhaustively by tests/test_transcendentals.cpp.
+include/detlogp/transcendentals.hpp and checked exhaustively by tests/cpu/test_transcendentals.cpp.
 Changing a printed value changes bits: that needs a contract version bump.
 
 expc: e^r on |r| <= ln2/2 as 1 + r + r^2 * q(r), q of degree 4 (c2..c6), fitted in relative error.

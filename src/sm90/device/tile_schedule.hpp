@@ -1,6 +1,6 @@
 // The tile order of the persistent SM90 kernels, as plain arithmetic shared by the kernels
 // (pipeline.cuh feeds it blockIdx.x, gridDim.x and the cluster rank) and
-// the host test that proves every tile is visited exactly once (tests/test_tile_schedule.cpp).
+// the host test that proves every tile is visited exactly once (tests/cpu/test_tile_schedule.cpp).
 #pragma once
 
 #include <cstdint>
@@ -72,7 +72,7 @@ struct TileWalk {
     return w;
   }
   // raster_tile(unit, m_groups, n_tiles, group_m) with the divisions above (the same tile order;
-  // tests/test_tile_schedule.cpp compares the two).
+  // tests/cpu/test_tile_schedule.cpp compares the two).
   DETLOGP_HD void coords(int unit, int& m_tile, int& n_tile) const {
     const uint32_t u = static_cast<uint32_t>(unit);
     const uint32_t group = by_group_size.divide(u);
