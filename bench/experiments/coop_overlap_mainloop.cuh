@@ -1,6 +1,5 @@
-// SM90 persistent cooperative-overlap schedule (forced-only buckets, slower than the ping-pong so far:
-// docs/sm90-coop-overlap.md; docs/perf-notes.md, "What the
-// numbers say"): both consumer warpgroups work on one 128-row CTA tile (64 rows each) and read
+// An experiment, not in the library: the SM90 persistent cooperative-overlap schedule (measured
+// slower than the ping-pong: docs/history/sm90-coop-overlap.md): both consumer warpgroups work on one 128-row CTA tile (64 rows each) and read
 // the same weight stage, which halves the weight bytes TMA writes into shared memory per FLOP
 // against the 64-row ping-pong tile; the epilogue stays hidden because each warpgroup keeps two
 // accumulator sets and runs the previous tile's epilogue in slices (epilogue_tile_summary_slice)
