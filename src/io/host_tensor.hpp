@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -23,37 +24,34 @@ static_assert(std::endian::native == std::endian::little, "detlogp's file I/O as
 // Element types the file layer understands. U8 only serves the partials output (target_owned).
 enum class ElementType : uint8_t { bf16, f32, i32, i64, u8 };
 
-inline const char* element_type_name(ElementType t) {
-  switch (t) {
-    case ElementType::bf16:
-      return "BF16";
-    case ElementType::f32:
-      return "F32";
-    case ElementType::i32:
-      return "I32";
-    case ElementType::i64:
-      return "I64";
-    case ElementType::u8:
-      return "U8";
-  }
-  return "?";
+// Per element type: its safetensors dtype name, its size in bytes and the .npy descr the writer uses.
+struct ElementTypeInfo {
+  ElementType type;
+  const char* name;
+  int size;
+  const char* npy_descr;
+};
+
+// In enum order, so a type's entry is kElementTypes[type].
+inline constexpr ElementTypeInfo kElementTypes[] = {
+    {ElementType::bf16, "BF16", 2, "<u2"}, {ElementType::f32, "F32", 4, "<f4"}, {ElementType::i32, "I32", 4, "<i4"},
+    {ElementType::i64, "I64", 8, "<i8"},   {ElementType::u8, "U8", 1, "|u1"},
+};
+static_assert([] {
+  for (size_t i = 0; i < std::size(kElementTypes); ++i)
+    if (kElementTypes[i].type != static_cast<ElementType>(i)) return false;
+  return true;
+}());
+
+// The entry of `t`; a value outside the enum gets name and descr "?" and size 0.
+inline const ElementTypeInfo& element_type_info(ElementType t) {
+  static constexpr ElementTypeInfo kUnknown{ElementType::u8, "?", 0, "?"};
+  const auto index = static_cast<size_t>(t);
+  return index < std::size(kElementTypes) ? kElementTypes[index] : kUnknown;
 }
 
-inline int element_size(ElementType t) {
-  switch (t) {
-    case ElementType::bf16:
-      return 2;
-    case ElementType::f32:
-      return 4;
-    case ElementType::i32:
-      return 4;
-    case ElementType::i64:
-      return 8;
-    case ElementType::u8:
-      return 1;
-  }
-  return 0;
-}
+inline const char* element_type_name(ElementType t) { return element_type_info(t).name; }
+inline int element_size(ElementType t) { return element_type_info(t).size; }
 
 inline std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";

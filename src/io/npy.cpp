@@ -5,6 +5,8 @@
 #include <optional>
 #include <set>
 
+#include "io/header_cursor.hpp"
+
 namespace detlogp::io {
 namespace {
 
@@ -15,9 +17,10 @@ constexpr size_t kMagicLen = 6;
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }
 // This parser accepts exactly that grammar: quoted keys, and as values a quoted string,
 // True/False, or a tuple of non-negative integers (an 'L' suffix from Python 2 writers allowed).
-class NpyHeaderParser {
+class NpyHeaderParser : HeaderCursor {
  public:
-  NpyHeaderParser(std::string_view text, const std::string& source) : text_(text), source_(source) {}
+  NpyHeaderParser(std::string_view text, const std::string& source)
+      : HeaderCursor(text, source, "npy header is malformed") {}
 
   struct Header {
     std::string descr;
@@ -29,42 +32,20 @@ class NpyHeaderParser {
     Header h;
     std::set<std::string> seen;
     skip_whitespace();
-    expect('{', "at the start of the header dict");
-    while (true) {
-      skip_whitespace();
-      if (peek() == '}') {
-        ++pos_;
-        break;
-      }
-      const size_t key_offset = pos_;
-      const std::string key = parse_quoted();
-      if (!seen.insert(key).second) {
-        pos_ = key_offset;
-        fail("duplicate key '" + key + "'");
-      }
-      skip_whitespace();
-      expect(':', "after a header key");
-      skip_whitespace();
-      if (key == "descr") {
+    read_list('{', "at the start of the header dict", '}', "or ',' in the header dict", TrailingComma::allowed, [&] {
+      const Key key = read_key([&] { return parse_quoted(); }, seen, '\'', "after a header key");
+      if (key.text == "descr") {
         h.descr = parse_quoted();
-      } else if (key == "fortran_order") {
+      } else if (key.text == "fortran_order") {
         h.fortran_order = parse_bool();
-      } else if (key == "shape") {
+      } else if (key.text == "shape") {
         h.shape = parse_shape();
       } else {
-        pos_ = key_offset;
-        fail("unknown key '" + key + "' (expected descr, fortran_order, shape)");
+        pos_ = key.offset;
+        fail("unknown key '" + key.text + "' (expected descr, fortran_order, shape)");
       }
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}', "or ',' in the header dict");
-      break;
-    }
-    skip_whitespace();
-    if (pos_ != text_.size()) fail("unexpected characters after the header dict");
+    });
+    expect_end("unexpected characters after the header dict");
     for (const char* required : {"descr", "fortran_order", "shape"}) {
       DETLOGP_CHECK(seen.count(required), "'" << source_ << "': npy header lacks the key '" << required << "'");
     }
@@ -72,19 +53,6 @@ class NpyHeaderParser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const {
-    DETLOGP_FAIL("'" << source_ << "': npy header is malformed at byte " << pos_ << " of the header: " << what);
-  }
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return at_end() ? '\0' : text_[pos_]; }
-  void skip_whitespace() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r')) ++pos_;
-  }
-  void expect(char c, const char* context) {
-    if (peek() != c) fail(std::string("expected '") + c + "' " + context);
-    ++pos_;
-  }
-
   std::string parse_quoted() {
     const char quote = peek();
     if (quote != '\'' && quote != '"') fail("expected a quoted string");
@@ -113,13 +81,7 @@ class NpyHeaderParser {
 
   std::vector<int64_t> parse_shape() {
     std::vector<int64_t> shape;
-    expect('(', "to open the shape tuple");
-    while (true) {
-      skip_whitespace();
-      if (peek() == ')') {
-        ++pos_;
-        break;
-      }
+    read_list('(', "to open the shape tuple", ')', "or ',' in the shape tuple", TrailingComma::allowed, [&] {
       if (!(peek() >= '0' && peek() <= '9')) fail("shape must be a tuple of non-negative integers");
       int64_t value = 0;
       while (peek() >= '0' && peek() <= '9') {
@@ -131,21 +93,11 @@ class NpyHeaderParser {
       if (peek() == 'L') ++pos_;
       shape.push_back(value);
       skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
       // "(n)" is an int in Python, not a tuple: a one-element tuple is written "(n,)".
-      if (shape.size() == 1) fail("a one-element shape tuple needs a trailing comma: (n,)");
-      expect(')', "or ',' in the shape tuple");
-      break;
-    }
+      if (shape.size() == 1 && peek() != ',') fail("a one-element shape tuple needs a trailing comma: (n,)");
+    });
     return shape;
   }
-
-  std::string_view text_;
-  const std::string& source_;
-  size_t pos_ = 0;
 };
 
 ElementType descr_to_type(const std::string& descr, const std::string& source) {
@@ -161,22 +113,6 @@ ElementType descr_to_type(const std::string& descr, const std::string& source) {
     DETLOGP_FAIL("'" << source << "': descr '<f2' is IEEE float16, not bf16; store bf16 bit patterns as '<u2'");
   DETLOGP_FAIL("'" << source << "': descr '" << descr
                    << "' is not supported (supported: '<f4', '<i4', '<i8', '|u1', and bf16 as '<u2', '<i2' or '|V2')");
-}
-
-const char* type_to_descr(ElementType t) {
-  switch (t) {
-    case ElementType::f32:
-      return "<f4";
-    case ElementType::i32:
-      return "<i4";
-    case ElementType::i64:
-      return "<i8";
-    case ElementType::u8:
-      return "|u1";
-    case ElementType::bf16:
-      return "<u2";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -233,7 +169,7 @@ std::vector<uint8_t> serialize_npy(const HostTensor& tensor) {
                 "npy writer: tensor holds " << tensor.bytes.size() << " bytes, shape " << shape_to_string(tensor.shape)
                                             << " needs " << count * element_size(tensor.dtype));
   std::string header =
-      std::string("{'descr': '") + type_to_descr(tensor.dtype) + "', 'fortran_order': False, 'shape': (";
+      std::string("{'descr': '") + element_type_info(tensor.dtype).npy_descr + "', 'fortran_order': False, 'shape': (";
   for (size_t i = 0; i < tensor.shape.size(); ++i) {
     if (i > 0) header += ", ";
     header += std::to_string(tensor.shape[i]);

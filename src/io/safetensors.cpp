@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/header_cursor.hpp"
 #include "io/json.hpp"
 
 namespace detlogp::io {
@@ -39,36 +40,26 @@ const char* kind_name(JsonValue::Kind k) {
   return "?";
 }
 
-class JsonParser {
+class JsonParser : HeaderCursor {
  public:
-  JsonParser(std::string_view text, const std::string& source) : text_(text), source_(source) {}
+  JsonParser(std::string_view text, const std::string& source)
+      : HeaderCursor(text, source, "header is not valid JSON") {}
 
   JsonValue parse_document() {
     skip_whitespace();
     JsonValue root = parse_value(0);
-    skip_whitespace();
-    if (pos_ != text_.size()) fail("unexpected trailing characters after the JSON header object");
+    expect_end("unexpected trailing characters after the JSON header object");
     return root;
   }
 
  private:
   static constexpr int kMaxDepth = 16;
 
-  [[noreturn]] void fail(const std::string& what) const {
-    DETLOGP_FAIL("'" << source_ << "': header is not valid JSON at byte " << pos_ << " of the header: " << what);
-  }
-
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return at_end() ? '\0' : text_[pos_]; }
-
-  void skip_whitespace() {
-    while (!at_end() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))
-      ++pos_;
-  }
-
-  void expect(char c, const char* context) {
-    if (peek() != c) fail(std::string("expected '") + c + "' " + context);
-    ++pos_;
+  JsonValue value_at_pos(JsonValue::Kind kind) const {
+    JsonValue v;
+    v.kind = kind;
+    v.offset = pos_;
+    return v;
   }
 
   JsonValue parse_value(int depth) {
@@ -78,9 +69,7 @@ class JsonParser {
     if (c == '{') return parse_object(depth);
     if (c == '[') return parse_array(depth);
     if (c == '"') {
-      JsonValue v;
-      v.kind = JsonValue::Kind::string;
-      v.offset = pos_;
+      JsonValue v = value_at_pos(JsonValue::Kind::string);
       v.text = parse_string();
       return v;
     }
@@ -97,67 +86,26 @@ class JsonParser {
   }
 
   JsonValue parse_object(int depth) {
-    JsonValue v;
-    v.kind = JsonValue::Kind::object;
-    v.offset = pos_;
-    ++pos_;  // '{'
-    skip_whitespace();
-    if (peek() == '}') {
-      ++pos_;
-      return v;
-    }
+    JsonValue v = value_at_pos(JsonValue::Kind::object);
     std::set<std::string> seen;
-    while (true) {
-      skip_whitespace();
+    read_list('{', "", '}', "or ',' in object", TrailingComma::rejected, [&] {
       if (peek() != '"') fail("expected a string key in object");
-      const size_t key_offset = pos_;
-      std::string key = parse_string();
-      if (!seen.insert(key).second) {
-        pos_ = key_offset;
-        fail("duplicate key \"" + key + "\"");
-      }
-      skip_whitespace();
-      expect(':', "after an object key");
-      skip_whitespace();
+      Key key = read_key([&] { return parse_string(); }, seen, '"', "after an object key");
       JsonValue member = parse_value(depth + 1);
-      v.members.emplace_back(std::move(key), std::move(member));
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect('}', "or ',' in object");
-      return v;
-    }
+      v.members.emplace_back(std::move(key.text), std::move(member));
+    });
+    return v;
   }
 
   JsonValue parse_array(int depth) {
-    JsonValue v;
-    v.kind = JsonValue::Kind::array;
-    v.offset = pos_;
-    ++pos_;  // '['
-    skip_whitespace();
-    if (peek() == ']') {
-      ++pos_;
-      return v;
-    }
-    while (true) {
-      skip_whitespace();
-      v.elements.push_back(parse_value(depth + 1));
-      skip_whitespace();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      expect(']', "or ',' in array");
-      return v;
-    }
+    JsonValue v = value_at_pos(JsonValue::Kind::array);
+    read_list('[', "", ']', "or ',' in array", TrailingComma::rejected,
+              [&] { v.elements.push_back(parse_value(depth + 1)); });
+    return v;
   }
 
   JsonValue parse_integer() {
-    JsonValue v;
-    v.kind = JsonValue::Kind::integer;
-    v.offset = pos_;
+    JsonValue v = value_at_pos(JsonValue::Kind::integer);
     bool negative = false;
     if (peek() == '-') {
       negative = true;
@@ -307,23 +255,14 @@ class JsonParser {
       }
     }
   }
-
-  std::string_view text_;
-  const std::string& source_;
-  size_t pos_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
 
 bool parse_dtype(const std::string& name, ElementType* out) {
-  static const std::pair<const char*, ElementType> kTable[] = {{"BF16", ElementType::bf16},
-                                                               {"F32", ElementType::f32},
-                                                               {"I32", ElementType::i32},
-                                                               {"I64", ElementType::i64},
-                                                               {"U8", ElementType::u8}};
-  for (const auto& [text, type] : kTable) {
-    if (name == text) {
-      *out = type;
+  for (const ElementTypeInfo& info : kElementTypes) {
+    if (name == info.name) {
+      *out = info.type;
       return true;
     }
   }

@@ -16,47 +16,6 @@ namespace {
 
 namespace g = golden;
 
-const std::vector<OptionSpec> kHarnessRvtOptions = {
-    {"seqs", true, "sequences (default 16)"},
-    {"max-len", true, "longest sequence, tokens (default 12); lengths are 1..max-len"},
-    {"max-batch", true, "continuous batching: most sequences per step (default 8)"},
-    {"d", true, "hidden size D (default 1024)"},
-    {"v", true, "lm_head rows, padding included (default 2053)"},
-    {"real-vocab", true, "real vocabulary, ids >= it are padding (default --v)"},
-    {"tp", true, "trainer tensor-parallel degree (default 2)"},
-    {"cp", true, "trainer context-parallel degree: packed rows split into CP groups (default 1)"},
-    {"rollout-tp", true, "rollout engine tensor-parallel degree, serving entry (default 1)"},
-    {"devices", true, "CUDA devices for the TP ranks, e.g. 0,1 (real NCCL); default: in-process host ranks"},
-    {"seed", true, "generator seed (default 0)"},
-    {"backend", true, "backend of both sides (default: env DETLOGP_BACKEND, else auto)"},
-    {"strict", false, "contract-bearing backends only, no fallback"},
-    {"perturb-trainer-weight", false, "flip one bit of the trainer's weight: the fingerprints must differ"},
-    {"out", true, "directory for report.json and report.md (created if missing)"},
-    {"help", false, "this text"},
-};
-
-const std::vector<OptionSpec> kHarnessL3Options = {
-    {"side", true, "trainer (packed, vocab-parallel, trainer entry) or rollout (one row, serving entry)"},
-    {"out", true, "result file FILE.safetensors (format detlogp-l3-v1)"},
-    {"tp", true, "trainer side: vocabulary shards (default 2)"},
-    {"case", true, "only these golden cases (comma-separated; default all)"},
-    {"backend", true, "backend id (default: env DETLOGP_BACKEND, else auto)"},
-    {"strict", false, "contract-bearing backends only, no fallback"},
-    {"help", false, "this text"},
-};
-
-const std::vector<OptionSpec> kHarnessL3CheckOptions = {
-    {"a", true, "one side's result file"},
-    {"b", true, "the other side's result file"},
-    {"help", false, "this text"},
-};
-
-const std::vector<OptionSpec> kHarnessL3ExportOptions = {
-    {"dir", true, "directory for <case>.safetensors (the `detlogp run --input` format)"},
-    {"case", true, "only these golden cases (comma-separated; default all)"},
-    {"help", false, "this text"},
-};
-
 void harness_help(std::ostream& os) {
   os << "usage: detlogp harness rollout-vs-trainer [--seqs S] [--max-len L] [--max-batch B] [--d D] [--v V]\n"
         "                          [--real-vocab R] [--tp P] [--cp C] [--rollout-tp P] [--devices 0,1,..]\n"
@@ -72,9 +31,9 @@ void harness_help(std::ostream& os) {
         "l3 / l3-check (L3): each side runs the golden inputs in its own process and writes a file; the\n"
         "check compares logp and lse bytes case by case. l3-export writes the inputs for an external side.\n\n"
         "rollout-vs-trainer options:\n";
-  print_option_help(os, kHarnessRvtOptions);
+  print_option_help(os, command_options("harness rollout-vs-trainer"));
   os << "\nl3 options:\n";
-  print_option_help(os, kHarnessL3Options);
+  print_option_help(os, command_options("harness l3"));
   os << "\nexit codes: 0 ok, 1 a check failed, 2 usage error, 3 error\n";
 }
 
@@ -158,18 +117,17 @@ int l3_export(const Options& o) {
 int command_harness(const std::string& sub, const std::vector<std::string>& args) {
   struct Harness {
     const char* name;
-    const std::vector<OptionSpec>* options;
     int (*body)(const Options&);
   };
   static const Harness kHarnesses[] = {
-      {"rollout-vs-trainer", &kHarnessRvtOptions, rollout_vs_trainer},
-      {"l3", &kHarnessL3Options, l3_side},
-      {"l3-check", &kHarnessL3CheckOptions, l3_check},
-      {"l3-export", &kHarnessL3ExportOptions, l3_export},
+      {"rollout-vs-trainer", rollout_vs_trainer},
+      {"l3", l3_side},
+      {"l3-check", l3_check},
+      {"l3-export", l3_export},
   };
   for (const Harness& h : kHarnesses) {
     if (sub != h.name) continue;
-    const Options o(args, *h.options);
+    const Options o(args, command_options(std::string("harness ") + h.name));
     if (o.flag("help")) return harness_help(std::cout), kExitOk;
     return h.body(o);
   }

@@ -10,18 +10,12 @@ namespace detlogp::cli {
 
 namespace {
 
-const std::vector<OptionSpec> kInfoOptions = {
-    {"backend", true, "show which backend this id resolves to (default: env DETLOGP_BACKEND, else auto)"},
-    {"strict", false, "resolve in strict mode (contract-bearing backends only)"},
-    {"help", false, "this text"},
-};
-
 void info_help(std::ostream& os) {
   os << "usage: detlogp info [--backend ID] [--strict]\n\n"
         "Prints the version, the contract and its frozen constants, the backends of this build\n"
         "(contract-bearing or not, available here or why not) and the provenance of the backend a\n"
         "call with these options is served by (found by running a 1x1x1 problem).\n\n";
-  print_option_help(os, kInfoOptions);
+  print_option_help(os, command_options("info"));
 }
 
 int command_info(const Options& o) {
@@ -70,6 +64,6 @@ int command_info(const Options& o) {
 
 }  // namespace
 
-const Command kInfoCommand{&kInfoOptions, info_help, command_info};
+const Command kInfoCommand{info_help, command_info};
 
 }  // namespace detlogp::cli

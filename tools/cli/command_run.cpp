@@ -17,30 +17,6 @@ namespace detlogp::cli {
 
 namespace {
 
-const std::vector<OptionSpec> kRunOptions = {
-    {"input", true, "problem file (.safetensors): hidden, weight, targets, optional bias, temperature"},
-    {"hidden", true, ".npy input instead of --input: hidden [N, D] bf16 ('<u2' bit patterns)"},
-    {"weight", true, ".npy input: weight [V_local, D] bf16"},
-    {"targets", true, ".npy input: targets [N] '<i4' or '<i8'"},
-    {"bias", true, ".npy input: optional bias [V_local] '<f4'"},
-    {"temperatures", true, ".npy input: optional temperature, scalar or [N] '<f4'"},
-    {"rows", true, "synthetic problem: N (default 64)"},
-    {"dim", true, "synthetic problem: D (default 1024)"},
-    {"vocab", true, "synthetic problem: weight rows V_local (default 32000)"},
-    {"seed", true, "synthetic problem: generator seed (default 0)"},
-    {"with-bias", false, "synthetic problem: add a random fp32 bias"},
-    {"real-vocab", true, "V_real: ids >= V_real are padding (default vocab_start + V_local)"},
-    {"vocab-start", true, "global id of weight row 0, a multiple of 64 (default 0)"},
-    {"temperature", true, "scalar temperature T > 0 (default 1)"},
-    {"ignore-index", true, "target id whose row gets logp = +0.0 (default -100)"},
-    {"return-logits", false, "serving entry: also output logits [N, V_local] f32"},
-    {"backend", true, "backend id (default: env DETLOGP_BACKEND, else auto); see `detlogp info`"},
-    {"strict", false, "contract-bearing backends only, no fallback (also env DETLOGP_STRICT=1)"},
-    {"repeat", true, "run K times, check every run gives the same bits, report the best time (default 1)"},
-    {"out", true, "write the outputs to FILE.safetensors (atomically: nothing on error)"},
-    {"help", false, "this text"},
-};
-
 void run_help(std::ostream& os) {
   os << "usage: detlogp run [--input FILE.safetensors | --hidden A.npy --weight B.npy --targets C.npy]\n"
         "                   [options] [--out FILE.safetensors]\n\n"
@@ -51,7 +27,7 @@ void run_help(std::ostream& os) {
         "tensor-parallel partials instead: tile_max, tile_sum [N, tiles] f32, target_logit [N] f32,\n"
         "target_owned [N] u8. The SHA-256 covers the raw little-endian bytes of the output tensors\n"
         "concatenated in the order printed (logp|lse[|logits], or the partials).\n\n";
-  print_option_help(os, kRunOptions);
+  print_option_help(os, command_options("run"));
   os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
 }
 
@@ -190,6 +166,6 @@ int command_run(const Options& o) {
 
 }  // namespace
 
-const Command kRunCommand{&kRunOptions, run_help, command_run};
+const Command kRunCommand{run_help, command_run};
 
 }  // namespace detlogp::cli

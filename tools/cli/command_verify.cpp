@@ -18,19 +18,6 @@ namespace detlogp::cli {
 
 namespace {
 
-const std::vector<OptionSpec> kVerifyOptions = {
-    {"backend", true, "backend id to verify (default: env DETLOGP_BACKEND, else auto)"},
-    {"strict", false, "contract-bearing backends only, no fallback (also env DETLOGP_STRICT=1)"},
-    {"seed", true, "generator seed of the built-in problem (default 0)"},
-    {"dim", true, "D of the built-in problem (default 256)"},
-    {"vocab", true, "real vocabulary of the built-in problem (default 2053, not a multiple of 64)"},
-    {"golden", false, "replay the golden cases against the fingerprints file instead of the ladder"},
-    {"golden-file", true, "fingerprints file (default: the source tree's tests/golden/fingerprints.tsv)"},
-    {"record", false, "with --golden: append the fingerprints not yet recorded for this (arch, cc)"},
-    {"case", true, "with --golden: only these cases (comma-separated names)"},
-    {"help", false, "this text"},
-};
-
 void verify_help(std::ostream& os) {
   os << "usage: detlogp verify [--backend ID] [--strict] [--seed S] [--dim D] [--vocab V]\n"
         "       detlogp verify --golden [--backend ID] [--strict] [--record] [--case A,B] [--golden-file F]\n\n"
@@ -50,7 +37,7 @@ void verify_help(std::ostream& os) {
         "  temperature rows   per-row temperatures equal to the scalar give the scalar's bits\n"
         "  ignore_index       ignored rows have logp = +0.0 exactly\n"
         "  reduce_logits      the backend's logits re-reduced by reduce_logits give identical bits\n\n";
-  print_option_help(os, kVerifyOptions);
+  print_option_help(os, command_options("verify"));
   os << "\nexit codes: 0 every check passed, 1 a check failed, 2 usage error, 3 error (refused, ...)\n";
 }
 
@@ -326,6 +313,6 @@ int command_verify(const Options& o) {
 
 }  // namespace
 
-const Command kVerifyCommand{&kVerifyOptions, verify_help, command_verify};
+const Command kVerifyCommand{verify_help, command_verify};
 
 }  // namespace detlogp::cli

@@ -9,9 +9,8 @@
 
 namespace detlogp::cli {
 
-// A command that takes options: what it accepts, its --help text, and its body.
+// A command that takes options (command_options(its name)): its --help text and its body.
 struct Command {
-  const std::vector<OptionSpec>* options;
   void (*help)(std::ostream&);
   int (*body)(const Options&);
 };

@@ -50,7 +50,7 @@ int dispatch(const std::string& command, const std::vector<std::string>& args) {
   if (it == commands.end()) throw UsageError("unknown command '" + command + "'");
   const Command& c = *it->second;
   try {
-    const Options options(args, *c.options);
+    const Options options(args, command_options(command));
     if (options.flag("help")) {
       c.help(std::cout);
       return kExitOk;

@@ -1,6 +1,6 @@
 // Command-line options of the `detlogp` tool: "--name value", "--name=value" and boolean "--flag".
-// Each command declares what it accepts, so a misspelled option is an error instead of being
-// ignored. Also the exit codes and the usage error every command reports through.
+// One table (options.cpp) lists what each command accepts, so a misspelled option is an error
+// instead of being ignored. Also the exit codes and the usage error every command reports through.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +50,10 @@ class Options {
   std::map<std::string, std::string> values_;
   std::set<std::string> flags_;
 };
+
+// The options of `command` ("info", "run", "verify", "harness l3", ...) in the order its --help
+// lists them, --help last.
+const std::vector<OptionSpec>& command_options(const std::string& command);
 
 // One line per option: "  --name VALUE" padded to 26 columns, then the help text.
 void print_option_help(std::ostream& os, const std::vector<OptionSpec>& specs);
