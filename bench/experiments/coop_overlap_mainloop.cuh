@@ -1,6 +1,6 @@
 // An experiment, not in the library: the SM90 persistent cooperative-overlap schedule (measured
-// slower than the ping-pong: docs/history/sm90-coop-overlap.md): both consumer warpgroups work on one 128-row CTA tile (64 rows each) and read
-// the same weight stage, which halves the weight bytes TMA writes into shared memory per FLOP
+// slower than the ping-pong: docs/history/sm90-coop-overlap.md): both consumer warpgroups work on one 128-row CTA tile
+// (64 rows each) and read the same weight stage, which halves the weight bytes TMA writes into shared memory per FLOP
 // against the 64-row ping-pong tile; the epilogue stays hidden because each warpgroup keeps two
 // accumulator sets and runs the previous tile's epilogue in slices (epilogue_tile_summary_slice)
 // between the asynchronous wgmma groups of the next tile. Optional 2-CTA clusters along M share the
