@@ -62,21 +62,14 @@ inline To host_bit_cast(From from) {
   return to;
 }
 
-DETLOGP_HD uint32_t bits(float x) {
+// The bit pattern of an fp32 and back (each compilation pass sees one pair of definitions).
 #if DETLOGP_DEVICE_PASS
-  return __float_as_uint(x);
+DETLOGP_HD uint32_t bits(float x) { return __float_as_uint(x); }
+DETLOGP_HD float from_bits(uint32_t u) { return __uint_as_float(u); }
 #else
-  return host_bit_cast<uint32_t>(x);
+DETLOGP_HD uint32_t bits(float x) { return host_bit_cast<uint32_t>(x); }
+DETLOGP_HD float from_bits(uint32_t u) { return host_bit_cast<float>(u); }
 #endif
-}
-
-DETLOGP_HD float from_bits(uint32_t u) {
-#if DETLOGP_DEVICE_PASS
-  return __uint_as_float(u);
-#else
-  return host_bit_cast<float>(u);
-#endif
-}
 
 DETLOGP_HD bool is_nan(float x) { return x != x; }
 
