@@ -16,6 +16,9 @@
 #include <random>
 #include <vector>
 
+#include "detlogp/fpops.hpp"
+#include "detlogp/hash.hpp"
+
 #define CK(x)                                                                                     \
   do {                                                                                            \
     cudaError_t e_ = (x);                                                                         \
@@ -37,14 +40,9 @@ namespace detlogp_bench {
 
 __global__ void fill_bf16(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = detlogp::mix64(seed * detlogp::kSplitMixGamma + static_cast<uint64_t>(i));
     const float u = static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f;
-    uint32_t b = __float_as_uint(u * scale);
-    b += 0x7FFFu + ((b >> 16) & 1u);
-    p[i] = static_cast<uint16_t>(b >> 16);
+    p[i] = detlogp::fp::bf16_round(u * scale);
   }
 }
 

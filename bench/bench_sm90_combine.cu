@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
+#include "detlogp/hash.hpp"
 #include "sm90/device/combine_chain.cuh"
 
 namespace {
@@ -137,9 +138,7 @@ void print_trace(const CombineParams& p, int64_t tiles, Timer& timer) {
 // all -inf (sum 0), targets with some ignored rows.
 __global__ void make_inputs(TileSummary* s, int64_t count, float* y_t, int32_t* targets, int64_t rows, int64_t tiles) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    uint64_t z = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
-    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
-    z ^= z >> 29;
+    const uint64_t z = detlogp::mix64(detlogp::kSplitMixGamma * static_cast<uint64_t>(i + 1));
     const float u = static_cast<float>(z >> 40) * 0x1p-24f;
     const float w = static_cast<float>((z >> 8) & 0xFFFF) * 0x1p-16f;
     if ((z & 0x3FF) == 7) {
