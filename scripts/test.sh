@@ -25,7 +25,7 @@ venv=build/pyvenv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q nanobind scikit-build-core numpy pytest
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-  "$venv/bin/python" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu ||
+  "$venv/bin/python" -m pip install -q --retries 1 --timeout 10 torch --index-url https://download.pytorch.org/whl/cpu ||
     "$venv/bin/python" -m pip install -q torch ||
     echo "test.sh: WARNING: torch could not be installed; the torch tests will be skipped"
 fi

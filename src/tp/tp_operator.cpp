@@ -32,7 +32,7 @@ struct RankHeader {
   int64_t real_vocab = 0;
   int64_t ignore_index = 0;
   uint64_t inputs_hash = 0;   // targets (as int64 values), temperature, per-row temperatures
-  uint64_t backend_hash = 0;  // id of the backend that will serve the rank's partials
+  uint64_t backend_hash = 0;  // the serving backend: id, contract, arch and its frozen ids
   uint32_t serving = 0;       // logits requested
   int32_t error = 0;          // 1: this rank's local validation failed, see message
   char message[kMessageBytes] = {};
@@ -108,8 +108,8 @@ void decide(const std::vector<RankHeader>& hs) {
                   "ranks disagree on targets or temperatures (rank 0 and rank "
                       << r << " hash them differently): every rank must pass the same targets and temperatures");
     DETLOGP_CHECK(hs[r].backend_hash == h0.backend_hash,
-                  "ranks would be served by different backends (rank 0 and rank "
-                      << r << "): the partials of one call must come from one backend");
+                  "ranks would be served by different backends or contracts (rank 0 and rank "
+                      << r << "): the partials of one call must come from one backend, contract and arch");
   }
   // Contiguous shards in rank order covering [0, real_vocab): every valid target then has exactly
   // one owner. A gap or an overlap is named with the ids it leaves unowned or owns twice.
@@ -246,8 +246,14 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
       hash.add(tbits);
     }
     mine.inputs_hash = hash.h;
+    // The backend and the contract it bears: one call's partials must all come from one backend
+    // under one contract version, arch and set of frozen choices.
+    const Provenance& pv = report.provenance;
     Fnv64 bh;
-    bh.add(backend_id);
+    for (const std::string* f : {&backend_id, &pv.contract_name, &pv.arch, &pv.n_split_policy, &pv.tree_id,
+                                 &pv.transcendental_id, &pv.temperature_id})
+      bh.add(*f);
+    for (int v : {pv.contract_version, pv.cc, pv.vocab_tile, pv.k_slab}) bh.add(static_cast<uint64_t>(v));
     mine.backend_hash = bh.h;
   } catch (const std::exception& e) {  // detlogp::Error, and bad_alloc from the host copies
     mine.error = 1;

@@ -10,10 +10,12 @@
 #include <string>
 #include <thread>
 
+#include "core/backend.hpp"
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
 #include "test_util.hpp"
+#include "tp/tp_operator.hpp"
 
 using namespace detlogp_test;
 
@@ -223,4 +225,71 @@ TEST(TensorParallelOperator, NegativeControlTheUsualMergeDiffersDetlogpDoesNot) 
   Outputs ref = full;
   ref.logits.clear();
   expect_every_rank_equals(run_ranks(p, even_bounds(p.vocab, 2), false), ref, "detlogp TP=2");
+}
+
+namespace {
+
+// Serves this rank's partials on the CPU contract backend but reports the provenance `edit` makes
+// of it: ranks that would be served under different contracts, archs or frozen choices.
+class ReportedAs final : public detlogp::tp::PartialsBackend {
+ public:
+  explicit ReportedAs(std::function<void(detlogp::Provenance&)> edit) : edit_(std::move(edit)) {}
+  std::string select(detlogp::Memory, detlogp::CallReport& report) override {
+    report.provenance = detlogp::detail::cpu_contract_backend().provenance();
+    edit_(report.provenance);
+    return report.provenance.backend_id;
+  }
+  void run(const detlogp::detail::LogpProblem& problem) const override {
+    detlogp::detail::cpu_contract_backend().run(problem);
+  }
+
+ private:
+  std::function<void(detlogp::Provenance&)> edit_;
+};
+
+}  // namespace
+
+TEST(TensorParallelOperator, RanksUnderDifferentContractsOrArchsAreRefusedOnEveryRank) {
+  const Problem p = tp_problem(2053, -1, 17, 9, 32);
+  const std::vector<int64_t> bounds = even_bounds(p.vocab, 2);
+  const std::vector<std::function<void(detlogp::Provenance&)>> differences = {
+      [](detlogp::Provenance&) {},  // control: every rank alike
+      [](detlogp::Provenance& v) { v.contract_version += 1; },
+      [](detlogp::Provenance& v) { v.arch = "sm90a"; },
+      [](detlogp::Provenance& v) { v.cc = 90; },
+      [](detlogp::Provenance& v) { v.tree_id += "-other"; },
+      [](detlogp::Provenance& v) { v.backend_id = "another-backend"; },
+  };
+  for (size_t d = 0; d < differences.size(); ++d) {
+    auto comms = detlogp::make_local_communicators(2, detlogp::Memory::host);
+    std::vector<Outputs> outs(2, Outputs(p.rows, 0, false));
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        detlogp::LinearLogpInputs in = p.inputs();
+        const int64_t start = bounds[r], count = bounds[r + 1] - bounds[r];
+        in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
+        in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
+        in.vocab_start = start;
+        ReportedAs backend(r == 1 ? differences[d] : [](detlogp::Provenance&) {});
+        try {
+          detlogp::tp::run_tensor_parallel(in, outs[r].views(), *comms[r], nullptr, backend);
+        } catch (const detlogp::Error& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      if (d == 0) {
+        EXPECT_TRUE(errors[r].empty()) << "control, rank " << r << ": " << errors[r];
+        continue;
+      }
+      EXPECT_NE(errors[r].find("different backends or contracts"), std::string::npos)
+          << "difference " << d << ", rank " << r << ": '" << errors[r] << "'";
+      EXPECT_EQ(errors[r], errors[0]) << "difference " << d << ": rank " << r << " disagrees with rank 0";
+      EXPECT_TRUE(outs[r].untouched()) << "difference " << d << ": rank " << r << " wrote outputs";
+    }
+  }
 }
