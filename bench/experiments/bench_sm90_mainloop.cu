@@ -147,18 +147,10 @@ __device__ __forceinline__ void plain_whole_tile_summary(const float (&acc)[Bloc
     y_target = v;
     owns = true;
   }
-  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-  m = normalize_zero(m);
-
   float level[8];
   float x[16];
   bool normal = true;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    x[i] = fp::sub(y[i], m);
-    normal = normal && x[i] >= kExpcNormalMin;
-  }
+  m = quad_max_and_offsets(y, m, x, normal);
   if (__all_sync(0xFFFFFFFFu, normal)) {
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) level[jj] = tree_add(expc_normal(x[2 * jj]), expc_normal(x[2 * jj + 1]));

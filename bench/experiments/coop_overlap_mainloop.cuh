@@ -39,6 +39,20 @@ __device__ __forceinline__ void finish_tile_summary(float (&level)[8], float m, 
   if (q == 0 && row_ok) p.summaries[(row - p.row_begin) * p.local_tiles + local_tile] = TileSummary{m, s};
 }
 
+// The tile max from each thread's max `m` over the quad (exact; -0 normalized), x = y - m, and
+// `normal` cleared unless every x lies in expc_normal's domain.
+__device__ __forceinline__ float quad_max_and_offsets(const float (&y)[16], float m, float (&x)[16], bool& normal) {
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  m = normalize_zero(m);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    x[i] = fp::sub(y[i], m);
+    normal = normal && x[i] >= kExpcNormalMin;
+  }
+  return m;
+}
+
 // The 16 accumulators of epilogue slice `slice` (vocab tile slice / 2, row half slice % 2) of a
 // BlockN-column fragment, chosen without a branch or a dynamic register index: a chain of selp
 // over the slices, all in inline PTX. The schedule calls this while the next tile's wgmma group is
@@ -133,18 +147,10 @@ __device__ __forceinline__ void epilogue_tile_summary_slice(const float (&v)[16]
       if (lane_col + e < real) m = fp::max_nan(m, yv);
     }
   }
-  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-  m = fp::max_nan(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-  m = normalize_zero(m);
-
   float level[8];
   float x[16];
   bool normal = real == kVocabTile;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    x[i] = fp::sub(y[i], m);
-    normal = normal && x[i] >= kExpcNormalMin;
-  }
+  m = quad_max_and_offsets(y, m, x, normal);
   if (__all_sync(0xFFFFFFFFu, normal)) {
     // Two batches of 8: the second batch's arguments are tied to the first batch's results, so
     // at most 8 exponentials are in flight (registers: two accumulator sets are live here).
@@ -304,7 +310,7 @@ __device__ __forceinline__ void overlap_retire(float (&acc)[Cfg::kAccRegs], cons
 // epilogue slices (from `prev`) spread over its K walk: slice s runs between the issue and the
 // retire of the first K block of segment s (segments `spacing` K blocks long); on return `pending`
 // is this tile. Runtime loops keep the code small: a static unroll of the slices (one copy each)
-// made the kernel ~600 KB of SASS and its warps stalled on instruction fetch (ncu, run 24).
+// made the kernel ~600 KB of SASS and its warps stalled on instruction fetch (measured under ncu).
 template <class Cfg>
 __device__ __forceinline__ void coop_overlap_tile(float (&acc)[Cfg::kAccRegs], float (&prev)[Cfg::kAccRegs],
                                                   PendingTile& pending, int unit, const TileWalk& walk,

@@ -108,7 +108,7 @@ class CublasMaterializedBackend final : public CudaLaneBackend {
   bool supports_partials() const override { return false; }
 
   void run(const LogpProblem& p) const override {
-    DETLOGP_CHECK(is_available(), "backend " << kId << " unavailable: " << reason());
+    DETLOGP_CHECK(available(nullptr), "backend " << kId << " unavailable: " << reason());
     DETLOGP_CHECK(p.memory == Memory::cuda, kId << " needs tensors in CUDA memory");
     if (p.rows == 0) return;
     DETLOGP_CHECK(p.rows < (int64_t{1} << 31) && p.vocab_local < (int64_t{1} << 31) && p.dim < (int64_t{1} << 31),

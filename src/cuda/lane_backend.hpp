@@ -30,7 +30,6 @@ class CudaLaneBackend : public Backend {
   }
   Provenance& mutable_provenance() { return prov_; }
   const std::string& reason() const { return reason_; }
-  bool is_available() const { return available_; }
 
  private:
   Provenance prov_;

@@ -70,7 +70,7 @@ class Sm90Backend final : public detail::CudaLaneBackend {
 };
 
 void Sm90Backend::run(const detail::LogpProblem& p) const {
-  DETLOGP_CHECK(is_available(), "SM90 backend unavailable: " << reason());
+  DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
   if (p.rows == 0) return;
   DeviceGuard guard(p.device);
@@ -200,7 +200,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
-  DETLOGP_CHECK(is_available(), "SM90 backend unavailable: " << reason());
+  DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(hp.memory == Memory::host, "run_from_host needs a problem in host memory");
   if (hp.rows == 0) return;
   int device = 0;

@@ -37,7 +37,7 @@ using cooperative = Schedule<CooperativeKernel>;
 
 template <class Cfg>
 constexpr BucketInfo info_of(const char* name) {
-  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kStages, Cfg::kThreads, Cfg::kSmemBytes, Cfg::kClusterM};
+  return {name, Cfg::kTileRows, Cfg::kBlockN, Cfg::kClusterM};
 }
 
 }  // namespace

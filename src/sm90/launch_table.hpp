@@ -43,9 +43,6 @@ struct BucketInfo {
   const char* name;
   int block_m;  // hidden rows per tile (the TMA box of the hidden map)
   int block_n;
-  int stages;
-  int threads;
-  int smem_bytes;
   int cluster_m;  // CTAs per cluster along M; each loads block_n / cluster_m weight rows
   int weight_box_rows() const { return block_n / cluster_m; }
 };
