@@ -65,6 +65,20 @@ struct GradLogitsArgs {
 CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
                                    const CallOptions& opt = {});
 
+// What one shard's partials were computed for. linear_logp_partials records it; merge_partials
+// checks the ranks' layouts against each other and against its own targets and ignore_index
+// before writing anything (docs/tensor-parallel.md). Trivially copyable: gather it with the
+// partials' bytes, or store its fields next to them in a file.
+struct PartialsLayout {
+  int64_t vocab_start = 0;  // global id of the shard's first weight row
+  int64_t vocab_local = 0;  // V_local, >= 1; 0: no layout recorded, which merge_partials refuses
+  int64_t real_vocab = 0;   // the global real vocabulary
+  int64_t ignore_index = kDefaultIgnoreIndex;
+  uint64_t targets_digest = 0;      // the N targets as int64 values
+  uint64_t temperature_digest = 0;  // the temperatures in effect: the scalar, or the N row temperatures
+  uint64_t backend_digest = 0;      // the serving backend: id, contract, arch and its frozen ids
+};
+
 // Rank-local partials for tensor parallelism: tile summaries of this shard's global tiles and,
 // for rows whose target this shard owns, the scaled target logit y_t.
 struct ShardPartials {
@@ -76,14 +90,21 @@ struct ShardPartials {
   Memory memory = Memory::host;
   int device = 0;            // CUDA device of the buffers (memory == cuda)
   MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard
+  PartialsLayout layout;     // written by linear_logp_partials, with the buffers
 };
 int64_t shard_tiles(int64_t vocab_local);
-CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt = {});
+// Fills out's buffers and out.layout (nothing on error). For CUDA memory the targets (and
+// temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4)
+// bytes and a wait for the work already on opt.cuda_stream, before the partials are enqueued.
+CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt = {});
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order
-// (= ascending global tile order). No floating-point reduction happens in transit. Host memory
-// runs on the CPU; CUDA memory (partials, targets, logp and lse on one device) runs the SM90
-// combine kernel on opt.cuda_stream.
+// (= ascending global tile order). No floating-point reduction happens in transit. Before writing
+// anything it checks the layouts: ranks in ascending vocab_start order, contiguous from 0 and
+// covering real_vocab, all agreeing on real_vocab, rows, ignore_index, temperatures and backend,
+// and `targets` / `ignore_index` equal to those the partials were computed with. Host memory runs
+// on the CPU; CUDA memory (partials, targets, logp and lse on one device) reads the targets back
+// for their digest (a wait on opt.cuda_stream), then runs the SM90 combine kernel on that stream.
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt = {});
 

@@ -3,7 +3,7 @@
 // Every rank holds one contiguous shard [vocab_start, vocab_start + V_local) of the vocabulary,
 // ranks in ascending shard order. One call:
 //   1. validates locally without throwing, then all-gathers a small header from every rank
-//      (shape, shard, flags, a hash of targets and temperatures, the local error if any), so
+//      (shape, flags, the rank's PartialsLayout with its digests, the local error if any), so
 //      every rank takes the same decision: either all ranks throw the same error, naming the
 //      rank and the value, before any data moves, or all go on (no rank is left in a collective);
 //   2. computes this rank's partials (tile summaries, owned y_t; logits on the serving entry);

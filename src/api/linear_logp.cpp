@@ -1,30 +1,18 @@
-// linear_logp and linear_logp_partials: validate, select a backend, dispatch, report.
+// linear_logp: validate, select a backend, dispatch, report (linear_logp_partials, which also
+// records its layout, is with the other tensor-parallel entries in tensor_parallel.cpp).
 #include "core/validate.hpp"
 #include "detlogp/detlogp.hpp"
 #include "registry/registry.hpp"
 
 namespace detlogp {
-namespace {
 
-// One of the two entries: full outputs (`out`) or a shard's partials (`partials`).
-CallReport run_entry(const LinearLogpInputs& in, const LinearLogpOutputs* out, const ShardPartials* partials,
-                     const CallOptions& opt) {
+CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, partials != nullptr, report);
-  detail::LogpProblem problem = detail::make_problem(in, out, partials);
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, false, report);
+  detail::LogpProblem problem = detail::make_problem(in, &out, nullptr);
   problem.stream = opt.cuda_stream;
   if (problem.rows > 0) detail::dispatch(backend, problem);
   return report;
-}
-
-}  // namespace
-
-CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt) {
-  return run_entry(in, &out, nullptr, opt);
-}
-
-CallReport linear_logp_partials(const LinearLogpInputs& in, const ShardPartials& out, const CallOptions& opt) {
-  return run_entry(in, nullptr, &out, opt);
 }
 
 }  // namespace detlogp

@@ -1,9 +1,11 @@
 // The tensor-parallel entry points: the operator over a communicator (src/tp's protocol, served
-// by the registry's backend), the owned merge, and the in-process simulation of ranks.
+// by the registry's backend), one shard's partials with their layout, the checked owned merge,
+// and the in-process simulation of ranks.
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "core/validate.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
 #include "registry/registry.hpp"
@@ -17,9 +19,8 @@ namespace {
 class RegistryPartials final : public tp::PartialsBackend {
  public:
   explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
-  std::string select(Memory memory, CallReport& report) override {
+  void select(Memory memory, CallReport& report) override {
     backend_ = &detail::select_backend(opt_, memory, true, report);
-    return backend_->id();
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -36,9 +37,31 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
   return tp::run_tensor_parallel(in, out, comm, opt.cuda_stream, backend);
 }
 
+CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
+  CallReport report;
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, report);
+  detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
+  problem.stream = opt.cuda_stream;
+  // The digests read the values the backend reads. In CUDA memory that is one copy to the host,
+  // queued before the partials' kernels (the backend waits for its validation verdict anyway, so
+  // the host already waits for the work ahead of it on the stream).
+  const tp::HostRows rows = tp::read_rows(problem.targets, problem.targets_i64, problem.temperature_rows, problem.rows,
+                                          problem.memory, problem.device, problem.stream);
+  if (problem.rows > 0) detail::dispatch(backend, problem);
+  PartialsLayout& layout = out.layout;
+  layout.vocab_start = problem.vocab_start;
+  layout.vocab_local = problem.vocab_local;
+  layout.real_vocab = problem.real_vocab;
+  layout.ignore_index = problem.ignore_index;
+  layout.targets_digest = tp::targets_digest(rows.targets);
+  layout.temperature_digest = tp::temperature_digest(problem.temperature, rows.temperatures);
+  layout.backend_digest = tp::backend_digest(report.provenance);
+  return report;
+}
+
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt) {
-  tp::merge_owned(ranks_in_order, targets, ignore_index, logp, lse, opt.cuda_stream);
+  tp::merge_partials_checked(ranks_in_order, targets, ignore_index, logp, lse, opt.cuda_stream);
 }
 
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
@@ -65,27 +88,26 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
   for (int r = 0; r < ranks; ++r) {
     const int64_t start = std::min<int64_t>(vocab, r * shard);
     const int64_t count = std::min<int64_t>(shard, vocab - start);
+    if (r > 0 && count == 0) break;  // the ranks past the vocabulary's end own no tile
+    LinearLogpInputs shard_in = in;
+    shard_in.weight = TensorView::matrix(static_cast<const uint16_t*>(in.weight.data) + start * in.weight.row_stride,
+                                         DType::bf16, count, in.weight.cols, Memory::host, in.weight.row_stride);
+    if (in.bias.present())
+      shard_in.bias = TensorView::vector(static_cast<const float*>(in.bias.data) + start, DType::f32, count);
+    shard_in.vocab_start = start;
+    shard_in.real_vocab = real_vocab;
+    RankBuffers& b = buffers[static_cast<size_t>(r)];
     ShardPartials p;
     p.rows = rows;
     p.memory = Memory::host;
-    if (count > 0) {
-      LinearLogpInputs shard_in = in;
-      shard_in.weight = TensorView::matrix(static_cast<const uint16_t*>(in.weight.data) + start * in.weight.row_stride,
-                                           DType::bf16, count, in.weight.cols, Memory::host, in.weight.row_stride);
-      if (in.bias.present())
-        shard_in.bias = TensorView::vector(static_cast<const float*>(in.bias.data) + start, DType::f32, count);
-      shard_in.vocab_start = start;
-      shard_in.real_vocab = real_vocab;
-      RankBuffers& b = buffers[static_cast<size_t>(r)];
-      p.tiles = shard_tiles(count);
-      b.summaries.resize(static_cast<size_t>(rows * p.tiles));
-      b.target_logit.resize(static_cast<size_t>(rows));
-      b.owned.resize(static_cast<size_t>(rows));
-      p.summaries = b.summaries.data();
-      p.target_logit = b.target_logit.data();
-      p.target_owned = b.owned.data();
-      report = linear_logp_partials(shard_in, p, opt);
-    }
+    p.tiles = shard_tiles(count);
+    b.summaries.resize(static_cast<size_t>(rows * p.tiles));
+    b.target_logit.resize(static_cast<size_t>(rows));
+    b.owned.resize(static_cast<size_t>(rows));
+    p.summaries = b.summaries.data();
+    p.target_logit = b.target_logit.data();
+    p.target_owned = b.owned.data();
+    report = linear_logp_partials(shard_in, p, opt);
     partials.push_back(p);
   }
   // Validate the outputs like linear_logp would, then merge.
@@ -93,7 +115,7 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
                 "logp and lse must be [N=" << rows << "]");
   DETLOGP_CHECK(!out.logits.present(),
                 "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
-  if (rows > 0) merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse);
+  merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse);
   return report;
 }
 

@@ -227,10 +227,7 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   for (size_t r = 0; r < ranges.size(); ++r) {
     ShardPartials p;
     p.rows = c.rows;
-    if (ranges[r].second == 0) {  // an empty shard owns no tile: nothing to compute or gather
-      partials.push_back(p);
-      continue;
-    }
+    if (ranges[r].second == 0) continue;  // an empty shard owns no tile: nothing to compute or merge
     p.tiles = shard_tiles(ranges[r].second);
     summaries[r].resize(static_cast<size_t>(c.rows * p.tiles));
     target_logit[r].resize(static_cast<size_t>(c.rows));

@@ -1,11 +1,24 @@
 #include "tp/tp_merge.hpp"
 
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
 #include "core/device_ops.hpp"
+#include "detlogp/fpops.hpp"
 
 namespace detlogp::tp {
+namespace {
 
-void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
-                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
+std::string hex(uint64_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << std::setw(16) << std::setfill('0') << v;
+  return os.str();
+}
+
+// The partials' buffers and rows, and targets/logp/lse beside them: what every merge checks.
+void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& targets, const MutableTensorView& logp,
+                    const MutableTensorView& lse) {
   DETLOGP_CHECK(!ranks.empty(), "merge_partials needs at least one rank's partials");
   const int64_t rows = ranks.front().rows;
   const Memory memory = ranks.front().memory;
@@ -26,16 +39,24 @@ void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targ
   for (const TensorView* t : {&targets, static_cast<const TensorView*>(&logp), static_cast<const TensorView*>(&lse)})
     DETLOGP_CHECK(t->memory == memory && (memory == Memory::host || t->device == device),
                   "targets, logp and lse must be in the partials' memory");
+  DETLOGP_CHECK(rows == 0 || targets.data != nullptr, "targets data pointer is null");
+}
+
+// The merge itself, after check_operands.
+void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
+                const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
+  const int64_t rows = ranks.front().rows;
   if (rows == 0) return;
   const bool i64 = targets.dtype == DType::i64;
-  if (memory == Memory::cuda) {
-    // Ownership lives on the device; the tensor-parallel operator guarantees it by construction
-    // (contiguous shards), here the caller does: exactly one rank's target_owned is 1 per row.
+  if (ranks.front().memory == Memory::cuda) {
+    // Ownership lives on the device: exactly one rank's target_owned is 1 per non-ignored row
+    // because the shards are contiguous and cover real_vocab, and every rank flagged the same
+    // targets (the protocol's header exchange, or merge_partials' layout checks).
     std::vector<detail::DeviceMergeRank> views;
     for (const auto& r : ranks)
       if (r.tiles > 0) views.push_back({r.summaries, r.tiles, r.target_logit, r.target_owned});
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
-                         static_cast<float*>(lse.mutable_data()), device, stream);
+                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream);
     return;
   }
   auto target_of = [&](int64_t n) {
@@ -64,6 +85,151 @@ void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targ
     logp_out[n] = res.logp;
     lse_out[n] = res.lse;
   }
+}
+
+}  // namespace
+
+HostRows read_rows(const void* targets, bool targets_i64, const float* temperature_rows, int64_t rows, Memory memory,
+                   int device, void* stream) {
+  HostRows out;
+  out.targets.resize(static_cast<size_t>(rows));
+  out.temperatures.resize(temperature_rows ? static_cast<size_t>(rows) : 0);
+  if (rows == 0) return out;
+  if (memory == Memory::host) {
+    for (int64_t n = 0; n < rows; ++n)
+      out.targets[n] = targets_i64 ? static_cast<const int64_t*>(targets)[n] : static_cast<const int32_t*>(targets)[n];
+    if (temperature_rows) std::copy(temperature_rows, temperature_rows + rows, out.temperatures.begin());
+    return out;
+  }
+  std::vector<int32_t> t32(targets_i64 ? 0 : static_cast<size_t>(rows));
+  void* dst = targets_i64 ? static_cast<void*>(out.targets.data()) : static_cast<void*>(t32.data());
+  detail::device_copy_async(dst, targets, static_cast<size_t>(rows) * (targets_i64 ? 8 : 4), device, stream);
+  if (temperature_rows)
+    detail::device_copy_async(out.temperatures.data(), temperature_rows, out.temperatures.size() * sizeof(float),
+                              device, stream);
+  detail::device_stream_sync(device, stream);
+  if (!targets_i64) std::copy(t32.begin(), t32.end(), out.targets.begin());
+  return out;
+}
+
+uint64_t targets_digest(const std::vector<int64_t>& targets) {
+  Fnv64 h;
+  h.add(static_cast<uint64_t>(targets.size()));
+  for (int64_t t : targets) h.add(static_cast<uint64_t>(t));
+  return h.h;
+}
+
+uint64_t temperature_digest(float temperature, const std::vector<float>& rows) {
+  Fnv64 h;
+  h.add(rows.empty() ? 0u : 1u);
+  if (rows.empty()) h.add(fp::bits(temperature));
+  for (float t : rows) h.add(fp::bits(t));
+  return h.h;
+}
+
+uint64_t backend_digest(const Provenance& pv) {
+  Fnv64 h;
+  for (const std::string* f : {&pv.backend_id, &pv.contract_name, &pv.arch, &pv.n_split_policy, &pv.tree_id,
+                               &pv.transcendental_id, &pv.temperature_id})
+    h.add(*f);
+  for (int v : {pv.contract_version, pv.cc, pv.vocab_tile, pv.k_slab}) h.add(static_cast<uint64_t>(v));
+  return h.h;
+}
+
+void check_ranks_agree(const std::vector<int64_t>& values, const char* name) {
+  for (size_t r = 1; r < values.size(); ++r)
+    DETLOGP_CHECK(values[r] == values[0], "ranks disagree on " << name << ": rank 0 has " << values[0] << ", rank " << r
+                                                               << " has " << values[r]);
+}
+
+void check_layouts(const std::vector<PartialsLayout>& ls) {
+  const int ranks = static_cast<int>(ls.size());
+  std::vector<int64_t> real_vocab, ignore_index;
+  for (const PartialsLayout& l : ls) {
+    real_vocab.push_back(l.real_vocab);
+    ignore_index.push_back(l.ignore_index);
+  }
+  check_ranks_agree(real_vocab, "real_vocab");
+  check_ranks_agree(ignore_index, "ignore_index");
+  for (int r = 1; r < ranks; ++r) {
+    DETLOGP_CHECK(ls[r].targets_digest == ls[0].targets_digest,
+                  "ranks disagree on targets (rank 0 and rank "
+                      << r << " digest them differently): every rank must pass the same targets");
+    DETLOGP_CHECK(ls[r].temperature_digest == ls[0].temperature_digest,
+                  "ranks disagree on temperatures (rank 0 and rank "
+                      << r
+                      << " digest them differently): every rank must pass the same temperature or temperature_rows");
+    DETLOGP_CHECK(ls[r].backend_digest == ls[0].backend_digest,
+                  "ranks are served by different backends or contracts (rank 0 and rank "
+                      << r << "): the partials of one call must come from one backend, contract and arch");
+  }
+  // Shards in rank order, contiguous from 0 and covering [0, real_vocab): every valid target then
+  // has exactly one owner, and rank order is ascending global tile order.
+  for (int r = 1; r < ranks; ++r)
+    DETLOGP_CHECK(ls[r].vocab_start >= ls[r - 1].vocab_start,
+                  "rank " << r << " shard starts at vocab_start=" << ls[r].vocab_start << ", before rank " << (r - 1)
+                          << "'s vocab_start=" << ls[r - 1].vocab_start
+                          << ": shards must be in ascending vocab_start order by rank");
+  int64_t covered = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t start = ls[r].vocab_start;
+    DETLOGP_CHECK(start % kVocabTile == 0, "rank " << r << " shard starts at vocab_start=" << start
+                                                   << ", which is not a multiple of VOCAB_TILE=" << kVocabTile
+                                                   << ": shard boundaries must fall on global vocab tile boundaries");
+    if (r == 0) {
+      DETLOGP_CHECK(start == 0, "rank 0 shard starts at vocab_start=" << start << ": vocab ids [0, " << start
+                                                                      << ") are owned by no rank; shards must be "
+                                                                         "contiguous in rank order from vocab id 0");
+    } else {
+      DETLOGP_CHECK(start == covered, "rank " << r << " shard starts at vocab_start=" << start << " but rank "
+                                              << (r - 1) << " ends at " << covered << ": vocab ids ["
+                                              << std::min(start, covered) << ", " << std::max(start, covered)
+                                              << ") are "
+                                              << (start > covered ? "owned by no rank" : "owned by two ranks")
+                                              << "; shards must be contiguous in rank order");
+    }
+    covered = start + ls[r].vocab_local;
+  }
+  DETLOGP_CHECK(covered >= ls[0].real_vocab, "the shards cover vocab ids [0, "
+                                                 << covered << ") but real_vocab=" << ls[0].real_vocab << ": ids ["
+                                                 << covered << ", " << ls[0].real_vocab << ") are owned by no rank");
+}
+
+void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
+                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
+  check_operands(ranks, targets, logp, lse);
+  merge_rows(ranks, targets, ignore_index, logp, lse, stream);
+}
+
+void merge_partials_checked(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
+                            const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
+  check_operands(ranks, targets, logp, lse);
+  std::vector<PartialsLayout> layouts;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const PartialsLayout& l = ranks[r].layout;
+    DETLOGP_CHECK(l.vocab_local > 0, "rank " << r << " partials carry no layout (layout.vocab_local=" << l.vocab_local
+                                             << "): compute them with linear_logp_partials, which records the shard, "
+                                                "real_vocab, ignore_index and the digests merge_partials checks");
+    DETLOGP_CHECK(ranks[r].tiles == shard_tiles(l.vocab_local),
+                  "rank " << r << " partials have tiles=" << ranks[r].tiles << " but their layout's V_local="
+                          << l.vocab_local << " spans " << shard_tiles(l.vocab_local) << " tiles");
+    layouts.push_back(l);
+  }
+  check_layouts(layouts);
+  const PartialsLayout& computed = layouts.front();
+  DETLOGP_CHECK(ignore_index == computed.ignore_index,
+                "ignore_index=" << ignore_index << " differs from ignore_index=" << computed.ignore_index
+                                << " the partials were computed with: pass merge_partials the ignore_index given to "
+                                   "linear_logp_partials");
+  const int64_t rows = ranks.front().rows;
+  const uint64_t digest = targets_digest(read_rows(targets.data, targets.dtype == DType::i64, nullptr, rows,
+                                                   ranks.front().memory, ranks.front().device, stream)
+                                             .targets);
+  DETLOGP_CHECK(digest == computed.targets_digest,
+                "targets differ from those the partials were computed with (targets digest "
+                    << hex(digest) << ", the partials' " << hex(computed.targets_digest)
+                    << "): pass merge_partials the targets given to linear_logp_partials");
+  merge_rows(ranks, targets, ignore_index, logp, lse, stream);
 }
 
 }  // namespace detlogp::tp

@@ -1,18 +1,69 @@
-// The owned merge over rank-ordered partials. No floating-point reduction happens in transit:
-// partials are placed side by side in rank order, which is ascending global tile order, and the
-// same chain runs as for one shard.
+// The owned merge over rank-ordered partials, and the layout checks that make its answer the one
+// asked for. No floating-point reduction happens in transit: partials are placed side by side in
+// rank order, which is ascending global tile order, and the same chain runs as for one shard.
+// The protocol (tp_operator.cpp) checks the same layouts through its header exchange and then
+// merges without checking them again; merge_partials checks them on every call.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp::tp {
 
-// merge_partials (include/detlogp/detlogp.hpp): host memory on the CPU, CUDA memory with the
-// device merge on `stream`.
+// FNV-1a over 64-bit words: identical inputs on every rank must give identical digests (a
+// consistency check between ranks and calls, not a security property).
+struct Fnv64 {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void add(uint64_t v) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  }
+  void add(const std::string& s) {
+    for (unsigned char c : s) add(static_cast<uint64_t>(c));
+  }
+};
+
+// The targets and per-row temperatures of a call, on the host: targets widened to int64,
+// temperatures empty when `temperature_rows` is null. CUDA memory is copied on `stream` and
+// waited for (the copies queue behind the work already on the stream).
+struct HostRows {
+  std::vector<int64_t> targets;
+  std::vector<float> temperatures;
+};
+HostRows read_rows(const void* targets, bool targets_i64, const float* temperature_rows, int64_t rows, Memory memory,
+                   int device, void* stream);
+
+// The digests of a PartialsLayout. temperature_digest covers the temperatures in effect: the
+// scalar when `rows` is empty, else the row temperatures alone.
+uint64_t targets_digest(const std::vector<int64_t>& targets);
+uint64_t temperature_digest(float temperature, const std::vector<float>& rows);
+uint64_t backend_digest(const Provenance& served);
+
+// What the ranks' layouts must satisfy for their merge to be the TP = 1 answer, in rank order:
+// the same real_vocab, ignore_index, targets, temperatures and backend, and shards in ascending
+// vocab_start order, each starting at a multiple of VOCAB_TILE, contiguous from vocab id 0 and
+// covering [0, real_vocab). Throws naming the rank and the value (a gap or an overlap with the
+// ids it leaves unowned or owns twice).
+void check_layouts(const std::vector<PartialsLayout>& ranks_in_order);
+
+// Every rank's value equals rank 0's; else throws "ranks disagree on <name>" with both values.
+void check_ranks_agree(const std::vector<int64_t>& values, const char* name);
+
+// The merge of checked layouts (the protocol's): host memory on the CPU, CUDA memory with the
+// device merge on `stream`. Checks the buffers and tensors, and on the host that every non-ignored
+// target has exactly one owner.
 void merge_owned(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                  const MutableTensorView& logp, const MutableTensorView& lse, void* stream);
+
+// merge_partials (include/detlogp/detlogp.hpp): check_layouts, then that `targets` and
+// `ignore_index` are those the partials were computed with, then merge_owned.
+void merge_partials_checked(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets,
+                            int64_t ignore_index, const MutableTensorView& logp, const MutableTensorView& lse,
+                            void* stream);
 
 }  // namespace detlogp::tp

@@ -27,33 +27,13 @@ struct RankHeader {
   int32_t size = 0;
   int64_t rows = 0;
   int64_t dim = 0;
-  int64_t vocab_start = 0;
-  int64_t vocab_local = 0;
-  int64_t real_vocab = 0;
-  int64_t ignore_index = 0;
-  uint64_t inputs_hash = 0;   // targets (as int64 values), temperature, per-row temperatures
-  uint64_t backend_hash = 0;  // the serving backend: id, contract, arch and its frozen ids
-  uint32_t serving = 0;       // logits requested
-  int32_t error = 0;          // 1: this rank's local validation failed, see message
+  PartialsLayout layout;  // this rank's partials as linear_logp_partials would record them
+  uint32_t serving = 0;   // logits requested
+  int32_t error = 0;      // 1: this rank's local validation failed, see message
   char message[kMessageBytes] = {};
 };
 static_assert(std::is_trivially_copyable_v<RankHeader>);
 static_assert(sizeof(RankHeader) % 8 == 0);
-
-// FNV-1a over 64-bit words: identical inputs on every rank must give identical hashes (it is a
-// consistency check between ranks, not a security property).
-struct Fnv64 {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void add(uint64_t v) {
-    for (int b = 0; b < 8; ++b) {
-      h ^= (v >> (8 * b)) & 0xFF;
-      h *= 0x100000001b3ull;
-    }
-  }
-  void add(const std::string& s) {
-    for (unsigned char c : s) add(static_cast<uint64_t>(c));
-  }
-};
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -92,40 +72,17 @@ void decide(const std::vector<RankHeader>& hs) {
                                                               << r << " holds rank " << hs[r].rank << " of "
                                                               << hs[r].size << ": the all-gather is not in rank order");
   }
-  const RankHeader& h0 = hs[0];
-  auto same = [&](auto field, const char* name) {
-    for (int r = 1; r < ranks; ++r)
-      DETLOGP_CHECK(hs[r].*field == h0.*field, "ranks disagree on " << name << ": rank 0 has " << h0.*field << ", rank "
-                                                                    << r << " has " << hs[r].*field);
+  const auto field = [&](auto get) {
+    std::vector<int64_t> values;
+    for (const RankHeader& h : hs) values.push_back(static_cast<int64_t>(get(h)));
+    return values;
   };
-  same(&RankHeader::rows, "N (hidden rows)");
-  same(&RankHeader::dim, "D (hidden size)");
-  same(&RankHeader::real_vocab, "real_vocab");
-  same(&RankHeader::ignore_index, "ignore_index");
-  same(&RankHeader::serving, "the entry (serving: logits requested)");
-  for (int r = 1; r < ranks; ++r) {
-    DETLOGP_CHECK(hs[r].inputs_hash == h0.inputs_hash,
-                  "ranks disagree on targets or temperatures (rank 0 and rank "
-                      << r << " hash them differently): every rank must pass the same targets and temperatures");
-    DETLOGP_CHECK(hs[r].backend_hash == h0.backend_hash,
-                  "ranks would be served by different backends or contracts (rank 0 and rank "
-                      << r << "): the partials of one call must come from one backend, contract and arch");
-  }
-  // Contiguous shards in rank order covering [0, real_vocab): every valid target then has exactly
-  // one owner. A gap or an overlap is named with the ids it leaves unowned or owns twice.
-  int64_t covered = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const int64_t start = hs[r].vocab_start, end = start + hs[r].vocab_local;
-    DETLOGP_CHECK(start == covered, "rank " << r << " shard starts at vocab_start=" << start << " but rank " << (r - 1)
-                                            << " ends at " << covered << ": vocab ids [" << std::min(start, covered)
-                                            << ", " << std::max(start, covered) << ") are "
-                                            << (start > covered ? "owned by no rank" : "owned by two ranks")
-                                            << "; shards must be contiguous in rank order");
-    covered = end;
-  }
-  DETLOGP_CHECK(covered >= h0.real_vocab, "the shards cover vocab ids [0, "
-                                              << covered << ") but real_vocab=" << h0.real_vocab << ": ids [" << covered
-                                              << ", " << h0.real_vocab << ") are owned by no rank");
+  check_ranks_agree(field([](const RankHeader& h) { return h.rows; }), "N (hidden rows)");
+  check_ranks_agree(field([](const RankHeader& h) { return h.dim; }), "D (hidden size)");
+  check_ranks_agree(field([](const RankHeader& h) { return h.serving; }), "the entry (serving: logits requested)");
+  std::vector<PartialsLayout> layouts;
+  for (const RankHeader& h : hs) layouts.push_back(h.layout);
+  check_layouts(layouts);
 }
 
 template <class T>
@@ -178,9 +135,9 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   mine.size = ranks;
   mine.rows = in.hidden.rows;
   mine.dim = in.hidden.cols;
-  mine.vocab_start = in.vocab_start;
-  mine.vocab_local = in.weight.rows;
-  mine.ignore_index = in.ignore_index;
+  mine.layout.vocab_start = in.vocab_start;
+  mine.layout.vocab_local = in.weight.rows;
+  mine.layout.ignore_index = in.ignore_index;
   mine.serving = out.logits.present() ? 1 : 0;
   CallReport report;
   try {
@@ -190,7 +147,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
                                                   << (memory == Memory::host ? "host" : "CUDA") << " memory");
     DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
                   "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
-    const std::string backend_id = backend.select(memory, report);
+    backend.select(memory, report);
     // Validation only: the partial buffers come per chunk below; make_problem never reads them.
     static TileSummary validation_summary;
     static float validation_float;
@@ -205,7 +162,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     shape.device = device;
     shape.logits = out.logits;
     const detail::LogpProblem p = detail::make_problem(in, nullptr, &shape);
-    mine.real_vocab = p.real_vocab;
+    mine.layout.real_vocab = p.real_vocab;
     const auto check_out = [&](const MutableTensorView& t, const char* name) {
       DETLOGP_CHECK(t.ndim == 1 && t.dtype == DType::f32 && t.rows == p.rows,
                     name << " must be [N=" << p.rows << "] f32, got ndim=" << t.ndim << " " << dtype_name(t.dtype)
@@ -217,44 +174,16 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     check_out(out.logp, "logp");
     check_out(out.lse, "lse");
 
-    // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so
-    // every rank validates the same values and hashes them for the consistency check.
-    Fnv64 hash;
-    std::vector<int64_t> targets(static_cast<size_t>(p.rows));
-    std::vector<float> temps(p.temperature_rows ? static_cast<size_t>(p.rows) : 0);
-    if (memory == Memory::host) {
-      for (int64_t n = 0; n < p.rows; ++n) targets[n] = p.target(n);
-      if (p.temperature_rows) std::copy(p.temperature_rows, p.temperature_rows + p.rows, temps.begin());
-    } else if (p.rows > 0) {
-      std::vector<int32_t> t32(p.targets_i64 ? 0 : static_cast<size_t>(p.rows));
-      void* dst = p.targets_i64 ? static_cast<void*>(targets.data()) : static_cast<void*>(t32.data());
-      detail::device_copy_async(dst, p.targets, static_cast<size_t>(p.rows) * (p.targets_i64 ? 8 : 4), device, stream);
-      if (p.temperature_rows)
-        detail::device_copy_async(temps.data(), p.temperature_rows, temps.size() * sizeof(float), device, stream);
-      detail::device_stream_sync(device, stream);
-      if (!p.targets_i64) std::copy(t32.begin(), t32.end(), targets.begin());
-    }
-    detail::check_targets_host(targets.data(), true, p.rows, p.real_vocab, p.ignore_index);
-    if (!temps.empty()) detail::check_temperatures_host(temps.data(), p.rows);
-    for (int64_t t : targets) hash.add(static_cast<uint64_t>(t));
-    uint32_t tbits = 0;
-    std::memcpy(&tbits, &p.temperature, 4);
-    hash.add(tbits);
-    hash.add(temps.empty() ? 0u : 1u);
-    for (float t : temps) {
-      std::memcpy(&tbits, &t, 4);
-      hash.add(tbits);
-    }
-    mine.inputs_hash = hash.h;
-    // The backend and the contract it bears: one call's partials must all come from one backend
-    // under one contract version, arch and set of frozen choices.
-    const Provenance& pv = report.provenance;
-    Fnv64 bh;
-    for (const std::string* f : {&backend_id, &pv.contract_name, &pv.arch, &pv.n_split_policy, &pv.tree_id,
-                                 &pv.transcendental_id, &pv.temperature_id})
-      bh.add(*f);
-    for (int v : {pv.contract_version, pv.cc, pv.vocab_tile, pv.k_slab}) bh.add(static_cast<uint64_t>(v));
-    mine.backend_hash = bh.h;
+    // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so every
+    // rank validates the same values and digests them for the consistency check.
+    const HostRows host = read_rows(p.targets, p.targets_i64, p.temperature_rows, p.rows, memory, device, stream);
+    detail::check_targets_host(host.targets.data(), true, p.rows, p.real_vocab, p.ignore_index);
+    if (!host.temperatures.empty()) detail::check_temperatures_host(host.temperatures.data(), p.rows);
+    mine.layout.targets_digest = targets_digest(host.targets);
+    mine.layout.temperature_digest = temperature_digest(p.temperature, host.temperatures);
+    // One call's partials must all come from one backend under one contract version, arch and
+    // set of frozen choices.
+    mine.layout.backend_digest = backend_digest(report.provenance);
   } catch (const std::exception& e) {  // detlogp::Error, and bad_alloc from the host copies
     mine.error = 1;
     std::strncpy(mine.message, e.what(), kMessageBytes - 1);
@@ -272,7 +201,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   const int64_t rows = mine.rows;
   if (rows == 0) return report;
   int64_t max_tiles = 1;
-  for (const RankHeader& h : headers) max_tiles = std::max(max_tiles, shard_tiles(h.vocab_local));
+  for (const RankHeader& h : headers) max_tiles = std::max(max_tiles, shard_tiles(h.layout.vocab_local));
   const int64_t per_row_bytes = ranks * (max_tiles * static_cast<int64_t>(sizeof(TileSummary)) + 5);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
@@ -297,7 +226,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     std::strncpy(alloc_status.message, e.what(), kMessageBytes - 1);
   }
   decide(exchange(comm, alloc_status, staging.get(), stream));
-  const int64_t my_tiles = shard_tiles(mine.vocab_local);
+  const int64_t my_tiles = shard_tiles(mine.layout.vocab_local);
   for (int64_t row0 = 0; row0 < rows; row0 += chunk) {
     const int64_t n = std::min(chunk, rows - row0);
     LinearLogpInputs part_in = in;
@@ -326,7 +255,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
       for (int r = 0; r < ranks; ++r) {
         void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
         views[r].rows = n;
-        views[r].tiles = shard_tiles(headers[r].vocab_local);
+        views[r].tiles = shard_tiles(headers[r].layout.vocab_local);
         views[r].summaries = byte_offset<TileSummary>(s, slot.summaries);
         views[r].target_logit = byte_offset<float>(s, slot.target_logit);
         views[r].target_owned = byte_offset<uint8_t>(s, slot.owned);
@@ -336,7 +265,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
       std::vector<detail::DeviceMergeRank> views(static_cast<size_t>(ranks));
       for (int r = 0; r < ranks; ++r) {
         void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
-        views[r] = {byte_offset<TileSummary>(s, slot.summaries), shard_tiles(headers[r].vocab_local),
+        views[r] = {byte_offset<TileSummary>(s, slot.summaries), shard_tiles(headers[r].layout.vocab_local),
                     byte_offset<float>(s, slot.target_logit), byte_offset<uint8_t>(s, slot.owned)};
       }
       detail::device_merge(views, n, part_in.targets.data, part_in.targets.dtype == DType::i64, in.ignore_index,

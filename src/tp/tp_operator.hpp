@@ -3,8 +3,6 @@
 // that serves this rank's partials.
 #pragma once
 
-#include <string>
-
 #include "core/problem.hpp"
 #include "detlogp/dist.hpp"
 
@@ -13,10 +11,10 @@ namespace detlogp::tp {
 class PartialsBackend {
  public:
   virtual ~PartialsBackend() = default;
-  // Picks the backend for this rank's partials in `memory` and fills `report`; throws when none
-  // can serve (the protocol turns that into the same error on every rank). Returns its id: every
-  // rank must be served by the same backend.
-  virtual std::string select(Memory memory, CallReport& report) = 0;
+  // Picks the backend for this rank's partials in `memory` and fills `report` (its provenance
+  // names the backend: every rank must be served by the same one under the same contract); throws
+  // when none can serve (the protocol turns that into the same error on every rank).
+  virtual void select(Memory memory, CallReport& report) = 0;
   // Computes the partials of one validated row chunk on the selected backend.
   virtual void run(const detail::LogpProblem& problem) const = 0;
 };

@@ -1,6 +1,8 @@
 // Tensor parallelism on the CPU: the simulated R-rank run, and hand-made vocab shards through
 // linear_logp_partials + merge_partials, give the bits of the single-shard linear_logp; the
-// partials themselves are the contract's tile summaries of the global tiles.
+// partials themselves are the contract's tile summaries of the global tiles, and they carry the
+// layout merge_partials checks: shards out of rank order, gaps, overlaps, other targets, another
+// ignore_index, real_vocab, temperature or backend are refused with nothing written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,12 +26,12 @@ struct Shard {
   std::vector<uint8_t> owned;
   detlogp::ShardPartials partials;
 
-  detlogp::CallReport run(const Problem& p) {
-    detlogp::LinearLogpInputs in = p.inputs();
+  detlogp::CallReport run(const Problem& p) { return run(p, p.inputs()); }
+  // With `in` made from p (its targets, temperatures, real_vocab may differ from p's).
+  detlogp::CallReport run(const Problem& p, detlogp::LinearLogpInputs in) {
     in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
     if (!p.bias.empty()) in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
     in.vocab_start = start;
-    in.real_vocab = p.real_vocab;
     partials.rows = p.rows;
     partials.tiles = detlogp::shard_tiles(count);
     summaries.assign(static_cast<size_t>(p.rows * partials.tiles), {NAN, NAN});
@@ -50,6 +52,49 @@ Outputs merge(const Problem& p, std::vector<Shard>& shards) {
   detlogp::merge_partials(ranks, detlogp::TensorView::vector(p.targets.data(), detlogp::DType::i64, p.rows),
                           p.ignore_index, views.logp, views.lse);
   return out;
+}
+
+// Shards [bounds[r], bounds[r + 1]) of p, each computed with linear_logp_partials.
+std::vector<Shard> shards_of(const Problem& p, const std::vector<int64_t>& bounds) {
+  std::vector<Shard> shards(bounds.size() - 1);
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    shards[r].start = bounds[r];
+    shards[r].count = bounds[r + 1] - bounds[r];
+    shards[r].run(p);
+  }
+  return shards;
+}
+
+// merge_partials over `ranks` must throw naming every needle, and write nothing.
+void expect_merge_refused(const Problem& p, const std::vector<detlogp::ShardPartials>& ranks,
+                          const detlogp::TensorView& targets, int64_t ignore_index,
+                          const std::vector<std::string>& needles, const std::string& what) {
+  Outputs out(p.rows, p.vocab, false);
+  auto views = out.views();
+  try {
+    detlogp::merge_partials(ranks, targets, ignore_index, views.logp, views.lse);
+    ADD_FAILURE() << what << ": merged without an error";
+  } catch (const detlogp::Error& e) {
+    for (const std::string& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << what << ": '" << e.what() << "' lacks '" << n << "'";
+  }
+  EXPECT_TRUE(out.untouched()) << what << ": outputs written despite the error";
+}
+void expect_merge_refused(const Problem& p, const std::vector<Shard>& shards, const std::vector<std::string>& needles,
+                          const std::string& what) {
+  std::vector<detlogp::ShardPartials> ranks;
+  for (const auto& s : shards) ranks.push_back(s.partials);
+  expect_merge_refused(p, ranks, detlogp::TensorView::vector(p.targets.data(), detlogp::DType::i64, p.rows),
+                       p.ignore_index, needles, what);
+}
+
+// p with every non-ignored target moved into [0, 64): a merge that misses or doubles tiles
+// elsewhere then finds every target owned once (the case where only the layout can tell).
+Problem with_low_targets(Problem p) {
+  for (int64_t& t : p.targets)
+    if (t != p.ignore_index) t %= 64;
+  return p;
 }
 
 }  // namespace
@@ -151,5 +196,176 @@ TEST(TensorParallel, MergeRefusesATargetOwnedByNoShard) {
   shards[0].start = 0, shards[0].count = 128;
   shards[1].start = 128, shards[1].count = 896;
   for (auto& s : shards) s.run(p);
-  EXPECT_THROW(merge(p, shards), detlogp::Error);
+  expect_merge_refused(p, shards, {"the shards cover vocab ids [0, 1024) but real_vocab=2053"}, "two of three shards");
+}
+
+TEST(TensorParallel, PartialsRecordTheirLayout) {
+  const Problem p = tp_problem(2112, 2053, 40);
+  std::vector<Shard> shards = shards_of(p, {0, 1024, 2112});
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const detlogp::PartialsLayout& l = shards[r].partials.layout;
+    EXPECT_EQ(l.vocab_start, shards[r].start) << "rank " << r;
+    EXPECT_EQ(l.vocab_local, shards[r].count) << "rank " << r;
+    EXPECT_EQ(l.real_vocab, 2053) << "rank " << r;
+    EXPECT_EQ(l.ignore_index, p.ignore_index) << "rank " << r;
+    EXPECT_EQ(l.targets_digest, shards[0].partials.layout.targets_digest) << "rank " << r;
+    EXPECT_EQ(l.temperature_digest, shards[0].partials.layout.temperature_digest) << "rank " << r;
+    EXPECT_EQ(l.backend_digest, shards[0].partials.layout.backend_digest) << "rank " << r;
+  }
+  // The digests follow the values: one target, one row temperature, the scalar under rows (unused).
+  Problem other = p;
+  other.targets[7] = (other.targets[7] + 1) % other.real_vocab;
+  Shard a;
+  a.start = 0, a.count = 1024;
+  a.run(other);
+  EXPECT_NE(a.partials.layout.targets_digest, shards[0].partials.layout.targets_digest);
+  EXPECT_EQ(a.partials.layout.temperature_digest, shards[0].partials.layout.temperature_digest);
+  other = p;
+  other.temperature_rows[3] = 2.0f;
+  a.run(other);
+  EXPECT_EQ(a.partials.layout.targets_digest, shards[0].partials.layout.targets_digest);
+  EXPECT_NE(a.partials.layout.temperature_digest, shards[0].partials.layout.temperature_digest);
+  other = p;
+  other.temperature = 0.25f;  // not in effect: temperature_rows is present
+  a.run(other);
+  EXPECT_EQ(a.partials.layout.temperature_digest, shards[0].partials.layout.temperature_digest);
+  // i32 targets with the same values: the same digest (targets are digested as int64 values).
+  std::vector<int32_t> t32(p.targets.begin(), p.targets.end());
+  detlogp::LinearLogpInputs in = p.inputs();
+  in.targets = detlogp::TensorView::vector(t32.data(), detlogp::DType::i32, p.rows);
+  a.run(p, in);
+  EXPECT_EQ(a.partials.layout.targets_digest, shards[0].partials.layout.targets_digest);
+}
+
+TEST(TensorParallel, ARefusedPartialsCallRecordsNoLayout) {
+  const Problem p = tp_problem(2112, 2053, 41);
+  Shard shard;
+  shard.start = 100;  // not a multiple of 64
+  shard.count = 1000;
+  EXPECT_THROW(shard.run(p), detlogp::Error);
+  EXPECT_EQ(shard.partials.layout.vocab_local, 0);
+}
+
+TEST(TensorParallel, MergeRefusesShardsOutOfRankOrder) {
+  const Problem p = tp_problem(2112, 2053, 42);
+  std::vector<Shard> shards = shards_of(p, {0, 1024, 2112});
+  std::swap(shards[0], shards[1]);
+  expect_merge_refused(
+      p, shards,
+      {"rank 1 shard starts at vocab_start=0, before rank 0's vocab_start=1024", "ascending vocab_start order"},
+      "swapped shards");
+  // Three shards, the last two swapped.
+  std::vector<Shard> three = shards_of(p, {0, 128, 1024, 2112});
+  std::swap(three[1], three[2]);
+  expect_merge_refused(p, three, {"rank 2 shard starts at vocab_start=128, before rank 1's vocab_start=1024"},
+                       "three shards, last two swapped");
+}
+
+TEST(TensorParallel, MergeRefusesAGapOrAnOverlapNamingTheIds) {
+  // Every target in [0, 64): each one still has exactly one owner, only the layout shows the
+  // missing or doubled tiles (the old merge returned another lse without an error).
+  const Problem p = with_low_targets(tp_problem(2112, 2053, 43));
+  std::vector<Shard> gap = shards_of(p, {0, 128});
+  Shard tail;
+  tail.start = 1024, tail.count = 1088;
+  tail.run(p);
+  gap.push_back(std::move(tail));
+  expect_merge_refused(
+      p, gap,
+      {"rank 1 shard starts at vocab_start=1024 but rank 0 ends at 128", "vocab ids [128, 1024) are owned by no rank"},
+      "gap");
+  std::vector<Shard> overlap = shards_of(p, {0, 1088});
+  Shard second;
+  second.start = 1024, second.count = 1088;
+  second.run(p);
+  overlap.push_back(std::move(second));
+  expect_merge_refused(p, overlap,
+                       {"rank 1 shard starts at vocab_start=1024 but rank 0 ends at 1088",
+                        "vocab ids [1024, 1088) are owned by two ranks"},
+                       "overlap");
+  std::vector<Shard> no_start = shards_of(p, {0, 1024, 2112});
+  no_start.erase(no_start.begin());
+  expect_merge_refused(p, no_start,
+                       {"rank 0 shard starts at vocab_start=1024: vocab ids [0, 1024) are owned by no rank"},
+                       "first shard missing");
+}
+
+TEST(TensorParallel, MergeRefusesTargetsOtherThanThoseOfThePartials) {
+  const Problem p = tp_problem(2112, 2053, 44);
+  std::vector<Shard> shards = shards_of(p, {0, 1024, 2112});
+  std::vector<detlogp::ShardPartials> ranks;
+  for (const auto& s : shards) ranks.push_back(s.partials);
+  std::vector<int64_t> other = p.targets;
+  other[6] = (other[6] + 1) % p.real_vocab;  // the same owner or not: either way not the partials' y_t
+  expect_merge_refused(p, ranks, detlogp::TensorView::vector(other.data(), detlogp::DType::i64, p.rows), p.ignore_index,
+                       {"targets differ from those the partials were computed with"}, "one other target");
+  other = p.targets;
+  other[2] = 5;  // an ignored row made a real one
+  expect_merge_refused(p, ranks, detlogp::TensorView::vector(other.data(), detlogp::DType::i64, p.rows), p.ignore_index,
+                       {"targets differ from those the partials were computed with"}, "an ignored row un-ignored");
+  expect_merge_refused(p, ranks, detlogp::TensorView::vector(p.targets.data(), detlogp::DType::i64, p.rows), -1,
+                       {"ignore_index=-1 differs from ignore_index=-100 the partials were computed with"},
+                       "another ignore_index");
+  // The same values as i32: accepted, and the TP = 1 bits.
+  const Outputs single = run_linear_logp(p);
+  std::vector<int32_t> t32(p.targets.begin(), p.targets.end());
+  Outputs out(p.rows, p.vocab, false);
+  auto views = out.views();
+  detlogp::merge_partials(ranks, detlogp::TensorView::vector(t32.data(), detlogp::DType::i32, p.rows), p.ignore_index,
+                          views.logp, views.lse);
+  expect_identical(single, out, "i32 targets of the same values");
+}
+
+TEST(TensorParallel, MergeRefusesPartialsThatDisagree) {
+  const Problem p = tp_problem(2112, 2053, 45);
+  // Another real_vocab on rank 1.
+  std::vector<Shard> shards = shards_of(p, {0, 1024, 2112});
+  detlogp::LinearLogpInputs in = p.inputs();
+  in.real_vocab = 2100;
+  shards[1].run(p, in);
+  expect_merge_refused(p, shards, {"ranks disagree on real_vocab: rank 0 has 2053, rank 1 has 2100"}, "real_vocab");
+  // Another ignore_index on rank 0 (no row is ignored under it: only the layout differs).
+  shards = shards_of(p, {0, 1024, 2112});
+  in = p.inputs();
+  in.ignore_index = -7;
+  Problem no_ignored = p;
+  no_ignored.targets[2] = 5;
+  in.targets = detlogp::TensorView::vector(no_ignored.targets.data(), detlogp::DType::i64, p.rows);
+  shards[0].run(p, in);
+  expect_merge_refused(p, shards, {"ranks disagree on ignore_index: rank 0 has -7, rank 1 has -100"}, "ignore_index");
+  // Other targets on rank 1.
+  shards = shards_of(p, {0, 1024, 2112});
+  shards[1].run(no_ignored);
+  expect_merge_refused(p, shards, {"ranks disagree on targets (rank 0 and rank 1 digest them differently)"}, "targets");
+  // Other temperatures on rank 1.
+  shards = shards_of(p, {0, 1024, 2112});
+  Problem hotter = p;
+  hotter.temperature_rows[0] = 4.0f;
+  shards[1].run(hotter);
+  expect_merge_refused(p, shards, {"ranks disagree on temperatures (rank 0 and rank 1 digest them differently)"},
+                       "temperatures");
+  // Another backend or contract (one build serves CPU partials from one backend: the recorded
+  // digest stands in for a rank served elsewhere).
+  shards = shards_of(p, {0, 1024, 2112});
+  shards[1].partials.layout.backend_digest ^= 1;
+  expect_merge_refused(p, shards, {"ranks are served by different backends or contracts (rank 0 and rank 1)"},
+                       "backend");
+}
+
+TEST(TensorParallel, MergeRefusesPartialsWithoutOrWithAMismatchedLayout) {
+  const Problem p = tp_problem(2112, 2053, 46);
+  std::vector<Shard> shards = shards_of(p, {0, 1024, 2112});
+  shards[1].partials.layout = {};
+  expect_merge_refused(p, shards, {"rank 1 partials carry no layout (layout.vocab_local=0)", "linear_logp_partials"},
+                       "no layout");
+  shards = shards_of(p, {0, 1024, 2112});
+  shards[0].partials.layout.vocab_local = 960;
+  expect_merge_refused(p, shards, {"rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles"},
+                       "tiles against V_local");
+  shards = shards_of(p, {0, 1024, 2112});
+  shards[1].partials.layout.vocab_start = 1000;
+  shards[0].partials.layout.vocab_local = 1000;
+  shards[0].partials.tiles = detlogp::shard_tiles(1000);
+  expect_merge_refused(p, shards, {"rank 1 shard starts at vocab_start=1000, which is not a multiple of VOCAB_TILE=64"},
+                       "start off the tile grid");
 }

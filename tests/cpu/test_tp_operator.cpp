@@ -172,6 +172,17 @@ TEST(TensorParallelOperator, EveryRankRefusesTheSameWayBeforeAnyDataMoves) {
                                 in.bias.data = p.bias.data() + 1088;
                               }),
                     "owned by no rank");
+  // Shards out of rank order: rank 0 holds [1024, 2053), rank 1 [0, 1024).
+  expect_all_refuse(run_ranks(p, {0, 1024, 2053}, false,
+                              [&](int r, detlogp::LinearLogpInputs& in) {
+                                const int64_t start = r == 0 ? 1024 : 0, count = r == 0 ? 2053 - 1024 : 1024;
+                                in.vocab_start = start;
+                                in.weight.rows = count;
+                                in.weight.data = p.weight.data() + start * p.dim;
+                                in.bias.rows = count;
+                                in.bias.data = p.bias.data() + start;
+                              }),
+                    "rank 1 shard starts at vocab_start=0, before rank 0's vocab_start=1024");
   // The shards stop before the real vocabulary does.
   expect_all_refuse(
       run_ranks(p, {0, 1024, 2048}, false, [](int, detlogp::LinearLogpInputs& in) { in.real_vocab = 2053; }),
@@ -187,7 +198,15 @@ TEST(TensorParallelOperator, EveryRankRefusesTheSameWayBeforeAnyDataMoves) {
                               [&](int r, detlogp::LinearLogpInputs& in) {
                                 if (r == 1) in.targets.data = other.data();
                               }),
-                    "ranks disagree on targets or temperatures");
+                    "ranks disagree on targets (rank 0 and rank 1 digest them differently)");
+  // Ranks that disagree on the temperatures.
+  std::vector<float> hotter = p.temperature_rows;
+  hotter[3] *= 2.0f;
+  expect_all_refuse(run_ranks(p, even_bounds(p.vocab, 2), false,
+                              [&](int r, detlogp::LinearLogpInputs& in) {
+                                if (r == 1) in.temperature_rows.data = hotter.data();
+                              }),
+                    "ranks disagree on temperatures (rank 0 and rank 1 digest them differently)");
   // A wrong output shape on one rank.
   expect_all_refuse(run_ranks(p, even_bounds(p.vocab, 2), false,
                               [](int r, detlogp::LinearLogpInputs& in) {
@@ -234,10 +253,9 @@ namespace {
 class ReportedAs final : public detlogp::tp::PartialsBackend {
  public:
   explicit ReportedAs(std::function<void(detlogp::Provenance&)> edit) : edit_(std::move(edit)) {}
-  std::string select(detlogp::Memory, detlogp::CallReport& report) override {
+  void select(detlogp::Memory, detlogp::CallReport& report) override {
     report.provenance = detlogp::detail::cpu_contract_backend().provenance();
     edit_(report.provenance);
-    return report.provenance.backend_id;
   }
   void run(const detlogp::detail::LogpProblem& problem) const override {
     detlogp::detail::cpu_contract_backend().run(problem);

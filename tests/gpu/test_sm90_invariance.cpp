@@ -11,6 +11,7 @@
 #include "gpu_test_util.hpp"
 #include "sm90/workspace.hpp"
 #include "test_random.hpp"
+#include "tp/tp_merge.hpp"
 
 using namespace gput;
 using detlogp::bitcmp::compare;
@@ -222,9 +223,11 @@ TEST_F(Sm90Invariance, MediumShapeRowBitsIndependentOfBatchBucketChunkingTargets
       parts.push_back(sp);
     }
     std::vector<float> logp(n), lse(n);
-    detlogp::merge_partials(parts, detlogp::TensorView::vector(t.data(), detlogp::DType::i32, n), -100,
-                            detlogp::mutable_vector(logp.data(), detlogp::DType::f32, n),
-                            detlogp::mutable_vector(lse.data(), detlogp::DType::f32, n));
+    // The backend's own partials carry no PartialsLayout (merge_partials requires one, filled by
+    // linear_logp_partials): the protocol's merge, which leaves the layouts to its caller.
+    detlogp::tp::merge_owned(parts, detlogp::TensorView::vector(t.data(), detlogp::DType::i32, n), -100,
+                             detlogp::mutable_vector(logp.data(), detlogp::DType::f32, n),
+                             detlogp::mutable_vector(lse.data(), detlogp::DType::f32, n), nullptr);
     std::vector<float> el(n), es(n);
     for (int64_t i = 0; i < n; ++i) {
       el[i] = base.logp[idx[i]];

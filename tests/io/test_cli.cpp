@@ -19,6 +19,7 @@
 #include "io/safetensors.hpp"
 #include "io/sha256.hpp"
 #include "test_random.hpp"
+#include "tp/tp_merge.hpp"
 
 namespace {
 
@@ -335,10 +336,12 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
     partials[s].target_owned = owned[s].data();
   }
   std::vector<float> logp(static_cast<size_t>(problem.rows)), lse(logp.size());
-  detlogp::merge_partials(
+  // The partials files carry no PartialsLayout, which merge_partials requires: merge them with the
+  // protocol's unchecked merge.
+  detlogp::tp::merge_owned(
       partials, detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows),
       detlogp::kDefaultIgnoreIndex, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
-      detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows));
+      detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows), nullptr);
   const SafetensorsContents full_out = detlogp::io::read_safetensors(dir / "full_out.safetensors");
   expect_same_bits(logp, values_of<float>(*full_out.find("logp")), "merged logp");
   expect_same_bits(lse, values_of<float>(*full_out.find("lse")), "merged lse");
