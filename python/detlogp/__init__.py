@@ -25,6 +25,7 @@ __all__ = [
     "TargetIndexError",
     "TORCH_BACKEND_ID",
     "Partials",
+    "PartialsLayout",
     "Result",
     "backends",
     "contract",
@@ -52,12 +53,26 @@ class Result(NamedTuple):
     report: dict  # which backend served the call, with its provenance
 
 
+class PartialsLayout(NamedTuple):
+    """What one shard's partials were computed for (the C++ PartialsLayout); merge_partials checks
+    it. Keep it with the arrays when partials travel (gathered, or stored in a file)."""
+
+    vocab_start: int
+    vocab_local: int
+    real_vocab: int
+    ignore_index: int
+    targets_digest: int  # the N targets as int64 values
+    temperature_digest: int  # the temperatures in effect: the scalar, or the N row temperatures
+    backend_digest: int  # the serving backend: id, contract, arch and its frozen ids
+
+
 class Partials(NamedTuple):
     summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's global tiles
     target_logit: Any  # [N] float32: scaled target logit where the shard owns the target, else +0
     target_owned: Any  # [N] uint8
     logits: Any  # [N, V_local] float32 on the serving entry, else None
     report: dict
+    layout: PartialsLayout
 
 
 def contract() -> dict:
@@ -207,21 +222,29 @@ def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ig
     target_logit = np.zeros(rows, np.float32)
     target_owned = np.zeros(rows, np.uint8)
     logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
-    report = _ext.linear_logp_partials(
+    report, layout = _ext.linear_logp_partials(
         problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0
     )
-    return Partials(summaries, target_logit, target_owned, logits, report)
+    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout))
 
 
 def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100):
     """The owned merge over every rank's partials in rank (= ascending vocabulary) order: returns
-    (logp, lse), the bits of the whole-vocabulary call."""
+    (logp, lse), the bits of the whole-vocabulary call. The library first checks the layouts: rank
+    order, contiguous shards covering real_vocab, one backend, and that targets and ignore_index
+    are those the partials were computed with (docs/tensor-parallel.md)."""
     rows = int(np.asarray(targets).shape[0])
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
-    parts = [(p.summaries, p.target_logit, p.target_owned) for p in ranks_in_order]
+    parts = [(p.summaries, p.target_logit, p.target_owned, _layout_tuple(p)) for p in ranks_in_order]
     _ext.merge_partials(parts, targets, int(ignore_index), logp, lse, "", False, 0)
     return logp, lse
+
+
+def _layout_tuple(partials):
+    # No layout (partials made by hand): None, which the library refuses naming the rank.
+    layout = getattr(partials, "layout", None)
+    return None if layout is None else tuple(layout)
 
 
 def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = None, ignore_index: int = -100):

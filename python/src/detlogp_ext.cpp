@@ -220,6 +220,22 @@ detlogp::ShardPartials partials_of(const A& s, const A& tl, const A& own, const 
   return p;
 }
 
+// A PartialsLayout as Python holds it (detlogp.PartialsLayout): (vocab_start, vocab_local,
+// real_vocab, ignore_index, targets_digest, temperature_digest, backend_digest).
+using Layout = std::tuple<int64_t, int64_t, int64_t, int64_t, uint64_t, uint64_t, uint64_t>;
+Layout layout_tuple(const detlogp::PartialsLayout& l) {
+  return {l.vocab_start,    l.vocab_local,        l.real_vocab,    l.ignore_index,
+          l.targets_digest, l.temperature_digest, l.backend_digest};
+}
+// None: no layout, which merge_partials refuses in its own words.
+detlogp::PartialsLayout layout_of(const std::optional<Layout>& t) {
+  detlogp::PartialsLayout l;
+  if (t)
+    std::tie(l.vocab_start, l.vocab_local, l.real_vocab, l.ignore_index, l.targets_digest, l.temperature_digest,
+             l.backend_digest) = *t;
+  return l;
+}
+
 // The first `rows` rows of a view (0 for the zero-row check of a tensor-parallel call).
 detlogp::TensorView first_rows(detlogp::TensorView t, int64_t rows) {
   if (t.present()) t.rows = rows;
@@ -370,7 +386,7 @@ NB_MODULE(_detlogp, m) {
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a);
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
-  // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry).
+  // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry). Returns (report, layout).
   m.def(
       "linear_logp_partials",
       [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
@@ -379,7 +395,8 @@ NB_MODULE(_detlogp, m) {
         detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
-        return reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
+        nb::dict report = reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
+        return std::make_tuple(report, layout_tuple(p.layout));
       },
       "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
       "stream"_a);
@@ -401,15 +418,18 @@ NB_MODULE(_detlogp, m) {
       },
       "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a);
 
-  // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned)].
+  // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
+  // layout | None)]; the library checks the layouts.
   m.def(
       "merge_partials",
-      [](const std::vector<std::tuple<InArray, InArray, InArray>>& ranks, const InArray& targets, int64_t ignore_index,
-         const OutArray& logp, const OutArray& lse, const std::string& backend, bool strict, uintptr_t stream) {
+      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>>>& ranks, const InArray& targets,
+         int64_t ignore_index, const OutArray& logp, const OutArray& lse, const std::string& backend, bool strict,
+         uintptr_t stream) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
-          const auto& [s, tl, own] = ranks[r];
+          const auto& [s, tl, own, layout] = ranks[r];
           parts.push_back(partials_of(s, tl, own, "rank " + std::to_string(r) + " "));
+          parts.back().layout = layout_of(layout);
         }
         const detlogp::TensorView t = view_of(targets, "targets", 1, false);
         const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);

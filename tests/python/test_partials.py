@@ -1,0 +1,120 @@
+"""detlogp.linear_logp_partials + detlogp.merge_partials (numpy, CPU backend): the partials carry
+their layout, and the merge refuses (through the C++ checks, in their words, writing nothing)
+shards out of rank order, gaps, overlaps, other targets, another ignore_index, real_vocab,
+temperature or backend; a valid merge gives the whole-vocabulary bits."""
+
+import re
+
+import numpy as np
+import pytest
+from conftest import make_problem
+
+import detlogp
+
+CPU = "cpu-linear-logp-contract-v1"
+V, REAL = 2112, 2053
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.fixture
+def problem():
+    h, w, t, b, temp = make_problem(23, 64, V, seed=11, bias=True, temp_rows=True, ignore_every=4)
+    t = np.where(t >= REAL, t % REAL, t)
+    return h, w, t, b, temp
+
+
+def shard(problem, lo, hi, targets=None, temperature=None, real_vocab=REAL, ignore_index=-100):
+    h, w, t, b, temp = problem
+    return detlogp.linear_logp_partials(
+        h, w[lo:hi], t if targets is None else targets, bias=b[lo:hi], temperature=temp if temperature is None else temperature,
+        ignore_index=ignore_index, vocab_start=lo, real_vocab=real_vocab, backend=CPU,
+    )  # fmt: skip
+
+
+def shards(problem, bounds):
+    return [shard(problem, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def refused(parts, targets, match, ignore_index=-100, cls=detlogp.InputError):
+    with pytest.raises(cls, match=re.escape(match)) as e:
+        detlogp.merge_partials(parts, targets, ignore_index=ignore_index)
+    assert isinstance(e.value, detlogp.DetlogpError)
+    return str(e.value)
+
+
+def test_valid_merge_gives_the_whole_vocabulary_bits(problem):
+    h, w, t, b, temp = problem
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
+    for bounds in ([0, V], [0, 1024, V], [0, 64, 128, 1984, V]):
+        logp, lse = detlogp.merge_partials(shards(problem, bounds), t)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+    # The same target values as int32: the same digest, the same bits.
+    logp, _ = detlogp.merge_partials(shards(problem, [0, 1024, V]), t.astype(np.int32))
+    assert np.array_equal(bits(logp), bits(full.logp))
+
+
+def test_partials_carry_their_layout(problem):
+    parts = shards(problem, [0, 1024, V])
+    for p, (lo, hi) in zip(parts, [(0, 1024), (1024, V)]):
+        assert isinstance(p.layout, detlogp.PartialsLayout)
+        assert (p.layout.vocab_start, p.layout.vocab_local, p.layout.real_vocab, p.layout.ignore_index) == (
+            lo, hi - lo, REAL, -100)  # fmt: skip
+    a, b = (p.layout for p in parts)
+    assert (a.targets_digest, a.temperature_digest, a.backend_digest) == (b.targets_digest, b.temperature_digest,
+                                                                          b.backend_digest)  # fmt: skip
+    other = problem[2].copy()
+    other[0] = (other[0] + 1) % REAL
+    assert shard(problem, 0, 1024, targets=other).layout.targets_digest != a.targets_digest
+
+
+def test_shards_out_of_rank_order_are_refused(problem):
+    parts = shards(problem, [0, 1024, V])
+    refused(parts[::-1], problem[2], "rank 1 shard starts at vocab_start=0, before rank 0's vocab_start=1024")
+
+
+def test_gap_and_overlap_are_refused_naming_the_ids(problem):
+    # Every target in [0, 64): each still has one owner, only the layout shows the missing or
+    # doubled tiles.
+    t = problem[2]
+    low = np.where(t == -100, t, t % 64)
+    p = problem[:2] + (low,) + problem[3:]
+    gap = [shard(p, 0, 128), shard(p, 1024, V)]
+    refused(gap, low, "vocab ids [128, 1024) are owned by no rank")
+    overlap = [shard(p, 0, 1088), shard(p, 1024, V)]
+    refused(overlap, low, "vocab ids [1024, 1088) are owned by two ranks")
+    refused([shard(p, 0, 128), shard(p, 128, 1024)], low, "the shards cover vocab ids [0, 1024) but real_vocab=2053")
+
+
+def test_other_targets_or_ignore_index_are_refused(problem):
+    parts = shards(problem, [0, 1024, V])
+    other = problem[2].copy()
+    other[5] = (other[5] + 1) % REAL
+    msg = refused(parts, other, "targets differ from those the partials were computed with")
+    assert "pass merge_partials the targets given to linear_logp_partials" in msg
+    refused(parts, problem[2], "ignore_index=-1 differs from ignore_index=-100 the partials were computed with",
+            ignore_index=-1)  # fmt: skip
+
+
+def test_partials_that_disagree_are_refused(problem):
+    t = problem[2]
+    refused([shard(problem, 0, 1024), shard(problem, 1024, V, real_vocab=2100)], t,
+            "ranks disagree on real_vocab: rank 0 has 2053, rank 1 has 2100")  # fmt: skip
+    hotter = problem[4].copy()
+    hotter[0] *= 2
+    refused([shard(problem, 0, 1024), shard(problem, 1024, V, temperature=hotter)], t,
+            "ranks disagree on temperatures (rank 0 and rank 1 digest them differently)")  # fmt: skip
+    parts = shards(problem, [0, 1024, V])
+    forged = parts[1]._replace(layout=parts[1].layout._replace(backend_digest=parts[1].layout.backend_digest ^ 1))
+    refused([parts[0], forged], t, "ranks are served by different backends or contracts (rank 0 and rank 1)",
+            cls=detlogp.BackendError)  # fmt: skip
+
+
+def test_partials_without_a_layout_are_refused(problem):
+    parts = shards(problem, [0, 1024, V])
+    bare = parts[0]._replace(layout=None)
+    refused([bare, parts[1]], problem[2], "rank 0 partials carry no layout (layout.vocab_local=0)")
+    short = parts[0]._replace(layout=parts[0].layout._replace(vocab_local=960))
+    refused([short, parts[1]], problem[2], "rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles")
