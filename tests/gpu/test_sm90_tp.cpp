@@ -1,6 +1,7 @@
 // Tensor parallel on the SM90 backend.
 //   one-GPU simulation: TP in {1, 2, 4, 8} ranks as threads on one device (in-process CUDA
 //     communicators), Qwen3-8B lm_head shape padded 152064 / real 151936, trainer and serving;
+//   linear_logp_partials + merge_partials on CUDA memory: the layout recorded and checked;
 //   real NCCL (when built with NCCL and >= 2 GPUs are visible): TP in {2, 4, 8} up to the GPU
 //     count, one GPU per rank; every rank's logp/lse equal the TP = 1 bits; an invalid target
 //     makes every rank throw the same error (no hang); the usual logsumexp-of-logsumexps merge
@@ -249,6 +250,87 @@ TEST_F(Sm90Tp, GatherRowChunksAreBitNeutral) {
   auto comms = detlogp::make_local_communicators(2, detlogp::Memory::cuda, 0);
   run_ranks(ranks, comms, rows);
   check_ranks(ranks, ref, rows, "simulated TP=2, 1 MiB gather chunks");
+}
+
+// The public pieces on CUDA memory: linear_logp_partials on each shard records its layout (the
+// targets read back for their digest), merge_partials checks it and gives the TP = 1 bits; shards
+// out of rank order, other targets and another ignore_index are refused with nothing written.
+TEST_F(Sm90Tp, CudaPartialsCarryTheirLayoutAndTheMergeChecksIt) {
+  const auto bounds = even_bounds(2);
+  std::vector<RankData> ranks = make_ranks(2, {0, 0}, t, false);
+  detlogp::CallOptions opt;
+  opt.strict = true;
+  opt.cuda_stream = ranks[0].stream;
+  struct DevicePartials {
+    DevBuf<detlogp::TileSummary> summaries;
+    DevBuf<float> target_logit;
+    DevBuf<uint8_t> owned;
+    detlogp::ShardPartials p;
+  };
+  std::vector<DevicePartials> parts(2);
+  for (int r = 0; r < 2; ++r) {
+    DevicePartials& d = parts[r];
+    const int64_t tiles = detlogp::shard_tiles(ranks[r].count);
+    d.summaries = DevBuf<detlogp::TileSummary>(static_cast<size_t>(rows * tiles));
+    d.target_logit = DevBuf<float>(static_cast<size_t>(rows));
+    d.owned = DevBuf<uint8_t>(static_cast<size_t>(rows));
+    d.p.rows = rows;
+    d.p.tiles = tiles;
+    d.p.summaries = d.summaries.get();
+    d.p.target_logit = d.target_logit.get();
+    d.p.target_owned = d.owned.get();
+    d.p.memory = detlogp::Memory::cuda;
+    d.p.device = 0;
+    detlogp::linear_logp_partials(rank_inputs(ranks[r], rows), d.p, opt);
+    EXPECT_EQ(d.p.layout.vocab_start, bounds[r]) << "rank " << r;
+    EXPECT_EQ(d.p.layout.vocab_local, bounds[r + 1] - bounds[r]) << "rank " << r;
+    EXPECT_EQ(d.p.layout.real_vocab, kReal) << "rank " << r;
+  }
+  EXPECT_EQ(parts[0].p.layout.targets_digest, parts[1].p.layout.targets_digest);
+  EXPECT_EQ(parts[0].p.layout.backend_digest, parts[1].p.layout.backend_digest);
+
+  DevBuf<float> logp(static_cast<size_t>(rows)), lse(static_cast<size_t>(rows));
+  auto merge = [&](std::vector<detlogp::ShardPartials> in_order, const int32_t* targets, int64_t ignore_index) {
+    logp.poison();
+    lse.poison();
+    auto vec = [&](float* p) {
+      detlogp::MutableTensorView v = detlogp::mutable_vector(p, detlogp::DType::f32, rows, detlogp::Memory::cuda);
+      v.device = 0;
+      return v;
+    };
+    detlogp::TensorView tv = detlogp::TensorView::vector(targets, detlogp::DType::i32, rows, detlogp::Memory::cuda);
+    tv.device = 0;
+    std::string error;
+    try {
+      detlogp::merge_partials(in_order, tv, ignore_index, vec(logp.get()), vec(lse.get()), opt);
+      GPU_CUDA(cudaStreamSynchronize(ranks[0].stream));
+    } catch (const detlogp::Error& e) {
+      error = e.what();
+    }
+    return error;
+  };
+  const std::string ok = merge({parts[0].p, parts[1].p}, ranks[0].targets.get(), -100);
+  ASSERT_TRUE(ok.empty()) << ok;
+  const auto a = bc::compare(ref.logp, logp.to_host()), b = bc::compare(ref.lse, lse.to_host());
+  EXPECT_TRUE(a.identical() && b.identical()) << a.describe("logp") << "; " << b.describe("lse");
+
+  auto expect_refused = [&](const std::string& error, const std::string& needle, const char* what) {
+    EXPECT_NE(error.find(needle), std::string::npos) << what << ": '" << error << "'";
+    EXPECT_EQ(count_poison(logp.get(), rows), rows) << what << ": logp written despite the error";
+    EXPECT_EQ(count_poison(lse.get(), rows), rows) << what << ": lse written despite the error";
+  };
+  expect_refused(merge({parts[1].p, parts[0].p}, ranks[0].targets.get(), -100),
+                 "rank 1 shard starts at vocab_start=0, before rank 0's vocab_start=" + std::to_string(bounds[1]),
+                 "swapped shards");
+  std::vector<int32_t> other = t;
+  other[5] = (other[5] + 1) % static_cast<int32_t>(kReal);
+  DevBuf<int32_t> other_dev(other.size());
+  other_dev.from_host(other);
+  expect_refused(merge({parts[0].p, parts[1].p}, other_dev.get(), -100),
+                 "targets differ from those the partials were computed with", "other targets");
+  expect_refused(merge({parts[0].p, parts[1].p}, ranks[0].targets.get(), -1),
+                 "ignore_index=-1 differs from ignore_index=-100 the partials were computed with",
+                 "another ignore_index");
 }
 
 // Real NCCL, one GPU per rank, TP in {2, 4, 8} up to the GPU count.
