@@ -263,7 +263,7 @@ TEST(TensorParallel, MergeRefusesShardsOutOfRankOrder) {
 
 TEST(TensorParallel, MergeRefusesAGapOrAnOverlapNamingTheIds) {
   // Every target in [0, 64): each one still has exactly one owner, only the layout shows the
-  // missing or doubled tiles (the old merge returned another lse without an error).
+  // missing or doubled tiles (a merge without it returns another lse and no error).
   const Problem p = with_low_targets(tp_problem(2112, 2053, 43));
   std::vector<Shard> gap = shards_of(p, {0, 128});
   Shard tail;
