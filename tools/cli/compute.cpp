@@ -42,11 +42,12 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
   return out;
 }
 
-}  // namespace
-
+// A weight that is not the whole vocabulary from id 0 gives partials, never logp/lse.
 bool is_vocab_shard(const HostProblem& p) {
   return p.vocab_start != 0 || p.vocab_start + p.vocab_local < p.effective_real_vocab();
 }
+
+}  // namespace
 
 RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt) {
   const LinearLogpInputs in = p.inputs();

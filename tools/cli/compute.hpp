@@ -25,12 +25,10 @@ struct RunOutputs {
   Entry entry = Entry::trainer;
 };
 
-// True when the weight's rows are not the whole vocabulary from id 0: vocab_start != 0 or
-// vocab_start + V_local < real_vocab. Such a weight gives partials, never logp/lse.
-bool is_vocab_shard(const HostProblem& p);
-
-// The outputs of `entry`. The trainer and serving entries refuse a vocabulary shard with an error
-// naming real_vocab, V_local and vocab_start that says to ask for --partials.
+// The outputs of `entry`. The trainer and serving entries refuse a vocabulary shard (a weight
+// whose rows are not the whole vocabulary from id 0: vocab_start != 0 or vocab_start + V_local <
+// real_vocab) with an error naming real_vocab, V_local and vocab_start that says to ask for
+// --partials.
 RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt);
 
 // The layout a partials file carries so shards can be checked before a merge (docs/cli.md):
