@@ -38,6 +38,7 @@ bool l3_check(const std::string& a_path, const std::string& b_path, std::ostream
 
 // Writes each case's inputs as DIR/<case>.safetensors in the `detlogp run --input` format
 // (hidden, weight, targets, optional bias, temperature) for an external rollout side (Python).
+// DIR and its missing parents are created (mkdir -p).
 void l3_export_inputs(const std::vector<std::string>& cases, const std::string& dir, std::ostream& log);
 
 // ---- L4/L5 -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "golden/goldens.hpp"
 #include "golden/harness.hpp"
 #include "golden/readback.hpp"
+#include "io/file.hpp"
 #include "io/safetensors.hpp"
 
 namespace detlogp::golden {
@@ -158,8 +159,9 @@ bool l3_check(const std::string& a_path, const std::string& b_path, std::ostream
 }
 
 void l3_export_inputs(const std::vector<std::string>& names, const std::string& dir, std::ostream& log) {
-  DETLOGP_CHECK(std::filesystem::is_directory(dir), "'" << dir << "' is not a directory");
-  for (const GoldenCase* c : select_cases(names)) {
+  const std::vector<const GoldenCase*> cases = select_cases(names);
+  io::ensure_directory(dir);
+  for (const GoldenCase* c : cases) {
     const CaseInputs in = make_inputs(*c);
     io::SafetensorsContents f;
     HostTensor hidden = HostTensor::zeros(ElementType::bf16, {c->rows, c->dim});

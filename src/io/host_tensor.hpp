@@ -1,17 +1,13 @@
-// An owned, host-resident tensor as read from or written to a file (safetensors, .npy), and
-// the whole-file read / atomic write helpers both formats share.
+// Tensors of the file formats (safetensors, .npy): an owned, host-resident HostTensor as read
+// from or written to a file, and a TensorRef that views bytes someone else holds (a mapped file).
 #pragma once
-
-#include <unistd.h>
 
 #include <bit>
 #include <cstdint>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
-#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "detlogp/error.hpp"
@@ -96,52 +92,22 @@ struct HostTensor {
   }
 };
 
-// Whole file into memory; the error names the file.
-inline std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
-  std::error_code ec;
-  DETLOGP_CHECK(std::filesystem::is_regular_file(path, ec),
-                "cannot read '" << path.string() << "': not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  DETLOGP_CHECK(in, "cannot open '" << path.string() << "' for reading");
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  DETLOGP_CHECK(size >= 0, "cannot determine the size of '" << path.string() << "'");
-  in.seekg(0, std::ios::beg);
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  if (size > 0) in.read(reinterpret_cast<char*>(bytes.data()), size);
-  DETLOGP_CHECK(in.good() || (size == 0 && !in.bad()), "error reading '" << path.string() << "'");
-  return bytes;
-}
+// A tensor whose bytes live elsewhere (a mapped file, a buffer being parsed); valid while they do.
+struct TensorRef {
+  ElementType dtype = ElementType::f32;
+  std::vector<int64_t> shape;
+  std::span<const uint8_t> bytes;
 
-// Writes to a temporary file in the same directory, then renames it over `path`: readers see the
-// old file or the complete new one, and a failed write leaves nothing behind.
-inline void write_file_atomically(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  std::error_code ec;
-  DETLOGP_CHECK(std::filesystem::is_directory(dir, ec),
-                "cannot write '" << path.string() << "': directory '" << dir.string() << "' does not exist");
-  DETLOGP_CHECK(!std::filesystem::is_directory(path, ec), "cannot write '" << path.string() << "': it is a directory");
-  std::string tmp_name = ".";
-  tmp_name += path.filename().string();
-  tmp_name += ".tmp-";
-  tmp_name += std::to_string(static_cast<long>(::getpid()));
-  const std::filesystem::path tmp = dir / tmp_name;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    DETLOGP_CHECK(out, "cannot create temporary file '" << tmp.string() << "'");
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      DETLOGP_FAIL("error writing '" << tmp.string() << "' (disk full?)");
-    }
+  int64_t element_count() const { return checked_element_count(shape); }
+  const void* data() const { return bytes.data(); }
+
+  HostTensor copy() const {
+    HostTensor t;
+    t.dtype = dtype;
+    t.shape = shape;
+    t.bytes.assign(bytes.begin(), bytes.end());
+    return t;
   }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    DETLOGP_FAIL("cannot rename '" << tmp.string() << "' to '" << path.string() << "': " << ec.message());
-  }
-}
+};
 
 }  // namespace detlogp::io

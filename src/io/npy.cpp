@@ -117,7 +117,7 @@ ElementType descr_to_type(const std::string& descr, const std::string& source) {
 
 }  // namespace
 
-HostTensor parse_npy(std::span<const uint8_t> file_bytes, const std::string& source) {
+TensorRef index_npy(std::span<const uint8_t> file_bytes, const std::string& source) {
   const size_t size = file_bytes.size();
   DETLOGP_CHECK(size >= kMagicLen + 2 && std::memcmp(file_bytes.data(), kMagic, kMagicLen) == 0,
                 "'" << source << "': not an .npy file (missing the \\x93NUMPY magic)");
@@ -140,7 +140,7 @@ HostTensor parse_npy(std::span<const uint8_t> file_bytes, const std::string& sou
   DETLOGP_CHECK(!h.fortran_order, "'" << source
                                       << "': fortran_order is True; only C-order arrays are supported "
                                          "(save with np.ascontiguousarray)");
-  HostTensor t;
+  TensorRef t;
   t.dtype = descr_to_type(h.descr, source);
   t.shape = h.shape;
   const int64_t count = t.element_count();
@@ -152,14 +152,24 @@ HostTensor parse_npy(std::span<const uint8_t> file_bytes, const std::string& sou
   const uint64_t expected = static_cast<uint64_t>(count) * static_cast<uint64_t>(elem);
   DETLOGP_CHECK(data_size == expected, "'" << source << "': shape " << shape_to_string(t.shape) << " x '" << h.descr
                                            << "' needs " << expected << " data bytes, the file holds " << data_size);
-  const uint8_t* data = file_bytes.data() + prefix + header_len;
-  t.bytes.assign(data, data + data_size);
+  t.bytes = file_bytes.subspan(prefix + header_len, data_size);
   return t;
 }
 
+HostTensor parse_npy(std::span<const uint8_t> file_bytes, const std::string& source) {
+  return index_npy(file_bytes, source).copy();
+}
+
+MappedNpy map_npy(const std::filesystem::path& path) {
+  MappedNpy m;
+  m.file = std::make_shared<const MappedFile>(path);
+  m.tensor = index_npy(m.file->bytes(), path.string());
+  return m;
+}
+
 HostTensor read_npy(const std::filesystem::path& path) {
-  const std::vector<uint8_t> bytes = read_file_bytes(path);
-  return parse_npy(bytes, path.string());
+  const MappedFile file(path);
+  return parse_npy(file.bytes(), path.string());
 }
 
 std::vector<uint8_t> serialize_npy(const HostTensor& tensor) {

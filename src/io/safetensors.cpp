@@ -370,7 +370,13 @@ void SafetensorsContents::add(std::string name, HostTensor tensor) {
   tensors.push_back({std::move(name), std::move(tensor)});
 }
 
-SafetensorsContents parse_safetensors(std::span<const uint8_t> file_bytes, const std::string& source) {
+const TensorRef* SafetensorsRefs::find(std::string_view name) const {
+  for (const NamedTensorRef& t : tensors)
+    if (t.name == name) return &t.tensor;
+  return nullptr;
+}
+
+SafetensorsRefs index_safetensors(std::span<const uint8_t> file_bytes, const std::string& source) {
   const uint64_t file_size = file_bytes.size();
   DETLOGP_CHECK(file_size >= 8, "'" << source << "': file too short (" << file_size
                                     << " bytes); a safetensors file starts with an 8-byte header length");
@@ -390,7 +396,7 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> file_bytes, const
   const JsonValue root = JsonParser(header, source).parse_document();
   DETLOGP_CHECK(root.kind == JsonValue::Kind::object, "'" << source << "': header must be a JSON object");
 
-  SafetensorsContents contents;
+  SafetensorsRefs contents;
   std::vector<TensorRecord> records;
   for (const auto& [key, value] : root.members) {
     if (key == "__metadata__")
@@ -421,20 +427,35 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> file_bytes, const
   DETLOGP_CHECK(covered == data_size, "'" << source << "': " << data_size - covered
                                           << " trailing data bytes after byte " << covered << " belong to no tensor");
 
-  const uint8_t* data = file_bytes.data() + 8 + header_len;
+  const std::span<const uint8_t> data = file_bytes.subspan(8 + header_len);
   for (TensorRecord& r : records) {
-    HostTensor t;
+    TensorRef t;
     t.dtype = r.dtype;
     t.shape = std::move(r.shape);
-    t.bytes.assign(data + r.begin, data + r.end);
+    t.bytes = data.subspan(r.begin, r.end - r.begin);
     contents.tensors.push_back({std::move(r.name), std::move(t)});
   }
   return contents;
 }
 
+SafetensorsContents parse_safetensors(std::span<const uint8_t> file_bytes, const std::string& source) {
+  SafetensorsRefs refs = index_safetensors(file_bytes, source);
+  SafetensorsContents contents;
+  contents.metadata = std::move(refs.metadata);
+  for (const NamedTensorRef& t : refs.tensors) contents.tensors.push_back({t.name, t.tensor.copy()});
+  return contents;
+}
+
+MappedSafetensors map_safetensors(const std::filesystem::path& path) {
+  MappedSafetensors m;
+  m.file = std::make_shared<const MappedFile>(path);
+  m.contents = index_safetensors(m.file->bytes(), path.string());
+  return m;
+}
+
 SafetensorsContents read_safetensors(const std::filesystem::path& path) {
-  const std::vector<uint8_t> bytes = read_file_bytes(path);
-  return parse_safetensors(bytes, path.string());
+  const MappedFile file(path);
+  return parse_safetensors(file.bytes(), path.string());
 }
 
 std::vector<uint8_t> serialize_safetensors(const SafetensorsContents& contents) {

@@ -1,8 +1,10 @@
 #!/bin/sh
 # CLI checks of the golden layer (run by ctest): cli_checks.sh DETLOGP FINGERPRINTS.tsv MODE
-#   record-replay  NOT RECORDED exits 1; --record appends and exits 0; a replay passes; a
-#                  tampered row FAILs and is not overwritten by --record
-#   export-run     l3-export inputs through `detlogp run --input` give the checked-in digests
+#   record-replay  NOT RECORDED exits 1; --record appends (creating the file and its missing
+#                  directories) and exits 0; a replay passes; a tampered row FAILs and is not
+#                  overwritten by --record
+#   export-run     l3-export into a directory it creates; those inputs through
+#                  `detlogp run --input` give the checked-in digests
 set -eu
 bin="$1" fingerprints="$2" mode="$3"
 d="$(mktemp -d)"
@@ -15,9 +17,11 @@ expect_rc() {  # expect_rc CODE command...
 }
 case "$mode" in
   record-replay)
-    f="$d/f.tsv"
+    f="$d/new/dir/f.tsv"
     expect_rc 1 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f"
     grep -q "verdict: NOT RECORDED (0 pass, 0 fail, 2 not recorded)" "$d/out"
+    grep -q "(no such file: 0 entries)" "$d/out"
+    [ ! -e "$d/new" ]
     expect_rc 0 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f" --record
     [ "$(grep -c '^recorded: ' "$d/out")" -eq 2 ]
     expect_rc 0 "$bin" verify --golden $cpu --case tiny-v17 --golden-file "$f"
@@ -32,10 +36,11 @@ case "$mode" in
     cmp -s "$f" "$d/tampered"
     ;;
   export-run)
-    "$bin" harness l3-export --dir "$d" --case v2053-bias-t0.7,v17-i32-ignore7,v2112-real2053-t1.3 >/dev/null
+    e="$d/export/new"
+    "$bin" harness l3-export --dir "$e" --case v2053-bias-t0.7,v17-i32-ignore7,v2112-real2053-t1.3 >/dev/null
     for c in v2053-bias-t0.7:-100:2053 v17-i32-ignore7:7:17 v2112-real2053-t1.3:-100:2053; do
       name="${c%%:*}" rest="${c#*:}"
-      got="$("$bin" run --input "$d/$name.safetensors" --ignore-index "${rest%%:*}" --real-vocab "${rest#*:}" $cpu |
+      got="$("$bin" run --input "$e/$name.safetensors" --ignore-index "${rest%%:*}" --real-vocab "${rest#*:}" $cpu |
         sed -n 's/^sha256(logp|lse): //p')"
       want="$(grep -P "^1\tcpu\t0\t$name\tlogp\|lse\t" "$fingerprints" | cut -f6)"
       [ -n "$want" ] && [ "$got" = "$want" ] || { echo "$name: run --input gave $got, golden $want"; exit 1; }

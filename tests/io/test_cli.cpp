@@ -1,6 +1,10 @@
 // End-to-end tests of the `detlogp` binary: each test runs it through the shell, checks the exit
 // code and output, and reads its files back with the io layer.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -8,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -302,9 +308,10 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
                                     std::vector<float>(problem.bias.begin() + begin, problem.bias.begin() + end)));
     const std::string name = "shard" + std::to_string(s);
     detlogp::io::write_safetensors(dir / (name + ".safetensors"), shards[s]);
-    const CliResult r = run_cli("run --input '" + (dir / (name + ".safetensors")).string() + "' --vocab-start " +
-                                std::to_string(begin) + " --real-vocab " + std::to_string(problem.vocab) + " --out '" +
-                                (dir / (name + "_out.safetensors")).string() + "' --backend " + kCpu);
+    const CliResult r =
+        run_cli("run --input '" + (dir / (name + ".safetensors")).string() + "' --partials --vocab-start " +
+                std::to_string(begin) + " --real-vocab " + std::to_string(problem.vocab) + " --out '" +
+                (dir / (name + "_out.safetensors")).string() + "' --backend " + kCpu);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("entry: partials"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("sha256(tile_max|tile_sum|target_logit|target_owned)"), std::string::npos) << r.out;
@@ -313,6 +320,13 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
                                  (dir / "full_out.safetensors").string() + "' --backend " + kCpu);
   ASSERT_EQ(full.exit_code, 0) << full.err;
 
+  // SHA-256 of the targets as little-endian int64, whatever their dtype in the input.
+  detlogp::io::Sha256 targets_hash;
+  for (const int32_t t : problem.targets) {
+    const auto wide = static_cast<int64_t>(t);
+    targets_hash.update(&wide, sizeof(wide));
+  }
+  const std::string targets_digest = detlogp::io::Sha256::hex(targets_hash.finish());
   std::vector<std::vector<detlogp::TileSummary>> summaries(2);
   std::vector<std::vector<float>> target_logit(2);
   std::vector<std::vector<uint8_t>> owned(2);
@@ -322,6 +336,24 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
         detlogp::io::read_safetensors(dir / ("shard" + std::to_string(s) + "_out.safetensors"));
     const HostTensor* tile_max = out.find("tile_max");
     ASSERT_NE(tile_max, nullptr);
+    // The layout a merge checks travels with the partials.
+    const std::map<std::string, std::string> layout = {
+        {"format", "detlogp-partials-v1"},
+        {"rows", std::to_string(problem.rows)},
+        {"tiles", std::to_string(detlogp::shard_tiles(s == 0 ? split : problem.vocab - split))},
+        {"vocab_start", s == 0 ? "0" : std::to_string(split)},
+        {"vocab_local", std::to_string(s == 0 ? split : problem.vocab - split)},
+        {"real_vocab", std::to_string(problem.vocab)},
+        {"ignore_index", "-100"},
+        {"backend", kCpu},
+        {"contract", std::string(detlogp::kContractName) + " v" + std::to_string(detlogp::kContractVersion)},
+        {"targets_sha256", targets_digest},
+    };
+    for (const auto& [key, value] : layout) {
+      ASSERT_EQ(out.metadata.count(key), 1u) << key;
+      EXPECT_EQ(out.metadata.at(key), value) << key;
+    }
+    EXPECT_NE(out.metadata.at("provenance").find(std::string("backend=") + kCpu), std::string::npos);
     ASSERT_EQ(out.find("target_owned")->dtype, ElementType::u8);
     const int64_t tiles = tile_max->shape[1];
     EXPECT_EQ(tiles, detlogp::shard_tiles(s == 0 ? split : problem.vocab - split));
@@ -422,15 +454,12 @@ TEST_F(Cli, BadFilesExitNonZeroAndWriteNothing) {
     EXPECT_EQ(entries_in(dir), before) << c.name << ": a file was left behind";
   }
 
-  // A missing input, and an output into a missing directory, write nothing either.
-  CliResult r = run_cli("run --input '" + (dir / "absent.safetensors").string() + "' --out '" +
-                        (dir / "x.safetensors").string() + "'");
+  // A missing input writes nothing either, and creates no directory for --out.
+  const CliResult r = run_cli("run --input '" + (dir / "absent.safetensors").string() + "' --out '" +
+                              (dir / "missing" / "x.safetensors").string() + "'");
   EXPECT_EQ(r.exit_code, 3);
-  EXPECT_NE(r.err.find("absent.safetensors"), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(dir / "x.safetensors"));
-  r = run_cli("run --rows 2 --dim 8 --vocab 64 --out '" + (dir / "missing" / "x.safetensors").string() + "'");
-  EXPECT_EQ(r.exit_code, 3);
-  EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("absent.safetensors': no such file"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "missing"));
 }
 
 TEST_F(Cli, BadOptionsAreUsageErrors) {
@@ -448,8 +477,6 @@ TEST_F(Cli, BadOptionsAreUsageErrors) {
       {"run --input a.safetensors --rows 3", "synthetic problem"},
       {"verify --dim -3", "out of range"},
       {"info extra", "unexpected argument 'extra'"},
-      {"run --rows 4 --dim 8 --vocab 64 --real-vocab 128 --return-logits",
-       "--return-logits needs the whole vocabulary"},
   };
   for (const auto& [args, expected] : cases) {
     const CliResult r = run_cli(args);
@@ -461,7 +488,7 @@ TEST_F(Cli, BadOptionsAreUsageErrors) {
   const CliResult r = run_cli("run --rows 4 --dim 8 --vocab 64 --temperature -1");
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_NE(r.err.find("temperature=-1"), std::string::npos) << r.err;
-  const CliResult shard = run_cli("run --rows 4 --dim 8 --vocab 64 --vocab-start 32 --real-vocab 128");
+  const CliResult shard = run_cli("run --rows 4 --dim 8 --vocab 64 --vocab-start 32 --real-vocab 128 --partials");
   EXPECT_EQ(shard.exit_code, 3) << shard.err;
   EXPECT_NE(shard.err.find("vocab_start=32"), std::string::npos) << shard.err;
 }
@@ -507,6 +534,310 @@ TEST_F(Cli, FrozenConstantOverrideIsRefused) {
   EXPECT_EQ(entries_in(dir), 0u);
   const CliResult unknown = run_cli("run --rows 2 --dim 8 --vocab 64", "DETLOGP_TYPO=1");
   EXPECT_EQ(unknown.exit_code, 3);
+}
+
+// A weight that is not the whole vocabulary from id 0 has no logp/lse of its own: without
+// --partials the run is refused, naming the values; --partials needs the shard's place stated.
+TEST_F(Cli, VocabShardNeedsPartials) {
+  const fs::path dir = test_dir();
+  const std::string shape = std::string("run --rows 4 --dim 8 --vocab 64 --backend ") + kCpu;
+  const std::string out = " --out '" + (dir / "out.safetensors").string() + "'";
+  struct Case {
+    std::string args;
+    int exit_code;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> refused = {
+      {" --real-vocab 128", 3, {"real_vocab=128", "V_local=64", "vocab_start=0", "pass --partials"}},
+      {" --real-vocab 128 --return-logits", 3, {"real_vocab=128", "V_local=64", "pass --partials"}},
+      {" --vocab-start 64 --real-vocab 128", 3, {"real_vocab=128", "V_local=64", "vocab_start=64", "pass --partials"}},
+      {" --vocab-start 64", 3, {"vocab_start=64", "pass --partials"}},
+      {" --partials --real-vocab 128", 2, {"--partials needs --vocab-start"}},
+      {" --partials --vocab-start 0", 2, {"--partials needs --vocab-start", "--real-vocab"}},
+      {" --partials --vocab-start 0 --real-vocab 128 --return-logits", 2, {"exclude each other"}},
+  };
+  for (const Case& c : refused) {
+    const CliResult r = run_cli(shape + c.args + out);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args << ": " << r.out << r.err;
+    for (const std::string& needle : c.needles)
+      EXPECT_NE(r.err.find(needle), std::string::npos) << c.args << ": stderr lacks \"" << needle << "\":\n" << r.err;
+    EXPECT_EQ(r.out.find("sha256("), std::string::npos) << c.args;
+  }
+  EXPECT_EQ(entries_in(dir), 0u);
+
+  const CliResult partials = run_cli(shape + " --partials --vocab-start 0 --real-vocab 128" + out);
+  ASSERT_EQ(partials.exit_code, 0) << partials.err;
+  EXPECT_NE(partials.out.find("entry: partials"), std::string::npos) << partials.out;
+  const SafetensorsContents file = detlogp::io::read_safetensors(dir / "out.safetensors");
+  EXPECT_EQ(file.find("logp"), nullptr);
+  ASSERT_NE(file.find("tile_max"), nullptr);
+  EXPECT_EQ(file.metadata.at("format"), "detlogp-partials-v1");
+  EXPECT_EQ(file.metadata.at("real_vocab"), "128");
+  EXPECT_EQ(file.metadata.at("vocab_local"), "64");
+  // The whole vocabulary in one shard may still be asked for as partials (TP = 1).
+  const CliResult whole = run_cli(shape + " --partials --vocab-start 0 --real-vocab 64");
+  EXPECT_EQ(whole.exit_code, 0) << whole.err;
+  EXPECT_NE(whole.out.find("sha256(tile_max|tile_sum|target_logit|target_owned)"), std::string::npos) << whole.out;
+}
+
+// The temperature tensor of an input file: [] F32 is the scalar, [N] F32 one per row; nothing is
+// broadcast ([1] with N != 1 is refused like on every face) and other dtypes are refused by name.
+TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
+  const fs::path dir = test_dir();
+  const FileProblem problem;
+  auto write_with = [&](const std::string& name, std::optional<HostTensor> temperature, int64_t rows) {
+    SafetensorsContents c;
+    c.add("hidden",
+          tensor_of(ElementType::bf16, {rows, problem.dim},
+                    std::vector<uint16_t>(problem.hidden.begin(), problem.hidden.begin() + rows * problem.dim)));
+    c.add("weight", tensor_of(ElementType::bf16, {problem.vocab, problem.dim}, problem.weight));
+    c.add("targets", tensor_of(ElementType::i32, {rows},
+                               std::vector<int32_t>(problem.targets.begin(), problem.targets.begin() + rows)));
+    if (temperature) c.add("temperature", std::move(*temperature));
+    const fs::path path = dir / (name + ".safetensors");
+    detlogp::io::write_safetensors(path, c);
+    return "run --backend " + std::string(kCpu) + " --input '" + path.string() + "'";
+  };
+  const int64_t n = problem.rows;
+  const std::string out = " --out '" + (dir / "out.safetensors").string() + "'";
+
+  // [] F32 = the scalar flag; [1] with N = 1 = per row = the same bits.
+  const CliResult flag = run_cli(write_with("none", std::nullopt, n) + " --temperature 0.7");
+  const CliResult scalar = run_cli(write_with("scalar", tensor_of(ElementType::f32, {}, std::vector<float>{0.7f}), n));
+  ASSERT_EQ(flag.exit_code, 0) << flag.err;
+  ASSERT_EQ(scalar.exit_code, 0) << scalar.err;
+  EXPECT_NE(scalar.out.find("temperature=0.7 "), std::string::npos) << scalar.out;
+  EXPECT_EQ(sha_line(scalar.out), sha_line(flag.out));
+  const CliResult one_flag = run_cli(write_with("one_none", std::nullopt, 1) + " --temperature 0.7");
+  const CliResult one_row =
+      run_cli(write_with("one_row", tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}), 1));
+  ASSERT_EQ(one_flag.exit_code, 0) << one_flag.err;
+  ASSERT_EQ(one_row.exit_code, 0) << one_row.err;
+  EXPECT_NE(one_row.out.find("temperature=per-row"), std::string::npos) << one_row.out;
+  EXPECT_EQ(sha_line(one_row.out), sha_line(one_flag.out));
+
+  struct Case {
+    std::string name;
+    HostTensor temperature;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> refused = {
+      {"broadcast", tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}), {"temperature_rows", "expected 37"}},
+      {"short",
+       tensor_of(ElementType::f32, {n - 1}, std::vector<float>(n - 1, 0.7f)),
+       {"temperature_rows", "expected 37"}},
+      {"rows_i32",
+       tensor_of(ElementType::i32, {n}, std::vector<int32_t>(n, 1)),
+       {"temperature_rows must be f32, got i32"}},
+      {"rows_u8",
+       tensor_of(ElementType::u8, {n}, std::vector<uint8_t>(n, 1)),
+       {"temperature_rows must be f32, got u8"}},
+      {"scalar_bf16",
+       tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f80}),
+       {"tensor 'temperature' must be F32, got BF16"}},
+      {"column",
+       tensor_of(ElementType::f32, {n, 1}, std::vector<float>(n, 0.7f)),
+       {"temperature_rows must be 1-D, got ndim=2"}},
+      {"scalar_zero", tensor_of(ElementType::f32, {}, std::vector<float>{0.0f}), {"temperature=0"}},
+  };
+  for (const Case& c : refused) {
+    const CliResult r = run_cli(write_with(c.name, c.temperature, n) + out);
+    EXPECT_EQ(r.exit_code, 3) << c.name << ": " << r.out << r.err;
+    for (const std::string& needle : c.needles)
+      EXPECT_NE(r.err.find(needle), std::string::npos) << c.name << ": stderr lacks \"" << needle << "\":\n" << r.err;
+    EXPECT_FALSE(fs::exists(dir / "out.safetensors")) << c.name;
+  }
+
+  // The .npy face of the same rule.
+  const SafetensorsContents c = problem.contents(false, false);
+  for (const auto& t : c.tensors) detlogp::io::write_npy(dir / (t.name + ".npy"), t.tensor);
+  detlogp::io::write_npy(dir / "t1.npy", tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}));
+  const CliResult npy = run_cli("run --hidden '" + (dir / "hidden.npy").string() + "' --weight '" +
+                                (dir / "weight.npy").string() + "' --targets '" + (dir / "targets.npy").string() +
+                                "' --temperatures '" + (dir / "t1.npy").string() + "'" + out);
+  EXPECT_EQ(npy.exit_code, 3) << npy.out << npy.err;
+  EXPECT_NE(npy.err.find("expected 37"), std::string::npos) << npy.err;
+  EXPECT_FALSE(fs::exists(dir / "out.safetensors"));
+}
+
+// A missing input is reported as missing, a directory as a directory, on every command that reads.
+TEST_F(Cli, MissingInputsAreReportedAsMissing) {
+  const fs::path dir = test_dir();
+  const std::string absent = (dir / "absent.safetensors").string();
+  fs::create_directories(dir / "folder.safetensors");
+  const FileProblem problem;
+  const SafetensorsContents c = problem.contents(false, false);
+  for (const auto& t : c.tensors) detlogp::io::write_npy(dir / (t.name + ".npy"), t.tensor);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"run --input '" + absent + "'", "cannot read '" + absent + "': no such file"},
+      {"run --input '" + (dir / "no" / "such" / "dir.safetensors").string() + "'", "no such file"},
+      {"run --input '" + (dir / "folder.safetensors").string() + "'", "folder.safetensors': it is a directory"},
+      {"run --hidden '" + (dir / "hidden.npy").string() + "' --weight '" + (dir / "absent.npy").string() +
+           "' --targets '" + (dir / "targets.npy").string() + "'",
+       "absent.npy': no such file"},
+      {"harness l3-check --a '" + absent + "' --b '" + absent + "'", "absent.safetensors': no such file"},
+      {"verify --golden --case tiny-v17 --golden-file '" + (dir / "folder.safetensors").string() + "'",
+       "it is a directory"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 3) << args << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find(expected), std::string::npos) << args << ": stderr lacks \"" << expected << "\":\n" << r.err;
+    EXPECT_EQ(r.err.find("not a regular file"), std::string::npos) << r.err;
+  }
+}
+
+// Every command that writes a file creates the missing directories of its path (mkdir -p), after
+// its work succeeded; a path that cannot become a file is refused before any work.
+TEST_F(Cli, OutputDirectoriesAreCreated) {
+  const fs::path dir = test_dir();
+  const std::string small = std::string(" --backend ") + kCpu;
+  CliResult r =
+      run_cli("run --rows 2 --dim 8 --vocab 64 --out '" + (dir / "run" / "a" / "x.safetensors").string() + "'" + small);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "run" / "a" / "x.safetensors"));
+  r = run_cli("harness l3 --side rollout --case tiny-v17 --out '" + (dir / "l3" / "a" / "r.safetensors").string() +
+              "'" + small);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "l3" / "a" / "r.safetensors"));
+  r = run_cli("harness l3-export --case tiny-v17 --dir '" + (dir / "export" / "a").string() + "'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "export" / "a" / "tiny-v17.safetensors"));
+  r = run_cli("harness rollout-vs-trainer --seqs 2 --max-len 2 --d 64 --v 128 --tp 2 --out '" +
+              (dir / "harness" / "a").string() + "'" + small);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "harness" / "a" / "report.json"));
+  EXPECT_TRUE(fs::is_regular_file(dir / "harness" / "a" / "report.md"));
+  r = run_cli("verify --golden --record --case tiny-v17 --golden-file '" + (dir / "golden" / "a" / "f.tsv").string() +
+              "'" + small);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(fs::is_regular_file(dir / "golden" / "a" / "f.tsv"));
+
+  // A failed run creates nothing; a path through a regular file is refused before the work.
+  r = run_cli("run --rows 2 --dim 8 --vocab 64 --temperature -1 --out '" + (dir / "failed" / "x.safetensors").string() +
+              "'" + small);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "failed"));
+  std::ofstream(dir / "plain") << "a file";
+  for (const std::string& args :
+       {"run --rows 2 --dim 8 --vocab 64 --out '" + (dir / "plain" / "x.safetensors").string() + "'" + small,
+        "harness l3 --side rollout --case tiny-v17 --out '" + (dir / "plain" / "r.safetensors").string() + "'" + small,
+        "harness l3-export --case tiny-v17 --dir '" + (dir / "plain" / "e").string() + "'"}) {
+    r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 3) << args << ": " << r.out << r.err;
+    EXPECT_NE(r.err.find("plain' is not a directory"), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(r.out.find("sha256("), std::string::npos) << args;
+  }
+}
+
+// A sparse file: `header` then `prefix` bytes, the rest up to `size` a hole (no disk blocks).
+// Returns false when the file system stored the hole as data (the test then cannot run cheaply).
+bool write_sparse(const fs::path& path, const std::string& header, const std::vector<uint8_t>& prefix, uint64_t size) {
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    f.write(reinterpret_cast<const char*>(prefix.data()), static_cast<std::streamsize>(prefix.size()));
+  }
+  fs::resize_file(path, size);
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{64} << 20);
+}
+
+// Runs the CLI as this process's direct child (no shell in between) and returns its exit code
+// and peak resident set size in bytes, from wait4's rusage of exactly that child.
+std::pair<int, int64_t> run_cli_peak_rss(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> argv_storage = {DETLOGP_CLI_PATH};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<char*> envp;  // the caller's environment without DETLOGP_* (the test sets the backend)
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "DETLOGP_", 8) != 0) envp.push_back(*e);
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) return {-1, 0};
+  int status = 0;
+  struct rusage usage {};
+  if (::wait4(pid, &status, 0, &usage) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<int64_t>(usage.ru_maxrss) * 1024};
+}
+
+// Inputs are used where they are mapped, not copied: the peak resident set of `detlogp run` on a
+// 2 GiB weight stays within the input's size plus the outputs and a small fixed allowance (the
+// binary, its libraries, thread stacks, the CPU backend's panels). A reader that copies the file
+// (or a tensor of it) needs twice the input.
+TEST_F(Cli, PeakMemoryStaysWithinTheInputSize) {
+  const fs::path dir = test_dir();
+  const int64_t dim = 4096, vocab = 262144;  // weight: 2 GiB of bf16, every byte read by the GEMM
+  const uint64_t weight_bytes = static_cast<uint64_t>(vocab * dim) * 2;
+  const int64_t allowance = int64_t{64} << 20;
+  const std::vector<uint16_t> hidden(static_cast<size_t>(dim), 0x3f80);  // bf16 1.0
+  const std::vector<int64_t> targets = {12345};
+  std::vector<uint8_t> prefix(sizeof(int64_t) + hidden.size() * 2);
+  std::memcpy(prefix.data(), targets.data(), sizeof(int64_t));
+  std::memcpy(prefix.data() + sizeof(int64_t), hidden.data(), hidden.size() * 2);
+
+  // safetensors: targets, hidden, then the weight as a hole at the end.
+  std::string json =
+      "{\"targets\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+      "\"hidden\":{\"dtype\":\"BF16\",\"shape\":[1," +
+      std::to_string(dim) + "],\"data_offsets\":[8," + std::to_string(prefix.size()) +
+      "]},\"weight\":{\"dtype\":\"BF16\",\"shape\":[" + std::to_string(vocab) + "," + std::to_string(dim) +
+      "],\"data_offsets\":[" + std::to_string(prefix.size()) + "," + std::to_string(prefix.size() + weight_bytes) +
+      "]}}";
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string header(8, '\0');
+  for (int i = 0; i < 8; ++i) header[static_cast<size_t>(i)] = static_cast<char>(json.size() >> (8 * i));
+  header += json;
+  const fs::path input = dir / "big.safetensors";
+  const uint64_t input_bytes = header.size() + prefix.size() + weight_bytes;
+  if (!write_sparse(input, header, prefix, input_bytes)) GTEST_SKIP() << "the file system does not keep holes";
+
+  // .npy: the weight file alone is the hole; hidden and targets are small files. A quarter of the
+  // rows keeps the test short and still shows a copy (512 MiB against the 64 MiB allowance).
+  const fs::path weight_npy = dir / "weight.npy";
+  const int64_t npy_vocab = vocab / 4;
+  const uint64_t npy_weight_bytes = weight_bytes / 4;
+  // The writer needs the data in memory, so the header of the [V, D] '<u2' array is made here.
+  std::string dict = "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::to_string(npy_vocab) + ", " +
+                     std::to_string(dim) + "), }";
+  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
+  dict += '\n';
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8);
+  npy += static_cast<char>(dict.size() & 0xff);
+  npy += static_cast<char>(dict.size() >> 8);
+  npy += dict;
+  ASSERT_TRUE(write_sparse(weight_npy, npy, {}, npy.size() + npy_weight_bytes));
+  detlogp::io::write_npy(dir / "hidden.npy", tensor_of(ElementType::bf16, {1, dim}, hidden));
+  detlogp::io::write_npy(dir / "targets.npy", tensor_of(ElementType::i64, {1}, targets));
+  const uint64_t npy_bytes =
+      fs::file_size(weight_npy) + fs::file_size(dir / "hidden.npy") + fs::file_size(dir / "targets.npy");
+
+  const std::vector<std::pair<std::vector<std::string>, uint64_t>> runs = {
+      {{"--input", input.string()}, input_bytes},
+      {{"--hidden", (dir / "hidden.npy").string(), "--weight", weight_npy.string(), "--targets",
+        (dir / "targets.npy").string()},
+       npy_bytes},
+  };
+  for (const auto& [inputs, bytes_in] : runs) {
+    std::vector<std::string> args = {"run", "--backend", kCpu, "--out", (dir / "out.safetensors").string()};
+    args.insert(args.end(), inputs.begin(), inputs.end());
+    const auto [exit_code, peak] = run_cli_peak_rss(args, dir / "log");
+    ASSERT_EQ(exit_code, 0) << inputs[0] << ":\n" << slurp(dir / "log");
+    const int64_t outputs = 2 * sizeof(float);  // logp and lse of one row
+    EXPECT_GT(peak, 0) << inputs[0];
+    EXPECT_LE(peak, static_cast<int64_t>(bytes_in) + outputs + allowance)
+        << inputs[0] << ": peak RSS " << (peak >> 20) << " MiB for " << (bytes_in >> 20) << " MiB of input";
+    EXPECT_NE(slurp(dir / "log").find("sha256(logp|lse)"), std::string::npos) << slurp(dir / "log");
+    fs::remove(dir / "out.safetensors");
+  }
 }
 
 }  // namespace

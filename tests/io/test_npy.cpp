@@ -182,7 +182,14 @@ TEST(NpyFiles, WriteReadAndMissingFile) {
   const HostTensor t = make_tensor(ElementType::i32, {2}, bytes_of(std::vector<int32_t>{1, 2}));
   detlogp::io::write_npy(dir / "t.npy", t);
   EXPECT_EQ(detlogp::io::read_npy(dir / "t.npy").bytes, t.bytes);
-  expect_error([&] { detlogp::io::read_npy(dir / "absent.npy"); }, {"absent.npy"});
+  expect_error([&] { detlogp::io::read_npy(dir / "absent.npy"); }, {"absent.npy': no such file"});
+  expect_error([&] { detlogp::io::map_npy(dir / "absent.npy"); }, {"absent.npy': no such file"});
+  expect_error([&] { detlogp::io::read_npy(dir); }, {"it is a directory"});
+  // The mapped reader views the data in the file's pages.
+  const detlogp::io::MappedNpy m = detlogp::io::map_npy(dir / "t.npy");
+  EXPECT_EQ(std::vector<uint8_t>(m.tensor.bytes.begin(), m.tensor.bytes.end()), t.bytes);
+  EXPECT_EQ(m.tensor.shape, t.shape);
+  EXPECT_EQ(m.tensor.bytes.data(), m.file->bytes().data() + m.file->bytes().size() - t.bytes.size());
   std::filesystem::remove_all(dir);
 }
 

@@ -2,7 +2,9 @@
 // that the error names the file and the offending field.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -249,7 +251,38 @@ TEST(SafetensorsMalformed, Metadata) {
 
 TEST(SafetensorsFiles, MissingFileIsNamed) {
   expect_error([] { detlogp::io::read_safetensors("no/such/dir/input.safetensors"); },
-               {"no/such/dir/input.safetensors"});
+               {"cannot read 'no/such/dir/input.safetensors': no such file"});
+  expect_error([] { detlogp::io::map_safetensors("no/such/dir/input.safetensors"); }, {"no such file"});
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "detlogp_io_safetensors_dir";
+  std::filesystem::create_directories(dir);
+  expect_error([&] { detlogp::io::read_safetensors(dir); }, {"detlogp_io_safetensors_dir': it is a directory"});
+  std::filesystem::remove_all(dir);
+}
+
+// The mapped reader hands out views into the file's pages: nothing is copied, the bytes are the
+// written ones, and they stay valid while the mapping is held.
+TEST(SafetensorsFiles, MappedTensorsViewTheFile) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "detlogp_io_safetensors_map";
+  std::filesystem::remove_all(dir);
+  const SafetensorsContents original = sample_contents();
+  detlogp::io::write_safetensors(dir / "m.safetensors", original);
+  const detlogp::io::MappedSafetensors m = detlogp::io::map_safetensors(dir / "m.safetensors");
+  const std::span<const uint8_t> file = m.file->bytes();
+  EXPECT_EQ(file.size(), std::filesystem::file_size(dir / "m.safetensors"));
+  ASSERT_EQ(m.contents.tensors.size(), original.tensors.size());
+  EXPECT_EQ(m.contents.metadata, original.metadata);
+  for (const auto& t : original.tensors) {
+    const detlogp::io::TensorRef* r = m.contents.find(t.name);
+    ASSERT_NE(r, nullptr) << t.name;
+    EXPECT_EQ(r->dtype, t.tensor.dtype) << t.name;
+    EXPECT_EQ(r->shape, t.tensor.shape) << t.name;
+    EXPECT_EQ(std::vector<uint8_t>(r->bytes.begin(), r->bytes.end()), t.tensor.bytes) << t.name;
+    EXPECT_GE(r->bytes.data(), file.data()) << t.name;
+    EXPECT_LE(r->bytes.data() + r->bytes.size(), file.data() + file.size()) << t.name;
+    // The canonical writer aligns each tensor's data to its element size, in the file and so in the map.
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r->bytes.data()) % detlogp::io::element_size(r->dtype), 0u) << t.name;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SafetensorsFiles, WriteThenReadAndFailedWriteLeavesNothing) {
@@ -262,8 +295,17 @@ TEST(SafetensorsFiles, WriteThenReadAndFailedWriteLeavesNothing) {
   // Only the output itself remains: the temporary file was renamed.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()), 1);
 
-  expect_error([&] { detlogp::io::write_safetensors(dir / "missing" / "out.safetensors", sample_contents()); },
-               {"does not exist"});
+  // Missing directories are created (mkdir -p); a path through a file, or onto a directory, fails.
+  detlogp::io::write_safetensors(dir / "missing" / "deeper" / "out.safetensors", sample_contents());
+  EXPECT_EQ(detlogp::io::read_safetensors(dir / "missing" / "deeper" / "out.safetensors").tensors.size(),
+            sample_contents().tensors.size());
+  std::filesystem::remove_all(dir / "missing");
+  expect_error([&] { detlogp::io::write_safetensors(dir / "out.safetensors" / "x.safetensors", sample_contents()); },
+               {"out.safetensors' is not a directory"});
+  std::filesystem::create_directories(dir / "sub.safetensors");
+  expect_error([&] { detlogp::io::write_safetensors(dir / "sub.safetensors", sample_contents()); },
+               {"sub.safetensors': it is a directory"});
+  std::filesystem::remove_all(dir / "sub.safetensors");
   SafetensorsContents bad;
   bad.add("x", make_tensor(ElementType::f32, {3}, std::vector<uint8_t>(8)));
   expect_error([&] { detlogp::io::write_safetensors(dir / "bad.safetensors", bad); },

@@ -2,13 +2,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <span>
 #include <sstream>
 
 #include "cli/commands.hpp"
 #include "detlogp/dist.hpp"
 #include "golden/harness.hpp"
+#include "io/file.hpp"
 
 namespace detlogp::cli {
 
@@ -72,12 +73,10 @@ int rollout_vs_trainer(const Options& o) {
   cfg.perturb_trainer_weight = o.flag("perturb-trainer-weight");
   cfg.rollout_opt = cfg.trainer_opt = call_options(o);
   const std::filesystem::path dir = o.text("out");
-  std::filesystem::create_directories(dir);
+  for (const char* name : {"report.json", "report.md"}) io::check_output_file(dir / name);
   const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, std::cout);
   for (const auto& [name, text] : {std::pair{"report.json", &r.json}, {"report.md", &r.markdown}}) {
-    std::ofstream f(dir / name, std::ios::binary);
-    f << *text;
-    DETLOGP_CHECK(f.good(), "failed writing '" << (dir / name).string() << "'");
+    io::write_file_atomically(dir / name, std::span(reinterpret_cast<const uint8_t*>(text->data()), text->size()));
     std::cout << "wrote: " << (dir / name).string() << "\n";
   }
   std::cout << "verdict: "
@@ -95,6 +94,7 @@ int l3_side(const Options& o) {
   if (side != "trainer" && side != "rollout") throw UsageError("--side must be trainer or rollout");
   if (!o.has("out") || std::filesystem::path(o.text("out")).extension() != ".safetensors")
     throw UsageError("--out FILE.safetensors is required");
+  io::check_output_file(o.text("out"));
   g::l3_run_side(side == "trainer" ? g::L3Side::trainer : g::L3Side::rollout, split_commas(o.text("case")),
                  static_cast<int>(o.integer("tp", 2, 1, kMaxTensorParallelRanks)), call_options(o), o.text("out"),
                  std::cout);

@@ -5,12 +5,13 @@
 #include <climits>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "cli/commands.hpp"
 #include "cli/compute.hpp"
 #include "cli/problem.hpp"
-#include "io/npy.hpp"
+#include "io/file.hpp"
 #include "io/safetensors.hpp"
 
 namespace detlogp::cli {
@@ -22,13 +23,27 @@ void run_help(std::ostream& os) {
         "                   [options] [--out FILE.safetensors]\n\n"
         "Computes logp and lse per row (and logits with --return-logits). Without an input it runs a\n"
         "built-in synthetic problem (N=64, D=1024, V=32000 unless changed) from a fixed-seed generator,\n"
-        "so the same command prints the same SHA-256 on every machine with the same backend. When the\n"
-        "weight is a vocabulary shard (vocab_start > 0 or V_local < real vocab) it outputs the\n"
-        "tensor-parallel partials instead: tile_max, tile_sum [N, tiles] f32, target_logit [N] f32,\n"
-        "target_owned [N] u8. The SHA-256 covers the raw little-endian bytes of the output tensors\n"
-        "concatenated in the order printed (logp|lse[|logits], or the partials).\n\n";
+        "so the same command prints the same SHA-256 on every machine with the same backend. A weight\n"
+        "that is a vocabulary shard (vocab_start > 0 or vocab_start + V_local < real_vocab) has no\n"
+        "logp/lse of its own: it is refused unless --partials asks for its tensor-parallel partials,\n"
+        "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8, written with\n"
+        "their layout (vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
+        "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
+        "order printed (logp|lse[|logits], or the partials).\n\n";
   print_option_help(os, command_options("run"));
   os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
+}
+
+// The entry --partials and --return-logits ask for; --partials needs the shard's place stated.
+Entry requested_entry(const Options& o) {
+  if (!o.flag("partials")) return o.flag("return-logits") ? Entry::serving : Entry::trainer;
+  if (o.flag("return-logits"))
+    throw UsageError("--partials and --return-logits exclude each other (a shard's partials carry no logits)");
+  if (!o.has("vocab-start") || !o.has("real-vocab"))
+    throw UsageError(
+        "--partials needs --vocab-start (the global id of the weight's row 0) and --real-vocab (the whole "
+        "vocabulary), the layout its output records");
+  return Entry::partials;
 }
 
 HostProblem load_problem(const Options& o) {
@@ -49,14 +64,12 @@ HostProblem load_problem(const Options& o) {
     p = problem_from_inputs(inputs_from_safetensors(path));
     p.source = path;
   } else if (from_npy) {
-    NamedInputs in;
+    std::map<std::string, std::string> paths;
     for (const char* name : {"hidden", "weight", "targets", "bias", "temperatures"}) {
       if (!o.has(name)) continue;
-      const std::string path = o.text(name);
-      const std::string tensor_name = std::string(name) == "temperatures" ? "temperature" : name;
-      in.tensors[tensor_name] = {path, io::read_npy(path)};
+      paths[std::string(name) == "temperatures" ? "temperature" : name] = o.text(name);
     }
-    p = problem_from_inputs(in);
+    p = problem_from_inputs(inputs_from_npy(paths));
     p.source = "npy files";
   } else {
     const int64_t rows = o.integer("rows", 64, 0, int64_t{1} << 24);
@@ -83,33 +96,32 @@ HostProblem load_problem(const Options& o) {
   return p;
 }
 
-// The --out path, checked before any work: a .safetensors name in an existing directory.
+// The --out path, checked before any work: a .safetensors name that can become a file (its
+// missing directories are created when it is written, after the computation succeeded).
 std::filesystem::path checked_out_path(const Options& o) {
   if (!o.has("out")) return {};
   const std::filesystem::path out_path = o.text("out");
   if (out_path.extension() != ".safetensors") throw UsageError("--out must name a .safetensors file");
-  const std::filesystem::path dir = out_path.has_parent_path() ? out_path.parent_path() : ".";
-  DETLOGP_CHECK(std::filesystem::is_directory(dir),
-                "--out " << out_path.string() << ": directory '" << dir.string() << "' does not exist");
+  io::check_output_file(out_path);
   return out_path;
 }
 
 void print_summary(const HostProblem& p, const RunOutputs& out, double best_seconds, int64_t repeat,
                    const std::string& sha) {
   std::ostringstream temperature;
-  if (p.temperature_rows.empty())
+  if (!p.temperature_rows.present())
     temperature << p.temperature;
   else
     temperature << "per-row";
   std::cout << "problem: " << p.source << ": N=" << p.rows << " D=" << p.dim << " V_local=" << p.vocab_local
             << " real_vocab=" << p.effective_real_vocab() << " vocab_start=" << p.vocab_start
             << " ignore_index=" << p.ignore_index << " temperature=" << temperature.str()
-            << " bias=" << (p.bias.empty() ? "no" : "yes") << "\n";
+            << " bias=" << (p.bias.present() ? "yes" : "no") << "\n";
   std::cout << "backend: " << describe_report(out.report) << "\n";
   std::cout << "entry: "
-            << (out.partials ? "partials (vocab shard)"
-                : out.logits ? "serving (logits)"
-                             : "trainer")
+            << (out.entry == Entry::partials  ? "partials (vocab shard)"
+                : out.entry == Entry::serving ? "serving (logits)"
+                                              : "trainer")
             << "\n";
   std::ostringstream timing;
   timing.setf(std::ios::fixed);
@@ -124,6 +136,7 @@ void print_summary(const HostProblem& p, const RunOutputs& out, double best_seco
 int command_run(const Options& o) {
   check_environment();
   const int64_t repeat = o.integer("repeat", 1, 1, 1000);
+  const Entry entry = requested_entry(o);
   const std::filesystem::path out_path = checked_out_path(o);
   const HostProblem p = load_problem(o);
   const CallOptions opt = call_options(o);
@@ -133,7 +146,7 @@ int command_run(const Options& o) {
   std::string first_sha;
   for (int64_t r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    RunOutputs current = compute(p, o.flag("return-logits"), opt);
+    RunOutputs current = compute(p, entry, opt);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string sha = output_sha256(current);
     if (r == 0) {
@@ -154,7 +167,8 @@ int command_run(const Options& o) {
   if (!out_path.empty()) {
     io::SafetensorsContents file;
     for (auto& [name, t] : out.tensors) file.add(name, std::move(t));
-    file.metadata["format"] = "detlogp-output-v1";
+    if (out.entry == Entry::partials) file.metadata = partials_metadata(p, out.report);
+    file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v1" : "detlogp-output-v1";
     file.metadata["detlogp_version"] = version_string();
     file.metadata["provenance"] = to_string(out.report.provenance);
     file.metadata["sha256"] = first_sha;

@@ -148,11 +148,11 @@ VerifyPool built_in_pool(uint64_t seed, const Options& o) {
   pool.rows = 1000;
   pool.dim = o.integer("dim", 256, 1, 1 << 16);
   pool.vocab = o.integer("vocab", 2053, 1, 1 << 20);
-  HostProblem p = synthetic_problem(seed, pool.rows, pool.dim, pool.vocab, pool.vocab, pool.ignore_index, true);
-  pool.hidden = std::move(p.hidden);
-  pool.weight = std::move(p.weight);
-  pool.bias = std::move(p.bias);
-  pool.targets = std::move(p.targets);
+  SyntheticTensors t = synthetic_tensors(seed, pool.rows, pool.dim, pool.vocab, pool.vocab, pool.ignore_index, true);
+  pool.hidden = std::move(t.hidden);
+  pool.weight = std::move(t.weight);
+  pool.bias = std::move(t.bias);
+  pool.targets = std::move(t.targets);
   return pool;
 }
 

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <system_error>
 
 #include "cli/commands.hpp"
 #include "cli/compute.hpp"
 #include "golden/goldens.hpp"
+#include "io/file.hpp"
 
 namespace detlogp::cli {
 
@@ -30,6 +32,7 @@ std::vector<std::string> selected_cases(const Options& o) {
 
 void append_records(const std::string& path, const std::vector<std::string>& new_lines) {
   const bool fresh = !std::filesystem::exists(path);
+  if (fresh) io::ensure_directory(std::filesystem::absolute(path).parent_path());
   std::ofstream f(path, std::ios::app);
   DETLOGP_CHECK(f, "cannot append to '" << path << "'");
   if (fresh) f << "# contract_version\tarch\tcc\tcase\tscope\tsha256 (docs/validation.md)\n";
@@ -47,10 +50,16 @@ int command_verify_golden(const Options& o) {
   if (o.has("seed") || o.has("dim") || o.has("vocab"))
     throw UsageError("--seed/--dim/--vocab shape the ladder's problem; the golden cases are fixed");
   const std::string path = o.text("golden-file", DETLOGP_GOLDEN_FILE);
+  // A file that is not there yet is an empty table (--record starts it); anything else must read.
+  std::error_code ec;
+  const bool present = std::filesystem::exists(std::filesystem::symlink_status(path, ec));
+  if (present) io::check_input_file(path);
+  if (o.flag("record")) io::check_output_file(path);
   const auto table = g::read_fingerprints(path);
   const CallOptions opt = call_options(o);
   const std::vector<std::string> only = selected_cases(o);
-  std::cout << "detlogp verify --golden: " << path << " (" << table.size() << " entries)\n";
+  std::cout << "detlogp verify --golden: " << path << " ("
+            << (present ? std::to_string(table.size()) + " entries" : std::string("no such file: 0 entries")) << ")\n";
   int pass = 0, fail = 0, missing = 0;
   std::vector<std::string> new_lines;
   std::string served;

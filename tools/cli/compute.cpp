@@ -2,7 +2,6 @@
 
 #include <sstream>
 
-#include "cli/options.hpp"
 #include "io/sha256.hpp"
 
 namespace detlogp::cli {
@@ -16,7 +15,7 @@ HostTensor f32_tensor(std::vector<int64_t> shape) { return HostTensor::zeros(Ele
 
 RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, const CallOptions& opt) {
   RunOutputs out;
-  out.partials = true;
+  out.entry = Entry::partials;
   const int64_t tiles = shard_tiles(p.vocab_local);
   std::vector<TileSummary> summaries(static_cast<size_t>(p.rows * tiles));
   HostTensor target_logit = f32_tensor({p.rows});
@@ -43,20 +42,25 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
   return out;
 }
 
+// A weight that is not the whole vocabulary from id 0 gives partials, never logp/lse.
+bool is_vocab_shard(const HostProblem& p) {
+  return p.vocab_start != 0 || p.vocab_start + p.vocab_local < p.effective_real_vocab();
+}
+
 }  // namespace
 
-RunOutputs compute(const HostProblem& p, bool return_logits, const CallOptions& opt) {
+RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt) {
   const LinearLogpInputs in = p.inputs();
-  const int64_t real_vocab = p.effective_real_vocab();
-  if (p.vocab_start > 0 || p.vocab_start + p.vocab_local < real_vocab) {
-    if (return_logits) {
-      throw UsageError("--return-logits needs the whole vocabulary in one shard; this shard [" +
-                       std::to_string(p.vocab_start) + ", " + std::to_string(p.vocab_start + p.vocab_local) +
-                       ") of real_vocab=" + std::to_string(real_vocab) + " produces partials");
-    }
-    return compute_partials(p, in, opt);
-  }
+  if (entry == Entry::partials) return compute_partials(p, in, opt);
+  DETLOGP_CHECK(!is_vocab_shard(p), "real_vocab=" << p.effective_real_vocab() << " but the weight has V_local="
+                                                  << p.vocab_local << " rows from vocab_start=" << p.vocab_start
+                                                  << " (ids [" << p.vocab_start << ", " << p.vocab_start + p.vocab_local
+                                                  << ")): a vocabulary shard gives tensor-parallel partials, not "
+                                                     "logp/lse; pass --partials (with --vocab-start and "
+                                                     "--real-vocab) to write them");
+  const bool return_logits = entry == Entry::serving;
   RunOutputs out;
+  out.entry = entry;
   HostTensor logp = f32_tensor({p.rows});
   HostTensor lse = f32_tensor({p.rows});
   HostTensor logits;
@@ -67,10 +71,37 @@ RunOutputs compute(const HostProblem& p, bool return_logits, const CallOptions& 
     o.logits = mutable_matrix(logits.data(), DType::f32, p.rows, p.vocab_local);
   }
   out.report = linear_logp(in, o, opt);
-  out.logits = return_logits;
   out.tensors = {{"logp", std::move(logp)}, {"lse", std::move(lse)}};
   if (return_logits) out.tensors.emplace_back("logits", std::move(logits));
   return out;
+}
+
+std::string targets_sha256(const TensorView& targets) {
+  io::Sha256 h;
+  for (int64_t n = 0; n < targets.rows; ++n) {
+    const int64_t t = targets.dtype == DType::i64 ? static_cast<const int64_t*>(targets.data)[n]
+                                                  : static_cast<const int32_t*>(targets.data)[n];
+    uint8_t le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>(static_cast<uint64_t>(t) >> (8 * i));
+    h.update(le, sizeof(le));
+  }
+  return io::Sha256::hex(h.finish());
+}
+
+std::map<std::string, std::string> partials_metadata(const HostProblem& p, const CallReport& report) {
+  const Provenance& prov = report.provenance;
+  return {
+      {"rows", std::to_string(p.rows)},
+      {"tiles", std::to_string(shard_tiles(p.vocab_local))},
+      {"vocab_start", std::to_string(p.vocab_start)},
+      {"vocab_local", std::to_string(p.vocab_local)},
+      {"real_vocab", std::to_string(p.effective_real_vocab())},
+      {"ignore_index", std::to_string(p.ignore_index)},
+      {"backend", prov.backend_id},
+      {"contract", prov.contract_name + " v" + std::to_string(prov.contract_version)},
+      {"provenance", to_string(prov)},
+      {"targets_sha256", targets_sha256(p.targets)},
+  };
 }
 
 std::string output_sha256(const RunOutputs& out) {

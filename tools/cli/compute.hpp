@@ -1,7 +1,8 @@
 // One problem through the library: the trainer or serving entry for a whole vocabulary, the
-// tensor-parallel partials for a vocabulary shard, and the digest `detlogp run` prints.
+// tensor-parallel partials of a vocabulary shard, and the digest `detlogp run` prints.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,17 +13,31 @@
 
 namespace detlogp::cli {
 
+enum class Entry {
+  trainer,   // logp, lse [N] f32
+  serving,   // logp, lse and logits [N, V_local] f32
+  partials,  // tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8
+};
+
 struct RunOutputs {
   std::vector<std::pair<std::string, io::HostTensor>> tensors;  // in SHA order
   CallReport report;
-  bool partials = false;
-  bool logits = false;
+  Entry entry = Entry::trainer;
 };
 
-// logp, lse [N] f32 (and logits [N, V_local] with return_logits); for a vocabulary shard
-// (vocab_start > 0 or V_local short of the real vocabulary) tile_max, tile_sum [N, tiles] f32,
-// target_logit [N] f32 and target_owned [N] u8. Throws UsageError for logits of a shard.
-RunOutputs compute(const HostProblem& p, bool return_logits, const CallOptions& opt);
+// The outputs of `entry`. The trainer and serving entries refuse a vocabulary shard (a weight
+// whose rows are not the whole vocabulary from id 0: vocab_start != 0 or vocab_start + V_local <
+// real_vocab) with an error naming real_vocab, V_local and vocab_start that says to ask for
+// --partials.
+RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt);
+
+// The layout a partials file carries so shards can be checked before a merge (docs/cli.md):
+// rows, tiles, vocab_start, vocab_local, real_vocab, ignore_index, backend, contract, provenance,
+// targets_sha256.
+std::map<std::string, std::string> partials_metadata(const HostProblem& p, const CallReport& report);
+
+// SHA-256 of the N targets as little-endian int64 (the same for I32 and I64 inputs).
+std::string targets_sha256(const TensorView& targets);
 
 // SHA-256 of the output tensors' raw bytes concatenated in order, and the order as "a|b|c".
 std::string output_sha256(const RunOutputs& out);

@@ -1,16 +1,19 @@
 #include "cli/problem.hpp"
 
+#include <cctype>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "detlogp/fpops.hpp"
+#include "io/npy.hpp"
 #include "io/safetensors.hpp"
 
 namespace detlogp::cli {
 
 using io::ElementType;
-using io::HostTensor;
 
 float ProblemRng::bell() {
   const uint64_t r = next();
@@ -27,11 +30,11 @@ std::vector<uint16_t> random_bf16(uint64_t seed, uint64_t stream, int64_t count,
 
 LinearLogpInputs HostProblem::inputs() const {
   LinearLogpInputs in;
-  in.hidden = TensorView::matrix(hidden.data(), DType::bf16, rows, dim);
-  in.weight = TensorView::matrix(weight.data(), DType::bf16, vocab_local, dim);
-  in.targets = TensorView::vector(targets.data(), DType::i64, rows);
-  if (!bias.empty()) in.bias = TensorView::vector(bias.data(), DType::f32, vocab_local);
-  if (!temperature_rows.empty()) in.temperature_rows = TensorView::vector(temperature_rows.data(), DType::f32, rows);
+  in.hidden = hidden;
+  in.weight = weight;
+  in.targets = targets;
+  in.bias = bias;
+  in.temperature_rows = temperature_rows;
   in.temperature = temperature;
   in.real_vocab = real_vocab;
   in.vocab_start = vocab_start;
@@ -39,53 +42,48 @@ LinearLogpInputs HostProblem::inputs() const {
   return in;
 }
 
+SyntheticTensors synthetic_tensors(uint64_t seed, int64_t rows, int64_t dim, int64_t vocab, int64_t real_vocab,
+                                   int64_t ignore_index, bool with_bias) {
+  SyntheticTensors t;
+  t.hidden = random_bf16(seed, kStreamHidden, rows * dim, 1.0f);
+  t.weight = random_bf16(seed, kStreamWeight, vocab * dim, 0.1f);
+  const int64_t target_range = real_vocab < 0 ? vocab : real_vocab;
+  ProblemRng rng(seed, kStreamTargets);
+  t.targets.resize(static_cast<size_t>(rows));
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint64_t r = rng.next();
+    t.targets[static_cast<size_t>(n)] =
+        n % 16 == 15 ? ignore_index : static_cast<int64_t>(r % static_cast<uint64_t>(target_range));
+  }
+  if (with_bias) {
+    ProblemRng bias_rng(seed, kStreamBias);
+    t.bias.resize(static_cast<size_t>(vocab));
+    for (float& b : t.bias) b = bias_rng.bell() * 0.5f;
+  }
+  return t;
+}
+
 HostProblem synthetic_problem(uint64_t seed, int64_t rows, int64_t dim, int64_t vocab, int64_t real_vocab,
                               int64_t ignore_index, bool with_bias) {
+  auto t = std::make_shared<const SyntheticTensors>(
+      synthetic_tensors(seed, rows, dim, vocab, real_vocab, ignore_index, with_bias));
   HostProblem p;
   p.rows = rows;
   p.dim = dim;
   p.vocab_local = vocab;
   p.real_vocab = real_vocab;
   p.ignore_index = ignore_index;
-  p.hidden = random_bf16(seed, kStreamHidden, rows * dim, 1.0f);
-  p.weight = random_bf16(seed, kStreamWeight, vocab * dim, 0.1f);
-  const int64_t target_range = real_vocab < 0 ? vocab : real_vocab;
-  ProblemRng rng(seed, kStreamTargets);
-  p.targets.resize(static_cast<size_t>(rows));
-  for (int64_t n = 0; n < rows; ++n) {
-    const uint64_t r = rng.next();
-    p.targets[static_cast<size_t>(n)] =
-        n % 16 == 15 ? ignore_index : static_cast<int64_t>(r % static_cast<uint64_t>(target_range));
-  }
-  if (with_bias) {
-    ProblemRng bias_rng(seed, kStreamBias);
-    p.bias.resize(static_cast<size_t>(vocab));
-    for (float& b : p.bias) b = bias_rng.bell() * 0.5f;
-  }
+  p.hidden = TensorView::matrix(t->hidden.data(), DType::bf16, rows, dim);
+  p.weight = TensorView::matrix(t->weight.data(), DType::bf16, vocab, dim);
+  p.targets = TensorView::vector(t->targets.data(), DType::i64, rows);
+  if (!t->bias.empty()) p.bias = TensorView::vector(t->bias.data(), DType::f32, vocab);
+  p.storage.push_back(t);
   return p;
 }
 
 namespace {
 
-std::vector<int64_t> widen_targets(const HostTensor& t) {
-  std::vector<int64_t> out(static_cast<size_t>(t.element_count()));
-  if (t.dtype == ElementType::i64) {
-    std::memcpy(out.data(), t.data(), out.size() * sizeof(int64_t));
-  } else {
-    const auto* p = static_cast<const int32_t*>(t.data());
-    for (size_t i = 0; i < out.size(); ++i) out[i] = p[i];
-  }
-  return out;
-}
-
-template <class T>
-std::vector<T> copy_elements(const HostTensor& t) {
-  std::vector<T> out(static_cast<size_t>(t.element_count()));
-  if (!out.empty()) std::memcpy(out.data(), t.data(), out.size() * sizeof(T));
-  return out;
-}
-
-void require_dtype(const std::string& file, const std::string& name, const HostTensor& t,
+void require_dtype(const std::string& file, const std::string& name, const io::TensorRef& t,
                    std::initializer_list<ElementType> allowed) {
   std::string list;
   for (ElementType a : allowed) {
@@ -94,6 +92,48 @@ void require_dtype(const std::string& file, const std::string& name, const HostT
   }
   DETLOGP_FAIL("'" << file << "': tensor '" << name << "' must be " << list << ", got "
                    << io::element_type_name(t.dtype));
+}
+
+// The library's element type of a file's, where it has one (U8 it has not).
+std::optional<DType> library_dtype(ElementType t) {
+  switch (t) {
+    case ElementType::bf16:
+      return DType::bf16;
+    case ElementType::f32:
+      return DType::f32;
+    case ElementType::i32:
+      return DType::i32;
+    case ElementType::i64:
+      return DType::i64;
+    case ElementType::u8:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// The bytes of `t` where the library may read them: in place when the data is aligned to its
+// element size (the writers of the format align it), else one aligned copy kept in p.storage.
+const void* library_bytes(const io::TensorRef& t, HostProblem& p) {
+  const auto align = static_cast<uintptr_t>(io::element_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(t.data()) % align == 0) return t.data();
+  auto copy = std::make_shared<std::vector<uint64_t>>((t.bytes.size() + 7) / 8);
+  std::memcpy(copy->data(), t.bytes.data(), t.bytes.size());
+  p.storage.push_back(copy);
+  return copy->data();
+}
+
+// A temperature tensor of any shape but []: per-row temperatures. The library checks them as it
+// checks temperature_rows from every face ([N] f32, no broadcast of a [1] tensor), so the
+// messages are its own; what a TensorView cannot carry is refused here in the same words.
+void set_temperature_rows(const io::TensorRef& t, HostProblem& p) {
+  DETLOGP_CHECK(t.shape.size() == 1, "temperature_rows must be 1-D, got ndim=" << t.shape.size());
+  const std::optional<DType> dtype = library_dtype(t.dtype);
+  if (!dtype) {
+    std::string name = io::element_type_name(t.dtype);  // in the library's spelling: lower case
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    DETLOGP_FAIL("temperature_rows must be " << dtype_name(DType::f32) << ", got " << name);
+  }
+  p.temperature_rows = TensorView::vector(library_bytes(t, p), *dtype, t.shape[0]);
 }
 
 }  // namespace
@@ -126,31 +166,29 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
                     << shape_to_string(targets.shape));
 
   HostProblem p;
+  p.storage.assign(in.files.begin(), in.files.end());
   p.rows = hidden.shape[0];
   p.dim = hidden.shape[1];
   p.vocab_local = weight.shape[0];
-  p.hidden = copy_elements<uint16_t>(hidden);
-  p.weight = copy_elements<uint16_t>(weight);
-  p.targets = widen_targets(targets);
+  p.hidden = TensorView::matrix(library_bytes(hidden, p), DType::bf16, p.rows, p.dim);
+  p.weight = TensorView::matrix(library_bytes(weight, p), DType::bf16, p.vocab_local, p.dim);
+  p.targets = TensorView::vector(library_bytes(targets, p), *library_dtype(targets.dtype), p.rows);
   if (auto it = in.tensors.find("bias"); it != in.tensors.end()) {
     const auto& [file, bias] = it->second;
     require_dtype(file, "bias", bias, {ElementType::f32});
     DETLOGP_CHECK(bias.shape.size() == 1 && bias.shape[0] == p.vocab_local,
                   "'" << file << "': tensor 'bias' must be [V_local=" << p.vocab_local << "], got shape "
                       << shape_to_string(bias.shape));
-    p.bias = copy_elements<float>(bias);
+    p.bias = TensorView::vector(library_bytes(bias, p), DType::f32, p.vocab_local);
   }
   if (auto it = in.tensors.find("temperature"); it != in.tensors.end()) {
     const auto& [file, temp] = it->second;
-    require_dtype(file, "temperature", temp, {ElementType::f32});
-    const bool scalar = temp.shape.empty() || (temp.shape.size() == 1 && temp.shape[0] == 1 && p.rows != 1);
-    const bool per_row = temp.shape.size() == 1 && temp.shape[0] == p.rows;
-    DETLOGP_CHECK(scalar || per_row, "'" << file << "': tensor 'temperature' must be a scalar [] or [N=" << p.rows
-                                         << "], got shape " << shape_to_string(temp.shape));
-    if (per_row)
-      p.temperature_rows = copy_elements<float>(temp);
-    else
-      p.temperature = copy_elements<float>(temp)[0];
+    if (temp.shape.empty()) {
+      require_dtype(file, "temperature", temp, {ElementType::f32});
+      std::memcpy(&p.temperature, temp.data(), sizeof(float));
+    } else {
+      set_temperature_rows(temp, p);
+    }
     p.temperature_from_input = true;
   }
   return p;
@@ -158,8 +196,19 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
 
 NamedInputs inputs_from_safetensors(const std::string& path) {
   NamedInputs in;
-  io::SafetensorsContents contents = io::read_safetensors(path);
-  for (auto& t : contents.tensors) in.tensors[t.name] = {path, std::move(t.tensor)};
+  io::MappedSafetensors mapped = io::map_safetensors(path);
+  for (auto& t : mapped.contents.tensors) in.tensors[t.name] = {path, std::move(t.tensor)};
+  in.files.push_back(std::move(mapped.file));
+  return in;
+}
+
+NamedInputs inputs_from_npy(const std::map<std::string, std::string>& paths) {
+  NamedInputs in;
+  for (const auto& [name, path] : paths) {
+    io::MappedNpy mapped = io::map_npy(path);
+    in.tensors[name] = {path, std::move(mapped.tensor)};
+    in.files.push_back(std::move(mapped.file));
+  }
   return in;
 }
 
