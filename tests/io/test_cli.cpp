@@ -25,7 +25,6 @@
 #include "io/safetensors.hpp"
 #include "io/sha256.hpp"
 #include "test_random.hpp"
-#include "tp/tp_merge.hpp"
 
 namespace {
 
@@ -291,6 +290,19 @@ TEST_F(Cli, NpyInputsGiveTheSameDigestAsSafetensors) {
 }
 
 // Two vocabulary shards through the CLI, merged with merge_partials, equal the whole-vocab run.
+// The PartialsLayout a detlogp-partials-v1 file records (docs/file-formats.md), as a reader rebuilds it.
+detlogp::PartialsLayout layout_from_metadata(const std::map<std::string, std::string>& m) {
+  detlogp::PartialsLayout l;
+  l.vocab_start = std::stoll(m.at("vocab_start"));
+  l.vocab_local = std::stoll(m.at("vocab_local"));
+  l.real_vocab = std::stoll(m.at("real_vocab"));
+  l.ignore_index = std::stoll(m.at("ignore_index"));
+  l.targets_digest = std::stoull(m.at("targets_digest"), nullptr, 16);
+  l.temperature_digest = std::stoull(m.at("temperature_digest"), nullptr, 16);
+  l.backend_digest = std::stoull(m.at("backend_digest"), nullptr, 16);
+  return l;
+}
+
 TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
   const fs::path dir = test_dir();
   const FileProblem problem;
@@ -320,13 +332,6 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
                                  (dir / "full_out.safetensors").string() + "' --backend " + kCpu);
   ASSERT_EQ(full.exit_code, 0) << full.err;
 
-  // SHA-256 of the targets as little-endian int64, whatever their dtype in the input.
-  detlogp::io::Sha256 targets_hash;
-  for (const int32_t t : problem.targets) {
-    const auto wide = static_cast<int64_t>(t);
-    targets_hash.update(&wide, sizeof(wide));
-  }
-  const std::string targets_digest = detlogp::io::Sha256::hex(targets_hash.finish());
   std::vector<std::vector<detlogp::TileSummary>> summaries(2);
   std::vector<std::vector<float>> target_logit(2);
   std::vector<std::vector<uint8_t>> owned(2);
@@ -347,7 +352,6 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
         {"ignore_index", "-100"},
         {"backend", kCpu},
         {"contract", std::string(detlogp::kContractName) + " v" + std::to_string(detlogp::kContractVersion)},
-        {"targets_sha256", targets_digest},
     };
     for (const auto& [key, value] : layout) {
       ASSERT_EQ(out.metadata.count(key), 1u) << key;
@@ -366,14 +370,24 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
     partials[s].summaries = summaries[s].data();
     partials[s].target_logit = target_logit[s].data();
     partials[s].target_owned = owned[s].data();
+    partials[s].layout = layout_from_metadata(out.metadata);
   }
   std::vector<float> logp(static_cast<size_t>(problem.rows)), lse(logp.size());
-  // The partials files carry no PartialsLayout, which merge_partials requires: merge them with the
-  // protocol's unchecked merge.
-  detlogp::tp::merge_owned(
-      partials, detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows),
-      detlogp::kDefaultIgnoreIndex, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
-      detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows), nullptr);
+  // The layout read back from the files is what the checked merge verifies: swapped shards and
+  // other targets are refused, the files in rank order merge to the whole-vocabulary bits.
+  const auto targets = detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows);
+  const auto logp_view = detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows);
+  const auto lse_view = detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows);
+  EXPECT_THROW(
+      detlogp::merge_partials({partials[1], partials[0]}, targets, detlogp::kDefaultIgnoreIndex, logp_view, lse_view),
+      detlogp::Error);
+  std::vector<int32_t> other_targets = problem.targets;
+  other_targets[0] = (other_targets[0] + 1) % static_cast<int32_t>(problem.vocab);
+  EXPECT_THROW(detlogp::merge_partials(
+                   partials, detlogp::TensorView::vector(other_targets.data(), detlogp::DType::i32, problem.rows),
+                   detlogp::kDefaultIgnoreIndex, logp_view, lse_view),
+               detlogp::Error);
+  detlogp::merge_partials(partials, targets, detlogp::kDefaultIgnoreIndex, logp_view, lse_view);
   const SafetensorsContents full_out = detlogp::io::read_safetensors(dir / "full_out.safetensors");
   expect_same_bits(logp, values_of<float>(*full_out.find("logp")), "merged logp");
   expect_same_bits(lse, values_of<float>(*full_out.find("lse")), "merged lse");

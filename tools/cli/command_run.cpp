@@ -167,7 +167,7 @@ int command_run(const Options& o) {
   if (!out_path.empty()) {
     io::SafetensorsContents file;
     for (auto& [name, t] : out.tensors) file.add(name, std::move(t));
-    if (out.entry == Entry::partials) file.metadata = partials_metadata(p, out.report);
+    if (out.entry == Entry::partials) file.metadata = partials_metadata(p, out);
     file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v1" : "detlogp-output-v1";
     file.metadata["detlogp_version"] = version_string();
     file.metadata["provenance"] = to_string(out.report.provenance);

@@ -1,5 +1,6 @@
 #include "cli/compute.hpp"
 
+#include <iomanip>
 #include <sstream>
 
 #include "io/sha256.hpp"
@@ -27,6 +28,7 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
   partials.target_logit = static_cast<float*>(target_logit.data());
   partials.target_owned = static_cast<uint8_t*>(owned.data());
   out.report = linear_logp_partials(in, partials, opt);
+  out.layout = partials.layout;
   HostTensor tile_max = f32_tensor({p.rows, tiles});
   HostTensor tile_sum = f32_tensor({p.rows, tiles});
   auto* max_out = static_cast<float*>(tile_max.data());
@@ -76,31 +78,31 @@ RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt) {
   return out;
 }
 
-std::string targets_sha256(const TensorView& targets) {
-  io::Sha256 h;
-  for (int64_t n = 0; n < targets.rows; ++n) {
-    const int64_t t = targets.dtype == DType::i64 ? static_cast<const int64_t*>(targets.data)[n]
-                                                  : static_cast<const int32_t*>(targets.data)[n];
-    uint8_t le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<uint8_t>(static_cast<uint64_t>(t) >> (8 * i));
-    h.update(le, sizeof(le));
-  }
-  return io::Sha256::hex(h.finish());
+namespace {
+
+std::string hex64(uint64_t v) {
+  std::ostringstream s;
+  s << std::hex << std::setw(16) << std::setfill('0') << v;
+  return s.str();
 }
 
-std::map<std::string, std::string> partials_metadata(const HostProblem& p, const CallReport& report) {
-  const Provenance& prov = report.provenance;
+}  // namespace
+
+std::map<std::string, std::string> partials_metadata(const HostProblem& p, const RunOutputs& out) {
+  const Provenance& prov = out.report.provenance;
+  const PartialsLayout& l = out.layout;
   return {
       {"rows", std::to_string(p.rows)},
-      {"tiles", std::to_string(shard_tiles(p.vocab_local))},
-      {"vocab_start", std::to_string(p.vocab_start)},
-      {"vocab_local", std::to_string(p.vocab_local)},
-      {"real_vocab", std::to_string(p.effective_real_vocab())},
-      {"ignore_index", std::to_string(p.ignore_index)},
+      {"tiles", std::to_string(shard_tiles(l.vocab_local))},
+      {"vocab_start", std::to_string(l.vocab_start)},
+      {"vocab_local", std::to_string(l.vocab_local)},
+      {"real_vocab", std::to_string(l.real_vocab)},
+      {"ignore_index", std::to_string(l.ignore_index)},
       {"backend", prov.backend_id},
       {"contract", prov.contract_name + " v" + std::to_string(prov.contract_version)},
-      {"provenance", to_string(prov)},
-      {"targets_sha256", targets_sha256(p.targets)},
+      {"targets_digest", hex64(l.targets_digest)},
+      {"temperature_digest", hex64(l.temperature_digest)},
+      {"backend_digest", hex64(l.backend_digest)},
   };
 }
 

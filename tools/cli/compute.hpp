@@ -23,6 +23,7 @@ struct RunOutputs {
   std::vector<std::pair<std::string, io::HostTensor>> tensors;  // in SHA order
   CallReport report;
   Entry entry = Entry::trainer;
+  PartialsLayout layout;  // Entry::partials: what linear_logp_partials recorded
 };
 
 // The outputs of `entry`. The trainer and serving entries refuse a vocabulary shard (a weight
@@ -31,13 +32,11 @@ struct RunOutputs {
 // --partials.
 RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt);
 
-// The layout a partials file carries so shards can be checked before a merge (docs/cli.md):
-// rows, tiles, vocab_start, vocab_local, real_vocab, ignore_index, backend, contract, provenance,
-// targets_sha256.
-std::map<std::string, std::string> partials_metadata(const HostProblem& p, const CallReport& report);
-
-// SHA-256 of the N targets as little-endian int64 (the same for I32 and I64 inputs).
-std::string targets_sha256(const TensorView& targets);
+// The layout a partials file carries so shards can be checked before a merge (docs/cli.md): rows,
+// tiles, backend, contract and the library's PartialsLayout (vocab_start, vocab_local, real_vocab,
+// ignore_index, targets/temperature/backend digests as 16 hex digits), from which a reader rebuilds
+// the PartialsLayout that merge_partials checks.
+std::map<std::string, std::string> partials_metadata(const HostProblem& p, const RunOutputs& out);
 
 // SHA-256 of the output tensors' raw bytes concatenated in order, and the order as "a|b|c".
 std::string output_sha256(const RunOutputs& out);
