@@ -24,7 +24,7 @@ from .. import _detlogp as _ext, _errors
 from .._errors import BackendError, DetlogpError
 from . import backward
 from .op import set_report
-from .tensors import check_tensors, library_problem, stream_of
+from .tensors import check_tensors, decode_copies, library_problem, stream_of
 
 # What every rank must share with rank 0: the provenance fields of the backend that would serve it.
 AGREED_FIELDS = ("backend_id", "contract_name", "contract_version", "arch")
@@ -96,7 +96,7 @@ def agree(group, record: Sequence[str], device) -> None:
 
 
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-             real_vocab, backend, strict, group):  # fmt: skip
+             real_vocab, backend, strict, group, copies):  # fmt: skip
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n, v = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty((n,), dtype=torch.float32)
@@ -120,7 +120,7 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
     report = _ext.linear_logp_tensor_parallel(
         problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather
     )
-    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}))
+    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=decode_copies(copies)))
     return logp, lse, logits
 
 
@@ -139,10 +139,10 @@ def _rank_ordered_sum(x: Tensor, group) -> Tensor:
 class TensorParallelLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
-                vocab_start, real_vocab, backend, strict, group):  # fmt: skip
+                vocab_start, real_vocab, backend, strict, group, copies):  # fmt: skip
         logp, lse, logits = _forward(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-            real_vocab, backend, strict, group,
+            real_vocab, backend, strict, group, copies,
         )  # fmt: skip
         ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse)
         ctx.args = (temperature, ignore_index, vocab_start, real_vocab, group)
@@ -172,4 +172,4 @@ class TensorParallelLinearLogp(torch.autograd.Function):
         g_temp = None
         if gty is not None:
             g_temp = (-_rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
-        return (gh, gw, gb, g_temp) + (None,) * 9
+        return (gh, gw, gb, g_temp) + (None,) * 10

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import TORCH_BACKEND_ID
 from .._errors import InputError
+
+# The backend whose TMA loads need aligned operands (detlogp.torch copies misaligned ones for it).
+SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
 
 
 def stream_of(t: Tensor) -> int:
@@ -38,7 +41,90 @@ def library_problem(hidden, weight, targets, bias, temperature, temperature_rows
     )  # fmt: skip
 
 
+def check_devices(named) -> None:
+    """Every tensor argument lives on the CPU or a CUDA device (meta and other devices have no
+    memory the library can read)."""
+    for name, t in named:
+        if t is not None and t.device.type not in ("cpu", "cuda"):
+            raise InputError(f"{name} is on {t.device}; detlogp.torch takes CPU and CUDA tensors")
+
+
+def traced(t: Tensor) -> bool:
+    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
+    f = getattr(torch.compiler, "is_compiling", None)
+    if f is not None and f():
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return bool(is_fake(t))
+    except ImportError:  # pragma: no cover - older torch
+        return False
+
+
+def tma_misalignment(t: Tensor) -> Optional[str]:
+    """Why the SM90 kernels' TMA loads cannot read matrix t in place (None: they can): they need
+    a unit column stride, a 16-byte aligned base and a row stride of a multiple of 16 bytes (the
+    extension passes one row's stride as its width). A traced tensor has no pointer: its storage
+    offset decides (allocator blocks are aligned)."""
+    es = t.element_size()
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return f"its column stride is {t.stride(-1)}, not 1"
+    stride = t.stride(0) if t.shape[0] > 1 else t.shape[1]
+    if (stride * es) % 16 != 0:
+        return f"its row stride of {stride} elements ({stride * es} bytes) is not a multiple of 16 bytes"
+    if (t.storage_offset() * es) % 16 != 0:
+        return f"it starts {t.storage_offset()} elements into its storage, not on a 16-byte boundary"
+    if not traced(t) and t.data_ptr() % 16 != 0:
+        return f"its base address 0x{t.data_ptr():x} is not 16-byte aligned"
+    return None
+
+
+def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tensor, Tensor, List[Tuple[str, str]]]:
+    """hidden and weight as the library can read them in place: a matrix without a unit column
+    stride is copied once (every device), and on CUDA, where the SM90 backend may serve the call
+    (auto or SM90 requested), a bf16 matrix its TMA loads cannot read (misaligned base or row
+    stride: a view at an odd offset) is copied once into fresh, aligned storage. Copies are torch
+    ops, so autograd goes through them to the caller's tensors. Returns the operands and the
+    (argument, reason) of every copy, for the call's report. A width whose contiguous rows are not
+    a multiple of 16 bytes (D not a multiple of 8) is left to the backend's own error: a copy
+    would not fix it."""
+    copies: List[Tuple[str, str]] = []
+    tma = hidden.is_cuda and backend in ("", SM90_BACKEND_ID)
+    out = []
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        why = None
+        if t.dim() == 2 and t.shape[0] > 0 and t.shape[1] > 0:
+            if t.stride(-1) != 1 and t.shape[1] > 1:
+                why = f"its column stride is {t.stride(-1)}, not 1 (the library reads rows with unit stride)"
+            elif tma and t.dtype == torch.bfloat16 and (t.shape[1] * t.element_size()) % 16 == 0:
+                reason = tma_misalignment(t)
+                if reason is not None:
+                    why = f"{reason} (TMA requirement of the SM90 backend)"
+        if why is not None:
+            t = t.contiguous() if t.stride(-1) != 1 else t.clone(memory_format=torch.contiguous_format)
+            copies.append((name, why))
+        out.append(t)
+    return out[0], out[1], copies
+
+
+def encode_copies(copies: List[Tuple[str, str]]) -> str:
+    """The copies note as the custom op's string argument (one "argument: reason" line each)."""
+    return "\n".join(f"{name}: {why}" for name, why in copies)
+
+
+def decode_copies(text: str) -> List[dict]:
+    """The report's "copies" field: [{"argument": ..., "reason": ...}], empty when nothing was copied."""
+    out = []
+    for line in filter(None, text.split("\n")):
+        name, _, why = line.partition(": ")
+        out.append({"argument": name, "reason": why})
+    return out
+
+
 def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: bool):
+    check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias),
+                   ("temperature", temperature_rows)))  # fmt: skip
     if hidden.dim() != 2 or weight.dim() != 2:
         raise InputError(f"hidden must be [N, D] and weight [V, D]; got {list(hidden.shape)} and {list(weight.shape)}")
     if hidden.shape[1] != weight.shape[1]:
@@ -61,6 +147,11 @@ def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: boo
         for name, t in (("bias", bias), ("temperature", temperature_rows)):
             if t is not None and t.dtype != torch.float32:
                 raise InputError(f"{name} must be torch.float32 for the contract backends, got {t.dtype}")
+    else:  # the torch lane computes in torch: the library's shape rules, in its words
+        if hidden.shape[1] == 0:
+            raise InputError("hidden has D=0 columns; the hidden size must be >= 1")
+        if weight.shape[0] == 0:
+            raise InputError("weight has V_local=0 rows; the vocabulary shard must be non-empty")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise InputError(f"bias must be [V={weight.shape[0]}], got {list(bias.shape)}")
     if temperature_rows is not None and (temperature_rows.dim() != 1 or temperature_rows.shape[0] != hidden.shape[0]):
