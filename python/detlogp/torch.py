@@ -30,10 +30,8 @@ from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_
 from ._torch.grad_logits import grad_logits
 from ._torch.op import last_report, linear_logp_op as _linear_logp_op
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
-from ._torch.tensors import aligned_operands as _aligned_operands
 from ._torch.tensors import check_devices as _check_devices
 from ._torch.tensors import check_tensors as _check_tensors
-from ._torch.tensors import encode_copies as _encode_copies
 
 __all__ = [
     "BACKWARD_FUSED_CHUNK_BYTES",
@@ -120,22 +118,15 @@ def linear_logp(
             )
         if not contract and not (math.isfinite(temp) and temp > 0):
             raise InputError(f"temperature={temp} must be finite and > 0")
-        copies = []
-        if contract:
-            h2, weight_op, copies = _aligned_operands(h2, weight, backend)
-        else:
-            weight_op = weight
         logp, lse, logits = _linear_logp_op(
-            h2, weight_op, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on,
-            _encode_copies(copies),
-        )  # fmt: skip
+            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on
+        )
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
-        h2, weight_op, copies = _aligned_operands(h2, weight, backend)
         logp, lse, logits = _TensorParallelLinearLogp.apply(
-            h2, weight_op, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv,
-            backend, strict_on, tp_group, _encode_copies(copies),
+            h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
+            strict_on, tp_group,
         )  # fmt: skip
     logp = logp.reshape(batch_shape)
     lse = lse.reshape(batch_shape)

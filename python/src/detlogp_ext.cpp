@@ -98,7 +98,11 @@ detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_al
     if (v.cols > 1 && a.stride(1) != 1)
       value_error(std::string(name) + " must have unit stride along its last dimension (got stride " +
                   std::to_string(a.stride(1)) + ")");
-    v.row_stride = v.rows > 1 ? a.stride(0) : v.cols;
+    // One row: no second row is read, so its stride only has to satisfy the backends (the SM90 backend's TMA
+    // loads need a multiple of 16 bytes), and exporters may report any (0 for a broadcast axis). The array's own
+    // is kept where it spans the row and is such a multiple (a row of a padded matrix), else the width is used.
+    const bool own_fits = a.stride(0) >= v.cols && (a.stride(0) * static_cast<int64_t>(a.itemsize())) % 16 == 0;
+    v.row_stride = v.rows > 1 || own_fits ? a.stride(0) : v.cols;
     if (v.row_stride < v.cols)
       value_error(std::string(name) + " row stride " + std::to_string(v.row_stride) + " is smaller than its " +
                   std::to_string(v.cols) + " columns");

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .. import _detlogp as _ext
 from .grad_logits import grad_logits_op
-from .tensors import SM90_BACKEND_ID, tma_misalignment
+from .tensors import SM90_BACKEND_ID, aligned_copy, tma_misalignment
 
 # Vocabulary rows per backward chunk. The backward's extra memory, besides the gradients it
 # returns, is about N*C*6 + N*D*8 + C*D*6 bytes for C = BACKWARD_VOCAB_CHUNK: the fp32 logits chunk
@@ -77,8 +77,7 @@ def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: O
         return False
     if not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16):
         return False
-    aligned = tma_misalignment(hidden) is None and tma_misalignment(weight) is None
-    return hidden.shape[1] % 8 == 0 and aligned and _sm90_available()
+    return hidden.shape[1] % 8 == 0 and _sm90_available()
 
 
 def fused_chunk_rows(n: int, v: int) -> int:
@@ -98,6 +97,10 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
     then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
     = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
     need_h, need_w, need_b, _ = need
+    # The kernel's TMA loads read hidden and weight in place: a view they cannot read is copied once,
+    # as the forward did, and the GEMMs take the same aligned copies.
+    hidden = aligned_copy(hidden) if tma_misalignment(hidden) is not None else hidden
+    weight = aligned_copy(weight) if tma_misalignment(weight) is not None else weight
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from . import backward
-from .tensors import decode_copies, library_problem, out_dtype, stream_of
+from .tensors import aligned_operands, library_problem, out_dtype, stream_of
 
 _tls = threading.local()
 
@@ -57,10 +57,7 @@ def linear_logp_op(
     real_vocab: int,
     backend: str,
     strict: bool,
-    copies: str,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    # copies: the note of the operands detlogp.torch copied before this op (tensors.aligned_operands),
-    # an argument so that the report says it under torch.compile too.
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
         out = _torch_lane(
@@ -75,7 +72,7 @@ def linear_logp_op(
                 "backend_id": TORCH_BACKEND_ID,
                 "contract": False,
                 "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
-                "copies": decode_copies(copies),
+                "copies": [],
             }
         )
         return out
@@ -83,15 +80,17 @@ def linear_logp_op(
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
+    # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
+    # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
+    hidden, weight, copies = aligned_operands(hidden, weight, backend)
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
     report = _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
-    set_report(dict(report, copies=decode_copies(copies)))
+    set_report(dict(report, copies=copies))
     return logp, lse, logits
 
 
 @linear_logp_op.register_fake
-def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict,
-      copies):  # fmt: skip
+def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict):
     n, v = hidden.shape[0], weight.shape[0]
     dt = out_dtype(hidden) if backend == TORCH_BACKEND_ID else torch.float32
     logits_shape = (n, v) if return_logits else (0,)
@@ -99,7 +98,7 @@ def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s, _c = inputs
+    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s = inputs
     ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1])
     ctx.temperature = temperature
     ctx.ignore_index = ignore_index
@@ -122,7 +121,7 @@ def _backward(ctx, g_logp, g_lse, g_logits):
     )  # fmt: skip
     g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
     return (
-        None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None, None,
+        None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None,
     )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from .. import _detlogp as _ext, _errors
 from .._errors import BackendError, DetlogpError
 from . import backward
 from .op import set_report
-from .tensors import check_tensors, decode_copies, library_problem, stream_of
+from .tensors import aligned_operands, check_tensors, library_problem, stream_of
 
 # What every rank must share with rank 0: the provenance fields of the backend that would serve it.
 AGREED_FIELDS = ("backend_id", "contract_name", "contract_version", "arch")
@@ -96,15 +96,17 @@ def agree(group, record: Sequence[str], device) -> None:
 
 
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-             real_vocab, backend, strict, group, copies):  # fmt: skip
+             real_vocab, backend, strict, group):  # fmt: skip
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n, v = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
     problem = None
+    copies = []
     try:
         check_tensors(hidden, weight, targets, bias, temperature_rows, contract=True)
+        hidden, weight, copies = aligned_operands(hidden, weight, backend)
         problem = library_problem(
             hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index
         )
@@ -120,7 +122,7 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
     report = _ext.linear_logp_tensor_parallel(
         problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather
     )
-    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=decode_copies(copies)))
+    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=copies))
     return logp, lse, logits
 
 
@@ -139,10 +141,10 @@ def _rank_ordered_sum(x: Tensor, group) -> Tensor:
 class TensorParallelLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
-                vocab_start, real_vocab, backend, strict, group, copies):  # fmt: skip
+                vocab_start, real_vocab, backend, strict, group):  # fmt: skip
         logp, lse, logits = _forward(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-            real_vocab, backend, strict, group, copies,
+            real_vocab, backend, strict, group,
         )  # fmt: skip
         ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse)
         ctx.args = (temperature, ignore_index, vocab_start, real_vocab, group)
@@ -172,4 +174,4 @@ class TensorParallelLinearLogp(torch.autograd.Function):
         g_temp = None
         if gty is not None:
             g_temp = (-_rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
-        return (gh, gw, gb, g_temp) + (None,) * 10
+        return (gh, gw, gb, g_temp) + (None,) * 9

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import TORCH_BACKEND_ID
@@ -62,64 +63,77 @@ def traced(t: Tensor) -> bool:
         return False
 
 
+def library_row_stride(t: Tensor) -> int:
+    """The row stride the extension passes for matrix t (python/src/detlogp_ext.cpp, view_of): its
+    own, except for a single row, whose own is kept only where it spans the row and is a multiple
+    of 16 bytes (else the width)."""
+    own_fits = t.stride(0) >= t.shape[1] and (t.stride(0) * t.element_size()) % 16 == 0
+    return t.stride(0) if t.shape[0] > 1 or own_fits else t.shape[1]
+
+
 def tma_misalignment(t: Tensor) -> Optional[str]:
     """Why the SM90 kernels' TMA loads cannot read matrix t in place (None: they can): they need
-    a unit column stride, a 16-byte aligned base and a row stride of a multiple of 16 bytes (the
-    extension passes one row's stride as its width). A traced tensor has no pointer: its storage
-    offset decides (allocator blocks are aligned)."""
+    a unit column stride, a 16-byte aligned base and a row stride of a multiple of 16 bytes. A
+    traced tensor has no pointer: its storage offset decides (allocator blocks are aligned)."""
     es = t.element_size()
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         return f"its column stride is {t.stride(-1)}, not 1"
-    stride = t.stride(0) if t.shape[0] > 1 else t.shape[1]
+    stride = library_row_stride(t)
     if (stride * es) % 16 != 0:
         return f"its row stride of {stride} elements ({stride * es} bytes) is not a multiple of 16 bytes"
     if (t.storage_offset() * es) % 16 != 0:
-        return f"it starts {t.storage_offset()} elements into its storage, not on a 16-byte boundary"
+        off = t.storage_offset()
+        return f"it starts at element {off} of its storage (byte {off * es}), not on a 16-byte boundary"
     if not traced(t) and t.data_ptr() % 16 != 0:
         return f"its base address 0x{t.data_ptr():x} is not 16-byte aligned"
     return None
 
 
-def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tensor, Tensor, List[Tuple[str, str]]]:
-    """hidden and weight as the library can read them in place: a matrix without a unit column
-    stride is copied once (every device), and on CUDA, where the SM90 backend may serve the call
-    (auto or SM90 requested), a bf16 matrix its TMA loads cannot read (misaligned base or row
-    stride: a view at an odd offset) is copied once into fresh, aligned storage. Copies are torch
-    ops, so autograd goes through them to the caller's tensors. Returns the operands and the
-    (argument, reason) of every copy, for the call's report. A width whose contiguous rows are not
-    a multiple of 16 bytes (D not a multiple of 8) is left to the backend's own error: a copy
-    would not fix it."""
-    copies: List[Tuple[str, str]] = []
-    tma = hidden.is_cuda and backend in ("", SM90_BACKEND_ID)
+def copy_reason(t: Tensor, tma: bool) -> Optional[str]:
+    """Why detlogp.torch copies matrix t before the library reads it (None: it does not). Every
+    device: a column stride other than 1. tma (CUDA under the auto or SM90 backend): a bf16 matrix
+    its TMA loads cannot read in place (tma_misalignment). Empty matrices are the library's to
+    judge."""
+    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        return None
+    if t.stride(-1) != 1 and t.shape[1] > 1:
+        return f"its column stride is {t.stride(-1)}, not 1 (the library reads rows with unit stride)"
+    if tma and t.dtype == torch.bfloat16:
+        why = tma_misalignment(t)
+        if why is not None:
+            return f"{why} (TMA requirement of the SM90 backend)"
+    return None
+
+
+def aligned_copy(t: Tensor) -> Tensor:
+    """t in fresh storage whose rows start on 16-byte boundaries: contiguous when a row is a
+    multiple of 16 bytes, else rows padded with zeros to one (a view of the first D columns; the
+    library's own host-to-GPU staging pads the same way). A torch op: autograd goes through it."""
+    d = t.shape[1]
+    pad = -d % (16 // t.element_size())
+    return F.pad(t, (0, pad))[:, :d] if pad else t.clone(memory_format=torch.contiguous_format)
+
+
+def tma_possible(hidden: Tensor, backend: str) -> bool:
+    """Whether the SM90 backend may serve a call with these tensors: CUDA, auto or SM90 requested."""
+    return hidden.is_cuda and backend in ("", SM90_BACKEND_ID)
+
+
+def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tensor, Tensor, List[dict]]:
+    """hidden and weight as the library can read them in place: each one copy_reason names is
+    copied once (aligned_copy where the SM90 backend may serve, else contiguous). Returns the
+    operands and the report's "copies" entry: {"argument", "reason"} of every copy (empty: none).
+    Called on real tensors (inside the ops), never while tracing."""
+    tma = tma_possible(hidden, backend)
+    copies: List[dict] = []
     out = []
     for name, t in (("hidden", hidden), ("weight", weight)):
-        why = None
-        if t.dim() == 2 and t.shape[0] > 0 and t.shape[1] > 0:
-            if t.stride(-1) != 1 and t.shape[1] > 1:
-                why = f"its column stride is {t.stride(-1)}, not 1 (the library reads rows with unit stride)"
-            elif tma and t.dtype == torch.bfloat16 and (t.shape[1] * t.element_size()) % 16 == 0:
-                reason = tma_misalignment(t)
-                if reason is not None:
-                    why = f"{reason} (TMA requirement of the SM90 backend)"
+        why = copy_reason(t, tma)
         if why is not None:
-            t = t.contiguous() if t.stride(-1) != 1 else t.clone(memory_format=torch.contiguous_format)
-            copies.append((name, why))
+            t = aligned_copy(t) if tma and t.dtype == torch.bfloat16 else t.contiguous()
+            copies.append({"argument": name, "reason": why})
         out.append(t)
     return out[0], out[1], copies
-
-
-def encode_copies(copies: List[Tuple[str, str]]) -> str:
-    """The copies note as the custom op's string argument (one "argument: reason" line each)."""
-    return "\n".join(f"{name}: {why}" for name, why in copies)
-
-
-def decode_copies(text: str) -> List[dict]:
-    """The report's "copies" field: [{"argument": ..., "reason": ...}], empty when nothing was copied."""
-    out = []
-    for line in filter(None, text.split("\n")):
-        name, _, why = line.partition(": ")
-        out.append({"argument": name, "reason": why})
-    return out
 
 
 def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: bool):
