@@ -243,7 +243,9 @@ def _scalar_temperature(value) -> float:
     try:
         return float(value)
     except OverflowError:  # an int beyond the double range
-        raise InputError(f"temperature={_shown(repr(value))} is not representable as float32 (it would round to inf)") from None
+        raise InputError(
+            f"temperature={_shown(repr(value))} is not representable as float32 (it would round to inf)"
+        ) from None
 
 
 def _split_temperature(temperature, rows: int, shape=None, tensor_type=None, rows_any_float: bool = False):
@@ -284,7 +286,9 @@ def _split_temperature(temperature, rows: int, shape=None, tensor_type=None, row
     if not (float32 or (rows_any_float and floating)):
         raise InputError(f"temperature of shape {shape} must be float32, got {dtype_name} (no silent cast)")
     if tensor_type is not None and not isinstance(temperature, tensor_type):
-        raise InputError(f"temperature of shape {shape} must be a {tensor_type.__module__}.{tensor_type.__name__} here, got {type(temperature).__name__}")
+        raise InputError(
+            f"temperature of shape {shape} must be a {tensor_type.__module__}.{tensor_type.__name__} here, got {type(temperature).__name__}"
+        )
     return 1.0, temperature
 
 
@@ -298,7 +302,9 @@ def _backend_arg(backend: Optional[str]) -> str:
 
 def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab):
     """The extension's problem tuple of one call and its row count."""
-    hidden, weight, targets = (_host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets")))
+    hidden, weight, targets = (
+        _host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets"))
+    )
     bias = None if bias is None else _host_array(bias, "bias")
     rows = _leading(hidden)
     temp, temp_rows = _split_temperature(temperature, rows)

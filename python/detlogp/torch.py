@@ -92,7 +92,9 @@ def linear_logp(
     _check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
     batch_shape = targets.shape
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(batch_shape):
-        raise InputError(f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}")
+        raise InputError(
+            f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}"
+        )
     n = targets.numel()
     h2 = hidden.reshape(n, hidden.shape[-1])  # n, not -1: D = 0 reaches the library's own check
     t1 = targets.reshape(n)

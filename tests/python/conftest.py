@@ -96,8 +96,18 @@ TEMPERATURE_CASES = [
     ("numpy-bool", lambda arr: np.bool_(False), None, f"temperature must be {TEMPERATURE_FORMS}, got bool False"),
     ("list", lambda arr: [0.7] * 5, None, f"temperature must be {TEMPERATURE_FORMS}, got list"),
     ("complex", lambda arr: 1j, None, f"temperature must be {TEMPERATURE_FORMS}, got complex 1j"),
-    ("0d-int64", lambda arr: arr(2, "int64"), None, f"temperature must be {TEMPERATURE_FORMS}, got shape [] dtype int64"),
-    ("0d-bool", lambda arr: arr(True, "bool"), None, f"temperature must be {TEMPERATURE_FORMS}, got shape [] dtype bool"),
+    (
+        "0d-int64",
+        lambda arr: arr(2, "int64"),
+        None,
+        f"temperature must be {TEMPERATURE_FORMS}, got shape [] dtype int64",
+    ),
+    (
+        "0d-bool",
+        lambda arr: arr(True, "bool"),
+        None,
+        f"temperature must be {TEMPERATURE_FORMS}, got shape [] dtype bool",
+    ),
     (
         "one-for-five-rows",
         lambda arr: arr([0.7], "float32"),
@@ -105,12 +115,32 @@ TEMPERATURE_CASES = [
         f"temperature must be {TEMPERATURE_FORMS}, got shape [1] dtype float32 "
         "(one value per row, no broadcast: pass a float for one temperature of every row)",
     ),
-    ("2d", lambda arr: arr([[0.7]] * 5, "float32"), None, f"temperature must be {TEMPERATURE_FORMS}, got shape [5, 1] dtype float32"),
-    ("rows-float64", lambda arr: arr([0.7] * 5, "float64"), None, "temperature of shape [5] must be float32, got float64 (no silent cast)"),
-    ("rows-int32", lambda arr: arr([1] * 5, "int32"), None, "temperature of shape [5] must be float32, got int32 (no silent cast)"),
+    (
+        "2d",
+        lambda arr: arr([[0.7]] * 5, "float32"),
+        None,
+        f"temperature must be {TEMPERATURE_FORMS}, got shape [5, 1] dtype float32",
+    ),
+    (
+        "rows-float64",
+        lambda arr: arr([0.7] * 5, "float64"),
+        None,
+        "temperature of shape [5] must be float32, got float64 (no silent cast)",
+    ),
+    (
+        "rows-int32",
+        lambda arr: arr([1] * 5, "int32"),
+        None,
+        "temperature of shape [5] must be float32, got int32 (no silent cast)",
+    ),
     ("underflow", lambda arr: 1e-50, None, "temperature=1e-50 is not representable as float32 (it would round to 0)"),
     ("overflow", lambda arr: 1e39, None, "temperature=1e+39 is not representable as float32 (it would round to inf)"),
-    ("huge-int", lambda arr: 10**400, None, "temperature=" + "1" + "0" * 36 + "... is not representable as float32 (it would round to inf)"),
+    (
+        "huge-int",
+        lambda arr: 10**400,
+        None,
+        "temperature=" + "1" + "0" * 36 + "... is not representable as float32 (it would round to inf)",
+    ),
 ]
 
 INTEGER_CASES = [

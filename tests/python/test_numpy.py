@@ -385,7 +385,9 @@ def test_torch_tensors_through_the_array_api():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     h, w, t, _, _ = make_problem(3, 32, 17)
     th = torch.from_numpy(h.view(np.int16)).view(torch.bfloat16)
-    with pytest.raises(detlogp.InputError, match=r"^hidden lives on meta; detlogp takes host \(CPU\) and CUDA memory only$"):
+    with pytest.raises(
+        detlogp.InputError, match=r"^hidden lives on meta; detlogp takes host \(CPU\) and CUDA memory only$"
+    ):
         detlogp.linear_logp(th.to("meta"), w, t)
     with pytest.raises(detlogp.InputError, match=r"^hidden requires grad; the array API has no autograd"):
         detlogp.linear_logp(th.float().requires_grad_(), w, t)

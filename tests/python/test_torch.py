@@ -264,8 +264,12 @@ def test_zero_d_temperature_is_differentiable_like_the_per_row_form(monkeypatch)
     lf, sf = dt.linear_logp(h, w, t, bias=b, temperature=value)
     for a in (l0, s0):
         assert a.requires_grad and a.grad_fn is not None
-    assert torch.equal(l0.view(torch.int32), lr.view(torch.int32)) and torch.equal(s0.view(torch.int32), sr.view(torch.int32))
-    assert torch.equal(l0.view(torch.int32), lf.view(torch.int32)) and torch.equal(s0.view(torch.int32), sf.view(torch.int32))
+    assert torch.equal(l0.view(torch.int32), lr.view(torch.int32)) and torch.equal(
+        s0.view(torch.int32), sr.view(torch.int32)
+    )
+    assert torch.equal(l0.view(torch.int32), lf.view(torch.int32)) and torch.equal(
+        s0.view(torch.int32), sf.view(torch.int32)
+    )
     weights = torch.linspace(0.5, 1.5, 13)
     ((l0 * weights).sum() + 0.25 * s0.sum()).backward()
     ((lr * weights).sum() + 0.25 * sr.sum()).backward()
@@ -282,7 +286,9 @@ def test_zero_d_temperature_is_differentiable_like_the_per_row_form(monkeypatch)
 def test_zero_d_temperature_gradcheck_float64():
     """gradcheck of the 0-d form (torch lane, float64: the same backward as the contract lanes)."""
     h, w, b, t, _ = problem(5, 6, 17, dtype=torch.float64, ignore=(1,))
-    args = [x.clone().requires_grad_() for x in (h, w, b)] + [torch.tensor(0.7, dtype=torch.float64, requires_grad=True)]
+    args = [x.clone().requires_grad_() for x in (h, w, b)] + [
+        torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    ]
 
     def f(h, w, b, temp):
         return dt.linear_logp(h, w, t, bias=b, temperature=temp, backend=dt.TORCH_BACKEND_ID)
@@ -319,9 +325,10 @@ def test_zero_d_temperature_under_torch_compile():
     l2, lp2 = torch.compile(loss, fullgraph=True)(*comp)
     l2.backward()
     assert torch.equal(lp1.view(torch.int32), lp2.view(torch.int32))
-    assert comp[1].grad is not None and abs(comp[1].grad.item() - eager[1].grad.item()) <= 1e-5 * abs(eager[1].grad.item())
+    assert comp[1].grad is not None and abs(comp[1].grad.item() - eager[1].grad.item()) <= 1e-5 * abs(
+        eager[1].grad.item()
+    )
     assert rel_err(comp[0].grad.float(), eager[0].grad.double()) < 1e-2
-
 
 
 # --- the argument rules shared with the array API (conftest.py's tables) ------------------------
@@ -447,10 +454,18 @@ def test_copy_decision_for_tma():
     odd = flat[1 : 1 + 4 * 64].view(4, 64)  # x.view(-1)[1:].view(...): starts 2 bytes in
     wide = torch.randn(5, 100).bfloat16()  # rows of 200 bytes
     assert copy_reason(aligned, tma=True) is None
-    assert copy_reason(odd, tma=True) == f"it starts at element 1 of its storage (byte 2), not on a 16-byte boundary {tma}"
+    assert (
+        copy_reason(odd, tma=True) == f"it starts at element 1 of its storage (byte 2), not on a 16-byte boundary {tma}"
+    )
     assert copy_reason(odd, tma=False) is None  # not on CUDA, or another backend asked for: no copy
-    assert copy_reason(wide[1:], tma=True) == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
-    assert copy_reason(wide[:1], tma=True) == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
+    assert (
+        copy_reason(wide[1:], tma=True)
+        == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
+    )
+    assert (
+        copy_reason(wide[:1], tma=True)
+        == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
+    )
     assert copy_reason(odd.float(), tma=True) is None  # not bf16: the backend's dtype check speaks
     assert copy_reason(aligned[:0], tma=True) is None and copy_reason(torch.zeros(4, 0).bfloat16(), tma=True) is None
     strided = torch.randn(4, 128).bfloat16()[:, ::2]

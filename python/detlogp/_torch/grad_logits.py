@@ -53,7 +53,9 @@ def grad_logits(
         return grad_logits_op(
             hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse
         )
-    _grad_logits_into(hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse, out)
+    _grad_logits_into(
+        hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse, out
+    )
     return out
 
 

@@ -150,7 +150,9 @@ def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: boo
     named = [("weight", weight), ("targets", targets), ("bias", bias), ("temperature", temperature_rows)]
     for name, t in named:
         if t is not None and t.device != hidden.device:
-            raise InputError(f"{name} is on {t.device} but hidden is on {hidden.device}; all tensors must live together")
+            raise InputError(
+                f"{name} is on {t.device} but hidden is on {hidden.device}; all tensors must live together"
+            )
     if contract:
         for name, t in (("hidden", hidden), ("weight", weight)):
             if t.dtype != torch.bfloat16:
