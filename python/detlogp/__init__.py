@@ -8,6 +8,9 @@ are passed as uint16/int16 bit patterns: see ``to_bf16_bits``.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import os
 from typing import Any, NamedTuple, Optional, Sequence
 
@@ -163,24 +166,150 @@ def from_bf16_bits(b) -> np.ndarray:
     return out
 
 
+# DLPack device types (dlpack.h) the extension takes: kDLCPU, kDLCUDA, kDLCUDAHost.
+_DLPACK_DEVICES = (1, 2, 3)
+
+
 def _host_array(x, name: str):
-    if hasattr(x, "__dlpack__") or isinstance(x, np.ndarray):
+    """An array argument of the array API as the extension takes it (numpy, or anything with
+    __dlpack__), refused here where the extension could only say that no overload matched."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind in "OUSVMm":  # object, strings, void, datetimes: no DLPack form
+            raise InputError(f"{name} has dtype {x.dtype}, which detlogp does not take here")
         return x
-    raise InputError(f"{name} must be an array (numpy, or anything with __dlpack__), got {type(x).__name__}")
+    if not hasattr(x, "__dlpack__"):
+        raise InputError(f"{name} must be an array (numpy, or anything with __dlpack__), got {_what(x)}")
+    if getattr(x, "requires_grad", False):
+        raise InputError(
+            f"{name} requires grad; the array API has no autograd (use detlogp.torch.linear_logp, or pass {name}.detach())"
+        )
+    try:
+        device_type = int(x.__dlpack_device__()[0])
+    except Exception:  # noqa: BLE001 - the exporter cannot describe its device (e.g. torch meta tensors)
+        device_type = None
+    if device_type not in _DLPACK_DEVICES:
+        where = getattr(x, "device", f"DLPack device type {device_type}")
+        raise InputError(f"{name} lives on {where}; detlogp takes host (CPU) and CUDA memory only")
+    return x
 
 
-def _split_temperature(temperature, rows: int):
-    if np.isscalar(temperature) or isinstance(temperature, (float, int)):
-        return float(temperature), None
-    t = np.asarray(temperature)
-    if t.dtype != np.float32:
-        raise InputError(f"temperature rows must be float32, got {t.dtype}")
-    if t.shape != (rows,):
-        raise InputError(f"temperature rows must be [N={rows}], got shape {list(t.shape)}")
-    return 1.0, t
+def _leading(x) -> int:
+    """Rows of an array argument (0 for a 0-d one: the extension then names its rank)."""
+    shape = getattr(x, "shape", ())
+    return int(shape[0]) if len(shape) > 0 else 0
+
+
+# --- the argument rules every Python face shares (docs/python.md, "Accepted inputs") -----------
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _dtype_facts(dtype):
+    """(name, floating, float32) of a numpy or torch dtype; names without the torch. prefix."""
+    if isinstance(dtype, np.dtype):
+        return str(dtype), dtype.kind == "f", dtype == np.float32
+    name = str(dtype).rpartition(".")[2]
+    return name, bool(getattr(dtype, "is_floating_point", False)), name == "float32"
+
+
+def _shown(text: str) -> str:
+    """A value as a message shows it: at most 40 characters."""
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _what(x) -> str:
+    """What a refused argument is, for the message: None, bool True, str '0.7', shape [1] dtype
+    float64, list, ..."""
+    if x is None:
+        return "None"
+    if isinstance(x, (bool, np.bool_)):
+        return f"bool {bool(x)}"
+    if isinstance(x, (str, bytes)):
+        return f"{type(x).__name__} {_shown(repr(x))}"
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"shape {list(shape)} dtype {_dtype_facts(dtype)[0]}"
+    if isinstance(x, numbers.Number):
+        return f"{type(x).__name__} {_shown(repr(x))}"
+    return type(x).__name__
+
+
+def _int_arg(value, name: str) -> int:
+    """An integer argument (ignore_index, vocab_start, real_vocab): an int or anything with
+    __index__ (numpy integers, 0-d integer arrays and tensors), not bool, within int64. The extension
+    checks the same in the same words; the torch face's custom ops would refuse an int beyond int64
+    in torch's words before the extension sees it, hence the range check here too."""
+    dtype = getattr(value, "dtype", None)
+    if isinstance(value, (bool, np.bool_)) or (dtype is not None and _dtype_facts(dtype)[0] == "bool"):
+        raise InputError(f"{name} must be an integer, got {_what(value)}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise InputError(f"{name} must be an integer, got {_what(value)}") from None
+    if not _INT64_MIN <= v <= _INT64_MAX:
+        raise InputError(f"{name}={_shown(str(v))} is outside the int64 range [-2^63, 2^63 - 1]")
+    return v
+
+
+def _scalar_temperature(value) -> float:
+    """A scalar temperature as the Python float the extension takes: it rounds it to float32 and
+    refuses, naming this value, one that the rounding would turn into 0 or inf (the valid range is
+    the library's check)."""
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the double range
+        raise InputError(
+            f"temperature={_shown(repr(value))} is not representable as float32 (it would round to inf)"
+        ) from None
+
+
+def _split_temperature(temperature, rows: int, shape=None, tensor_type=None, rows_any_float: bool = False):
+    """The temperature rules of every Python face, in one place. Returns (scalar, None) or
+    (1.0, per_row) where per_row is the caller's array.
+
+    - a Python int or float, or a numpy integer or floating scalar (bool refused): the scalar;
+    - a 0-d floating array or tensor: the scalar, read on the host; a 0-d instance of tensor_type
+      (the torch face's torch.Tensor) is returned as per_row instead, for the face to expand to
+      every row inside its graph (differentiable, never read on the host);
+    - an array of `shape` (default [rows]) and dtype float32 (any floating dtype where
+      rows_any_float): per_row, with no broadcast (a [1] array for N != 1 is refused) and no cast;
+      the torch face takes only tensor_type there;
+    - anything else is refused, naming what was given."""
+    shape = [rows] if shape is None else list(shape)
+    forms = f"a float, a 0-d floating array or a float32 array of shape {shape}"
+    if isinstance(temperature, (bool, np.bool_)):
+        raise InputError(f"temperature must be {forms}, got {_what(temperature)}")
+    if isinstance(temperature, (np.integer, np.floating)) or (
+        isinstance(temperature, numbers.Real) and not hasattr(temperature, "shape")
+    ):
+        return _scalar_temperature(temperature), None
+    dims, dtype = getattr(temperature, "shape", None), getattr(temperature, "dtype", None)
+    if dims is None or dtype is None or not (isinstance(temperature, np.ndarray) or hasattr(temperature, "__dlpack__")):
+        raise InputError(f"temperature must be {forms}, got {_what(temperature)}")
+    dtype_name, floating, float32 = _dtype_facts(dtype)
+    if len(dims) == 0:
+        if not floating:
+            raise InputError(f"temperature must be {forms}, got {_what(temperature)}")
+        if tensor_type is not None and isinstance(temperature, tensor_type):
+            return 1.0, temperature
+        return _scalar_temperature(temperature.item()), None
+    if list(dims) != shape:
+        hint = ""
+        if math.prod(dims) == 1:
+            hint = " (one value per row, no broadcast: pass a float for one temperature of every row)"
+        raise InputError(f"temperature must be {forms}, got {_what(temperature)}{hint}")
+    if not (float32 or (rows_any_float and floating)):
+        raise InputError(f"temperature of shape {shape} must be float32, got {dtype_name} (no silent cast)")
+    if tensor_type is not None and not isinstance(temperature, tensor_type):
+        raise InputError(
+            f"temperature of shape {shape} must be a {tensor_type.__module__}.{tensor_type.__name__} here, got {type(temperature).__name__}"
+        )
+    return 1.0, temperature
 
 
 def _backend_arg(backend: Optional[str]) -> str:
+    if backend is not None and not isinstance(backend, str):
+        raise InputError(f"backend must be a backend id (str) or None, got {_what(backend)}")
     if backend == TORCH_BACKEND_ID:
         raise InputError(f"backend '{TORCH_BACKEND_ID}' is served by detlogp.torch.linear_logp, not the array API")
     return backend or ""
@@ -188,11 +317,15 @@ def _backend_arg(backend: Optional[str]) -> str:
 
 def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab):
     """The extension's problem tuple of one call and its row count."""
-    hidden, weight, targets = (_host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets")))
-    rows = int(hidden.shape[0]) if hasattr(hidden, "shape") else 0
+    hidden, weight, targets = (
+        _host_array(a, n) for a, n in ((hidden, "hidden"), (weight, "weight"), (targets, "targets"))
+    )
+    bias = None if bias is None else _host_array(bias, "bias")
+    rows = _leading(hidden)
     temp, temp_rows = _split_temperature(temperature, rows)
-    rv = -1 if real_vocab is None else int(real_vocab)
-    return (hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index)), rows
+    rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    starts = _int_arg(vocab_start, "vocab_start")
+    return (hidden, weight, targets, bias, temp, temp_rows, rv, starts, _int_arg(ignore_index, "ignore_index")), rows
 
 
 def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
@@ -201,12 +334,13 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
-    int64, bias [V] float32, temperature a float or a [N] float32 array. Returns
+    int64, bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
+    (docs/python.md, "Accepted inputs"). Returns
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report)."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
-    logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
+    logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
     report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0)
     return Result(logp, lse, logits, report)
 
@@ -249,11 +383,11 @@ def _layout_tuple(partials):
 
 def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = None, ignore_index: int = -100):
     """The contract's reduction applied to float32 logits [N, V] from anywhere: (logp, lse)."""
-    rows = int(logits.shape[0])
+    logits, targets = _host_array(logits, "logits"), _host_array(targets, "targets")
+    rows = _leading(logits)
     temp, temp_rows = _split_temperature(temperature, rows)
+    rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
-    _ext.reduce_logits(
-        logits, targets, temp, temp_rows, -1 if real_vocab is None else int(real_vocab), int(ignore_index), logp, lse
-    )
+    _ext.reduce_logits(logits, targets, temp, temp_rows, rv, _int_arg(ignore_index, "ignore_index"), logp, lse)
     return logp, lse

@@ -20,15 +20,17 @@ import sys
 import types
 from typing import Optional, Union
 
+import torch
 from torch import Tensor
 
-from . import TORCH_BACKEND_ID
+from . import TORCH_BACKEND_ID, _int_arg, _split_temperature, _what
 from ._errors import InputError, StrictModeError
 from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
 from ._torch.op import last_report, linear_logp_op as _linear_logp_op
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
+from ._torch.tensors import check_devices as _check_devices
 from ._torch.tensors import check_tensors as _check_tensors
 
 __all__ = [
@@ -63,16 +65,21 @@ def linear_logp(
     """Per-token log-probabilities: logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T.
 
     hidden [..., D] bf16, weight [V_local, D] bf16 (this rank's shard when tp_group is given),
-    targets [...] int32/int64 (global ids), bias [V_local] fp32, temperature a float or a per-row
-    fp32 tensor. Returns (logp, lse) fp32 shaped like targets, plus logits [..., V_local] fp32
-    (unscaled z, the serving entry) when return_logits. Differentiable in hidden, weight, bias and
-    a temperature tensor. backend: None (DETLOGP_BACKEND, else auto), a C++ backend id, or
-    TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every non-contract lane.
-    detlogp.torch.last_report() says which backend served the call."""
+    targets [...] int32/int64 (global ids), bias [V_local] fp32, temperature a float, a 0-d floating
+    tensor (every row's, expanded inside the graph) or an fp32 tensor shaped like targets
+    (docs/python.md, "Accepted inputs"). Returns (logp, lse) fp32 shaped like targets, plus logits
+    [..., V_local] fp32 (unscaled z, the serving entry) when return_logits. Differentiable in
+    hidden, weight, bias and a temperature tensor (0-d or per row). backend: None (DETLOGP_BACKEND,
+    else auto), a C++ backend id, or TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every
+    non-contract lane. detlogp.torch.last_report() says which backend served the call and which
+    operands were copied ("copies": a CUDA view the SM90 backend cannot read in place is copied
+    once into aligned storage)."""
     # Plain Python (no extension call) so torch.compile traces it; the library itself re-reads
     # DETLOGP_STRICT and refuses bad DETLOGP_* variables on every call.
     strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
     backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
+    if not isinstance(backend, str):
+        raise InputError(f"backend must be a backend id (str) or None, got {_what(backend)}")
     if backend == TORCH_BACKEND_ID and strict_on:
         raise StrictModeError(
             f"strict mode refuses backend '{TORCH_BACKEND_ID}': it does not bear the detlogp contract "
@@ -80,24 +87,30 @@ def linear_logp(
         )
     if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
         raise InputError("hidden, weight and targets must be torch tensors (numpy arrays go to detlogp.linear_logp)")
+    if bias is not None and not isinstance(bias, Tensor):
+        raise InputError(f"bias must be a torch tensor or None, got {_what(bias)}")
+    _check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
     batch_shape = targets.shape
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(batch_shape):
-        raise InputError(f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}")
-    h2 = hidden.reshape(-1, hidden.shape[-1])
-    t1 = targets.reshape(-1)
-    temp_rows = None
-    temp = 1.0
-    if isinstance(temperature, Tensor):
-        if temperature.dim() == 0:
-            temp = float(temperature)
-        else:
-            if tuple(temperature.shape) != tuple(batch_shape):
-                raise InputError(f"temperature must be a float or shaped like targets {list(batch_shape)}, got {list(temperature.shape)}")
-            temp_rows = temperature.reshape(-1)
-    else:
-        temp = float(temperature)
-    rv = int(vocab_start) + weight.shape[0] if real_vocab is None else int(real_vocab)
+        raise InputError(
+            f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}"
+        )
+    n = targets.numel()
+    h2 = hidden.reshape(n, hidden.shape[-1])  # n, not -1: D = 0 reaches the library's own check
+    t1 = targets.reshape(n)
     contract = backend != TORCH_BACKEND_ID
+    temp, temp_rows = _split_temperature(
+        temperature, n, shape=batch_shape, tensor_type=Tensor, rows_any_float=not contract
+    )
+    if temp_rows is not None and temp_rows.dim() == 0:
+        # One temperature for every row, kept in the graph: expand's backward sums the per-row
+        # gradients into it, and its value is never read on the host (CUDA graphs, torch.compile).
+        temp_rows = (temp_rows.to(torch.float32) if contract else temp_rows).expand(n)
+    elif temp_rows is not None:
+        temp_rows = temp_rows.reshape(n)
+    ignore_index = _int_arg(ignore_index, "ignore_index")
+    vocab_start = _int_arg(vocab_start, "vocab_start")
+    rv = vocab_start + weight.shape[0] if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if tp_group is None:
         _check_tensors(h2, weight, t1, bias, temp_rows, contract)
         if vocab_start != 0 or weight.shape[0] < rv:
@@ -107,13 +120,15 @@ def linear_logp(
             )
         if not contract and not (math.isfinite(temp) and temp > 0):
             raise InputError(f"temperature={temp} must be finite and > 0")
-        logp, lse, logits = _linear_logp_op(h2, weight, t1, bias, temp, temp_rows, int(ignore_index), bool(return_logits), rv, backend, strict_on)
+        logp, lse, logits = _linear_logp_op(
+            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on
+        )
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
         logp, lse, logits = _TensorParallelLinearLogp.apply(
-            h2, weight, bias, temp_rows, t1, temp, int(ignore_index), bool(return_logits), int(vocab_start), rv,
-            backend, strict_on, tp_group,
+            h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
+            strict_on, tp_group,
         )  # fmt: skip
     logp = logp.reshape(batch_shape)
     lse = lse.reshape(batch_shape)

@@ -8,6 +8,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <optional>
@@ -97,7 +98,11 @@ detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_al
     if (v.cols > 1 && a.stride(1) != 1)
       value_error(std::string(name) + " must have unit stride along its last dimension (got stride " +
                   std::to_string(a.stride(1)) + ")");
-    v.row_stride = v.rows > 1 ? a.stride(0) : v.cols;
+    // One row: no second row is read, so its stride only has to satisfy the backends (the SM90 backend's TMA
+    // loads need a multiple of 16 bytes), and exporters may report any (0 for a broadcast axis). The array's own
+    // is kept where it spans the row and is such a multiple (a row of a padded matrix), else the width is used.
+    const bool own_fits = a.stride(0) >= v.cols && (a.stride(0) * static_cast<int64_t>(a.itemsize())) % 16 == 0;
+    v.row_stride = v.rows > 1 || own_fits ? a.stride(0) : v.cols;
     if (v.row_stride < v.cols)
       value_error(std::string(name) + " row stride " + std::to_string(v.row_stride) + " is smaller than its " +
                   std::to_string(v.cols) + " columns");
@@ -154,24 +159,89 @@ detlogp::CallOptions options(const std::string& backend, bool strict, uintptr_t 
   return o;
 }
 
+std::string python_type(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+// A value as a message shows it (python/detlogp/__init__.py, _shown): at most 40 characters.
+std::string shown(std::string text) { return text.size() <= 40 ? text : text.substr(0, 37) + "..."; }
+
+// What a refused scalar argument is, as python/detlogp/__init__.py's _what says it: None, or its type and repr.
+std::string described(nb::handle h) {
+  if (h.is_none()) return "None";
+  return python_type(h) + " " + shown(nb::repr(h).c_str());
+}
+
+// The arguments below are parsed here rather than by nanobind's overload resolution, so that a value the
+// library cannot take is an InputError naming the argument, in the words of detlogp's Python faces
+// (python/detlogp/__init__.py), not a TypeError saying that no overload matched.
+InArray array_arg(nb::handle h, const char* name) {
+  InArray a;
+  if (!nb::try_cast(h, a))
+    value_error(std::string(name) +
+                " could not be read as an array in host or CUDA memory (DLPack or the buffer protocol), got " +
+                python_type(h));
+  return a;
+}
+
+std::optional<InArray> opt_array_arg(nb::handle h, const char* name) {
+  if (h.is_none()) return std::nullopt;
+  return array_arg(h, name);
+}
+
+int64_t int64_arg(nb::handle h, const char* name) {
+  const auto not_integer = [&] { value_error(std::string(name) + " must be an integer, got " + described(h)); };
+  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr())) not_integer();
+  const nb::object i = nb::steal(PyNumber_Index(h.ptr()));
+  if (!i.is_valid()) {
+    PyErr_Clear();
+    not_integer();
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    value_error(std::string(name) + "=" + shown(nb::str(i).c_str()) + " is outside the int64 range [-2^63, 2^63 - 1]");
+  }
+  return v;
+}
+
+// A scalar temperature rounded to float32 (IEEE nearest). A value that rounding would turn into 0 or inf is
+// refused here, naming the value given; the valid range itself is the library's check.
+float temperature_arg(nb::handle h) {
+  if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
+    value_error("temperature must be a float, got " + described(h));
+  const std::string given = shown(nb::repr(h).c_str());
+  const double d = PyFloat_AsDouble(h.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {  // an int beyond the double range
+    PyErr_Clear();
+    value_error("temperature=" + given + " is not representable as float32 (it would round to inf)");
+  }
+  // |T| <= 2^-150 (half the smallest subnormal, ties to even) rounds to 0; |T| >= 2^128 - 2^103 (halfway past
+  // the largest finite float32) to inf, and converting it would be undefined behaviour.
+  if (d != 0.0 && std::fabs(d) <= std::ldexp(1.0, -150))
+    value_error("temperature=" + given + " is not representable as float32 (it would round to 0)");
+  if (std::isfinite(d) && std::fabs(d) >= std::ldexp(1.0, 128) - std::ldexp(1.0, 103))
+    value_error("temperature=" + given + " is not representable as float32 (it would round to inf)");
+  return static_cast<float>(d);
+}
+
 // The problem every entry takes, passed as one Python tuple: (hidden, weight, targets, bias | None, temperature,
-// temperature_rows | None, real_vocab, vocab_start, ignore_index).
-using Problem = std::tuple<InArray, InArray, InArray, std::optional<InArray>, float, std::optional<InArray>, int64_t,
-                           int64_t, int64_t>;
+// temperature_rows | None, real_vocab, vocab_start, ignore_index), parsed by inputs(). The arrays' memory belongs
+// to the objects in the tuple, which the caller holds for the whole call.
+using Problem = nb::tuple;
 
 detlogp::LinearLogpInputs inputs(const Problem& problem) {
-  const auto& [hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index] =
-      problem;
+  if (problem.size() != 9)
+    value_error("the problem tuple has " + std::to_string(problem.size()) + " entries, expected 9");
   detlogp::LinearLogpInputs in;
-  in.hidden = view_of(hidden, "hidden", 2, true);
-  in.weight = view_of(weight, "weight", 2, true);
-  in.targets = view_of(targets, "targets", 1, false);
-  if (auto b = opt_view(bias, "bias", 1)) in.bias = *b;
-  in.temperature = temperature;
-  if (auto t = opt_view(temperature_rows, "temperature_rows", 1)) in.temperature_rows = *t;
-  in.real_vocab = real_vocab;
-  in.vocab_start = vocab_start;
-  in.ignore_index = ignore_index;
+  in.hidden = view_of(array_arg(problem[0], "hidden"), "hidden", 2, true);
+  in.weight = view_of(array_arg(problem[1], "weight"), "weight", 2, true);
+  in.targets = view_of(array_arg(problem[2], "targets"), "targets", 1, false);
+  if (auto b = opt_view(opt_array_arg(problem[3], "bias"), "bias", 1)) in.bias = *b;
+  in.temperature = temperature_arg(problem[4]);
+  if (auto t = opt_view(opt_array_arg(problem[5], "temperature_rows"), "temperature_rows", 1)) in.temperature_rows = *t;
+  in.real_vocab = int64_arg(problem[6], "real_vocab");
+  in.vocab_start = int64_arg(problem[7], "vocab_start");
+  in.ignore_index = int64_arg(problem[8], "ignore_index");
   return in;
 }
 
@@ -478,16 +548,16 @@ NB_MODULE(_detlogp, m) {
 
   m.def(
       "reduce_logits",
-      [](const InArray& logits, const InArray& targets, float temperature,
-         const std::optional<InArray>& temperature_rows, int64_t real_vocab, int64_t ignore_index, const OutArray& logp,
-         const OutArray& lse) {
+      [](nb::handle logits, nb::handle targets, nb::handle temperature, nb::handle temperature_rows,
+         nb::handle real_vocab, nb::handle ignore_index, const OutArray& logp, const OutArray& lse) {
         detlogp::ReduceLogitsInputs in;
-        in.logits = view_of(logits, "logits", 2, false);
-        in.targets = view_of(targets, "targets", 1, false);
-        in.temperature = temperature;
-        if (auto t = opt_view(temperature_rows, "temperature_rows", 1)) in.temperature_rows = *t;
-        in.real_vocab = real_vocab;
-        in.ignore_index = ignore_index;
+        in.logits = view_of(array_arg(logits, "logits"), "logits", 2, false);
+        in.targets = view_of(array_arg(targets, "targets"), "targets", 1, false);
+        in.temperature = temperature_arg(temperature);
+        if (auto t = opt_view(opt_array_arg(temperature_rows, "temperature_rows"), "temperature_rows", 1))
+          in.temperature_rows = *t;
+        in.real_vocab = int64_arg(real_vocab, "real_vocab");
+        in.ignore_index = int64_arg(ignore_index, "ignore_index");
         const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
         nb::gil_scoped_release release;
         detlogp::reduce_logits(in, lp, ls);

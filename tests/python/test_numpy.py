@@ -4,7 +4,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import make_problem, read_safetensors, reference_f64
+from conftest import INTEGER_CASES, TEMPERATURE_CASES, make_problem, read_safetensors, reference_f64
 
 import detlogp
 
@@ -259,3 +259,137 @@ def test_strict_refuses_every_noncontract_lane_of_this_build():
     for lane in lanes:
         with pytest.raises(detlogp.StrictModeError, match=f"strict mode refuses backend '{lane}'"):
             detlogp.linear_logp(h, w, t, backend=lane, strict=True)
+
+
+# --- the argument rules shared with detlogp.torch (conftest.py's tables) ------------------------
+
+
+def np_array(values, dtype):
+    return np.array(values, dtype=dtype)
+
+
+def _entries(h, w, t):
+    """Every array-API entry that takes a temperature, as f(temperature=..., ignore_index=...) ->
+    its first output."""
+    z = detlogp.linear_logp(h, w, t, return_logits=True).logits
+    return {
+        "linear_logp": lambda **kw: detlogp.linear_logp(h, w, t, **kw).logp,
+        "linear_logp_partials": lambda **kw: detlogp.linear_logp_partials(h, w, t, **kw).summaries,
+        "reduce_logits": lambda **kw: detlogp.reduce_logits(z, t, **kw)[0],
+    }
+
+
+@pytest.mark.parametrize("entry", ["linear_logp", "linear_logp_partials", "reduce_logits"])
+@pytest.mark.parametrize("case", TEMPERATURE_CASES, ids=[c[0] for c in TEMPERATURE_CASES])
+def test_temperature_forms(entry, case):
+    """Every temperature form is accepted (with the bits of its float32 value given as a float) or
+    refused with the shared message, on every entry; nothing reaches the library as something else."""
+    _, build, value, message = case
+    h, w, t, _, _ = make_problem(5, 32, 123, seed=8)
+    call = _entries(h, w, t)[entry]
+    if message is None:
+        got = call(temperature=build(np_array))
+        assert np.array_equal(bits(got), bits(call(temperature=float(np.float32(value)))))
+    else:
+        with pytest.raises(detlogp.InputError) as e:
+            call(temperature=build(np_array))
+        assert str(e.value) == message
+
+
+@pytest.mark.parametrize("name", ["ignore_index", "vocab_start", "real_vocab"])
+@pytest.mark.parametrize("case", INTEGER_CASES, ids=[c[0] for c in INTEGER_CASES])
+def test_integer_arguments(name, case):
+    _, value, message = case
+    if name == "real_vocab" and value is None:
+        return  # real_vocab=None is its default: the weight's rows
+    h, w, t, _, _ = make_problem(5, 32, 123, seed=9)
+    t[1] = -100
+    if message is None:
+        if name == "ignore_index":
+            assert np.array_equal(bits(detlogp.linear_logp(h, w, t, ignore_index=value).logp),
+                                  bits(detlogp.linear_logp(h, w, t).logp))  # fmt: skip
+        return
+    entries = _entries(h, w, t)
+    for entry in ("linear_logp", "linear_logp_partials") + (("reduce_logits",) if name != "vocab_start" else ()):
+        with pytest.raises(detlogp.InputError) as e:
+            entries[entry](**{name: value})
+        assert str(e.value) == message.format(name=name), entry
+
+
+def test_refused_arrays_name_the_argument():
+    h, w, t, _, _ = make_problem(5, 32, 123)
+    cases = [
+        (dict(hidden=np.zeros((5, 0), np.uint16), weight=np.zeros((123, 0), np.uint16)),
+         "hidden has D=0 columns; the hidden size must be >= 1"),
+        (dict(targets=np.array([None] * 5)), "targets has dtype object, which detlogp does not take here"),
+        (dict(bias=[0.0] * 123), "bias must be an array (numpy, or anything with __dlpack__), got list"),
+        (dict(hidden=None), "hidden must be an array (numpy, or anything with __dlpack__), got None"),
+        (dict(hidden=np.zeros((), np.uint16)), "hidden must be 2-D, got 0-D"),
+        (dict(backend=5), "backend must be a backend id (str) or None, got int 5"),
+    ]  # fmt: skip
+    for change, message in cases:
+        args = dict(hidden=h, weight=w, targets=t)
+        args.update(change)
+        with pytest.raises(detlogp.InputError) as e:
+            detlogp.linear_logp(**args)
+        assert str(e.value).endswith(message), (change, str(e.value))
+
+
+def test_extension_names_the_argument_it_cannot_take():
+    """The extension parses its problem tuple itself: what the Python layer would have refused is an
+    InputError naming the argument there too, never nanobind's "incompatible function arguments"."""
+    h, w, t, _, _ = make_problem(2, 32, 17)
+    lp, ls = np.empty(2, np.float32), np.empty(2, np.float32)
+
+    def call(**change):
+        fields = dict(hidden=h, weight=w, targets=t, bias=None, temperature=1.0, temperature_rows=None, real_vocab=-1,
+                      vocab_start=0, ignore_index=-100)  # fmt: skip
+        fields.update(change)
+        with pytest.raises(detlogp.InputError) as e:
+            detlogp._ext.linear_logp(tuple(fields.values()), lp, ls, None, "", False, 0)
+        return str(e.value)
+
+    assert call(ignore_index=2**64) == "ignore_index=18446744073709551616 is outside the int64 range [-2^63, 2^63 - 1]"
+    assert call(vocab_start=1.5) == "vocab_start must be an integer, got float 1.5"
+    assert call(real_vocab=True) == "real_vocab must be an integer, got bool True"
+    assert call(temperature="1") == "temperature must be a float, got str '1'"
+    assert call(temperature=1e-50) == "temperature=1e-50 is not representable as float32 (it would round to 0)"
+    assert call(temperature=-1e39) == "temperature=-1e+39 is not representable as float32 (it would round to inf)"
+    assert call(hidden=[1, 2]).startswith("hidden could not be read as an array in host or CUDA memory")
+    assert call(temperature_rows="x").startswith("temperature_rows could not be read as an array")
+    with pytest.raises(detlogp.InputError, match="ignore_index=36893488147419103232 is outside the int64 range"):
+        detlogp._ext.reduce_logits(np.zeros((2, 17), np.float32), t, 1.0, None, -1, 2**65, lp, ls)
+
+
+def test_float32_rounding_edges_of_a_scalar_temperature():
+    """The extension refuses exactly the doubles that round to 0 or inf in float32 (numpy's
+    rounding says which), and passes the others on as their float32 value."""
+    h, w, t, _, _ = make_problem(2, 32, 17)
+    tiny, big = 2.0**-150, 2.0**128 - 2.0**103
+    assert np.float32(tiny) == 0 and np.float32(np.nextafter(tiny, 1)) > 0
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.float32(big)) and np.isfinite(np.float32(np.nextafter(big, 0)))
+    for value, to in ((tiny, "0"), (-tiny, "0"), (big, "inf"), (-big, "inf")):
+        with pytest.raises(detlogp.InputError) as e:
+            detlogp.linear_logp(h, w, t, temperature=value)
+        assert str(e.value) == f"temperature={value!r} is not representable as float32 (it would round to {to})"
+    # The largest finite value passes the conversion (the library's own range check then decides).
+    below = float(np.nextafter(big, 0))
+    try:
+        detlogp.linear_logp(h, w, t, temperature=below)
+    except detlogp.InputError as e:
+        assert "not representable as float32" not in str(e)
+
+
+def test_torch_tensors_through_the_array_api():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    h, w, t, _, _ = make_problem(3, 32, 17)
+    th = torch.from_numpy(h.view(np.int16)).view(torch.bfloat16)
+    with pytest.raises(
+        detlogp.InputError, match=r"^hidden lives on meta; detlogp takes host \(CPU\) and CUDA memory only$"
+    ):
+        detlogp.linear_logp(th.to("meta"), w, t)
+    with pytest.raises(detlogp.InputError, match=r"^hidden requires grad; the array API has no autograd"):
+        detlogp.linear_logp(th.float().requires_grad_(), w, t)
+    ref = detlogp.linear_logp(h, w, t, temperature=0.5).logp
+    assert np.array_equal(bits(detlogp.linear_logp(th, w, t, temperature=torch.tensor(0.5)).logp), bits(ref))

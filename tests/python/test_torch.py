@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import make_problem
+from conftest import INTEGER_CASES, TEMPERATURE_CASES, make_problem
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch tests need it)")
 import detlogp  # noqa: E402
@@ -246,3 +246,301 @@ def test_backward_allocates_no_vocab_sized_buffer():
     largest = max(e.cpu_memory_usage for e in prof.events())
     allowed = max(n * dt.BACKWARD_VOCAB_CHUNK * 4, v * d * 2, n * d * 4)
     assert largest <= allowed < n * v * 4 / 4, (largest, allowed, n * v * 4)
+
+
+# --- a 0-d temperature tensor -------------------------------------------------------------------
+
+
+def test_zero_d_temperature_is_differentiable_like_the_per_row_form(monkeypatch):
+    """A 0-d temperature tensor is every row's temperature, expanded inside the graph: the same
+    bits as a float and as the [N] tensor of that value, and its gradient is the [N] form's
+    gradient summed over the rows (bit for bit: expand's backward is that sum)."""
+    monkeypatch.setattr(dt, "BACKWARD_VOCAB_CHUNK", 64)
+    h, w, b, t, _ = problem(13, 48, 300, seed=21, ignore=(2, 7))
+    value = 0.8125
+    t0 = torch.tensor(value, requires_grad=True)
+    rows = torch.full((13,), value, requires_grad=True)
+    (l0, s0), (lr, sr) = (dt.linear_logp(h, w, t, bias=b, temperature=x) for x in (t0, rows))
+    lf, sf = dt.linear_logp(h, w, t, bias=b, temperature=value)
+    for a in (l0, s0):
+        assert a.requires_grad and a.grad_fn is not None
+    assert torch.equal(l0.view(torch.int32), lr.view(torch.int32)) and torch.equal(
+        s0.view(torch.int32), sr.view(torch.int32)
+    )
+    assert torch.equal(l0.view(torch.int32), lf.view(torch.int32)) and torch.equal(
+        s0.view(torch.int32), sf.view(torch.int32)
+    )
+    weights = torch.linspace(0.5, 1.5, 13)
+    ((l0 * weights).sum() + 0.25 * s0.sum()).backward()
+    ((lr * weights).sum() + 0.25 * sr.sum()).backward()
+    assert t0.grad.shape == () and torch.equal(t0.grad, rows.grad.sum())
+    # against float64 autograd of log_softmax with one temperature
+    ref = torch.tensor(value, dtype=torch.float64, requires_grad=True)
+    y = (h.double() @ w.double().T + b.double()) / ref
+    lse = torch.logsumexp(y, 1)
+    logp = torch.where(t == -100, 0.0, y.gather(1, t.clamp(min=0)[:, None])[:, 0] - lse)
+    ((logp * weights.double()).sum() + 0.25 * lse.sum()).backward()
+    assert abs(t0.grad.item() - ref.grad.item()) <= 1e-4 * abs(ref.grad.item())
+
+
+def test_zero_d_temperature_gradcheck_float64():
+    """gradcheck of the 0-d form (torch lane, float64: the same backward as the contract lanes)."""
+    h, w, b, t, _ = problem(5, 6, 17, dtype=torch.float64, ignore=(1,))
+    args = [x.clone().requires_grad_() for x in (h, w, b)] + [
+        torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    ]
+
+    def f(h, w, b, temp):
+        return dt.linear_logp(h, w, t, bias=b, temperature=temp, backend=dt.TORCH_BACKEND_ID)
+
+    assert torch.autograd.gradcheck(f, args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_zero_d_temperature_of_other_float_dtypes(dtype):
+    """A 0-d floating tensor of any dtype is converted to float32 in the graph; its gradient comes
+    back in its own dtype."""
+    h, w, b, t, _ = problem(6, 32, 123, seed=22)
+    t0 = torch.tensor(0.75, dtype=dtype, requires_grad=True)
+    logp, _ = dt.linear_logp(h, w, t, temperature=t0)
+    ref, _ = dt.linear_logp(h, w, t, temperature=0.75)
+    assert torch.equal(logp.view(torch.int32), ref.view(torch.int32))
+    logp.sum().backward()
+    assert t0.grad.dtype == dtype and t0.grad.shape == ()
+
+
+def test_zero_d_temperature_under_torch_compile():
+    """The 0-d form traces (fullgraph: its value is never read on the host) and gives the eager bits
+    and gradient."""
+    h, w, b, t, _ = problem(8, 32, 123, seed=23)
+
+    def loss(h, temp):
+        logp, lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+        return logp.sum() + 0.1 * lse.sum(), logp
+
+    eager = [h.clone().requires_grad_(), torch.tensor(0.9, requires_grad=True)]
+    comp = [h.clone().requires_grad_(), torch.tensor(0.9, requires_grad=True)]
+    l1, lp1 = loss(*eager)
+    l1.backward()
+    l2, lp2 = torch.compile(loss, fullgraph=True)(*comp)
+    l2.backward()
+    assert torch.equal(lp1.view(torch.int32), lp2.view(torch.int32))
+    assert comp[1].grad is not None and abs(comp[1].grad.item() - eager[1].grad.item()) <= 1e-5 * abs(
+        eager[1].grad.item()
+    )
+    assert rel_err(comp[0].grad.float(), eager[0].grad.double()) < 1e-2
+
+
+# --- the argument rules shared with the array API (conftest.py's tables) ------------------------
+
+
+def torch_tensor(values, dtype):
+    return torch.tensor(values, dtype=getattr(torch, dtype))
+
+
+def _torch_entries(h, w, t):
+    """The detlogp.torch entries that take a temperature, as f(**kw) -> their first output."""
+    _, lse = dt.linear_logp(h, w, t)
+    return {
+        "linear_logp": lambda **kw: dt.linear_logp(h, w, t, **kw)[0],
+        "grad_logits": lambda **kw: dt.grad_logits(h, w, t, lse, torch.ones(5), None, **kw),
+    }
+
+
+def _same_bits(a, b):
+    view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    return torch.equal(a.view(view), b.view(view))
+
+
+@pytest.mark.parametrize("entry", ["linear_logp", "grad_logits"])
+@pytest.mark.parametrize("case", TEMPERATURE_CASES, ids=[c[0] for c in TEMPERATURE_CASES])
+def test_temperature_forms_torch(entry, case):
+    """The array API's table, through detlogp.torch: the same forms accepted (the bits of the
+    float32 value given as a float) and refused with the same messages."""
+    _, build, value, message = case
+    h, w, b, t, _ = problem(5, 32, 123, seed=24)
+    call = _torch_entries(h, w, t)[entry]
+    if message is None:
+        assert _same_bits(call(temperature=build(torch_tensor)), call(temperature=float(np.float32(value))))
+    else:
+        with pytest.raises(detlogp.InputError) as e:
+            call(temperature=build(torch_tensor))
+        assert str(e.value) == message
+
+
+def test_temperature_forms_only_torch_has():
+    h, w, b, t, _ = problem(12, 32, 123, seed=25)
+    ref = dt.linear_logp(h, w, t, temperature=0.6)[0]
+    # a 0-d numpy array is a scalar on every face; a per-row temperature is a torch tensor here
+    assert _same_bits(dt.linear_logp(h, w, t, temperature=np.array(0.6))[0], ref)
+    with pytest.raises(detlogp.InputError) as e:
+        dt.linear_logp(h, w, t, temperature=np.full(12, 0.6, np.float32))
+    assert str(e.value) == "temperature of shape [12] must be a torch.Tensor here, got ndarray"
+    # per row: shaped like targets, whatever their batch dims
+    shaped = dt.linear_logp(h.view(3, 4, 32), w, t.view(3, 4), temperature=torch.full((3, 4), 0.6))[0]
+    assert _same_bits(shaped.reshape(-1), ref)
+    with pytest.raises(detlogp.InputError) as e:
+        dt.linear_logp(h.view(3, 4, 32), w, t.view(3, 4), temperature=torch.full((12,), 0.6))
+    assert str(e.value) == (
+        "temperature must be a float, a 0-d floating array or a float32 array of shape [3, 4], got shape [12] dtype float32"
+    )
+    # the non-contract torch lane takes per-row temperatures of any float dtype (it computes in theirs)
+    lane = dt.linear_logp(h.double(), w.double(), t, temperature=torch.full((12,), 0.6, dtype=torch.float64),
+                          backend=dt.TORCH_BACKEND_ID)[0]  # fmt: skip
+    assert lane.dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ["ignore_index", "vocab_start", "real_vocab"])
+@pytest.mark.parametrize("case", INTEGER_CASES, ids=[c[0] for c in INTEGER_CASES])
+def test_integer_arguments_torch(name, case):
+    _, value, message = case
+    if name == "real_vocab" and value is None:
+        return  # real_vocab=None is its default: vocab_start + the weight's rows
+    h, w, b, t, _ = problem(5, 32, 123, seed=26)
+    if message is None:
+        if name == "ignore_index":
+            assert _same_bits(dt.linear_logp(h, w, t, ignore_index=value)[0], dt.linear_logp(h, w, t)[0])
+            ref = dt.grad_logits(h, w, t, dt.linear_logp(h, w, t)[1], torch.ones(5))
+            assert _same_bits(_torch_entries(h, w, t)["grad_logits"](ignore_index=value), ref)
+        return
+    for entry, call in _torch_entries(h, w, t).items():
+        with pytest.raises(detlogp.InputError) as e:
+            call(**{name: value})
+        assert str(e.value) == message.format(name=name), entry
+    with pytest.raises(detlogp.InputError) as e:  # the tensor-parallel path parses them before any collective
+        dt.linear_logp(h, w, t, tp_group=object(), **{name: value})
+    assert str(e.value) == message.format(name=name)
+
+
+def test_torch_refusals_are_detlogp_errors():
+    """D = 0, meta tensors and arguments of the wrong kind raise detlogp's classes, with messages
+    naming the argument (D = 0 in the C++ library's words on every lane)."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    meta = "is on meta; detlogp.torch takes CPU and CUDA tensors"
+    d0 = "hidden has D=0 columns; the hidden size must be >= 1"
+    h0, w0 = torch.zeros(6, 0, dtype=torch.bfloat16), torch.zeros(123, 0, dtype=torch.bfloat16)
+    cases = [
+        (lambda: dt.linear_logp(h0, w0, t), d0),
+        (lambda: dt.linear_logp(h0.view(2, 3, 0), w0, t.view(2, 3)), d0),
+        (lambda: dt.linear_logp(h0[:0], w0, t[:0]), d0),
+        (lambda: dt.linear_logp(h0.float(), w0.float(), t, backend=dt.TORCH_BACKEND_ID), d0),
+        (lambda: dt.grad_logits(h0, w0, t, torch.zeros(6)), d0),
+        (lambda: dt.linear_logp(h.to("meta"), w.to("meta"), t.to("meta")), "hidden " + meta),
+        (lambda: dt.linear_logp(h, w.to("meta"), t), "weight " + meta),
+        (lambda: dt.linear_logp(h, w, t.to("meta")), "targets " + meta),
+        (lambda: dt.linear_logp(h, w, t, bias=b.to("meta")), "bias " + meta),
+        (lambda: dt.linear_logp(h, w, t, temperature=torch.tensor(0.5, device="meta")), "temperature " + meta),
+        (lambda: dt.linear_logp(h, w, t, temperature=torch.ones(6, device="meta")), "temperature " + meta),
+        (lambda: dt.linear_logp(h.to("meta"), w.to("meta"), t.to("meta"), backend=dt.TORCH_BACKEND_ID), "hidden " + meta),
+        (lambda: dt.grad_logits(h, w, t, torch.zeros(6, device="meta")), "lse " + meta),
+        (lambda: dt.linear_logp(h, w, t, bias=np.zeros(123, np.float32)), "bias must be a torch tensor or None, got shape [123] dtype float32"),
+        (lambda: dt.linear_logp(h, w, t, backend=5), "backend must be a backend id (str) or None, got int 5"),
+    ]  # fmt: skip
+    for i, (call, message) in enumerate(cases):
+        with pytest.raises(detlogp.InputError) as e:
+            call()
+        assert str(e.value).endswith(message), (i, str(e.value))
+
+
+# --- operands copied before the library reads them (the decision; the SM90 runs are GPU tests) ---
+
+
+def test_copy_decision_for_tma():
+    from detlogp._torch.tensors import aligned_copy, copy_reason, library_row_stride, tma_misalignment
+
+    tma = "(TMA requirement of the SM90 backend)"
+    flat = torch.randn(4 * 64 + 8).bfloat16()
+    aligned = flat[: 4 * 64].view(4, 64)
+    odd = flat[1 : 1 + 4 * 64].view(4, 64)  # x.view(-1)[1:].view(...): starts 2 bytes in
+    wide = torch.randn(5, 100).bfloat16()  # rows of 200 bytes
+    assert copy_reason(aligned, tma=True) is None
+    assert (
+        copy_reason(odd, tma=True) == f"it starts at element 1 of its storage (byte 2), not on a 16-byte boundary {tma}"
+    )
+    assert copy_reason(odd, tma=False) is None  # not on CUDA, or another backend asked for: no copy
+    assert (
+        copy_reason(wide[1:], tma=True)
+        == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
+    )
+    assert (
+        copy_reason(wide[:1], tma=True)
+        == f"its row stride of 100 elements (200 bytes) is not a multiple of 16 bytes {tma}"
+    )
+    assert copy_reason(odd.float(), tma=True) is None  # not bf16: the backend's dtype check speaks
+    assert copy_reason(aligned[:0], tma=True) is None and copy_reason(torch.zeros(4, 0).bfloat16(), tma=True) is None
+    strided = torch.randn(4, 128).bfloat16()[:, ::2]
+    reason = "its column stride is 2, not 1 (the library reads rows with unit stride)"
+    assert copy_reason(strided, tma=False) == reason and copy_reason(strided, tma=True) == reason
+    for t in (odd, wide[1:], wide[:1], wide, strided):
+        c = aligned_copy(t)
+        assert torch.equal(c.view(torch.int16), t.view(torch.int16)) and tma_misalignment(c) is None, t.shape
+        assert library_row_stride(c) % 8 == 0 and c.data_ptr() % 16 == 0
+    # A copy is a torch op: the gradient reaches the caller's tensor.
+    x = wide[1:].float().requires_grad_()
+    g = torch.randn(4, 100)
+    (aligned_copy(x) * g).sum().backward()
+    assert torch.equal(x.grad, g)
+
+
+def _force_tma_copies(monkeypatch):
+    """Takes CPU tensors for tensors the SM90 backend may serve, so that the copy path runs here."""
+    from detlogp._torch import tensors
+
+    monkeypatch.setattr(tensors, "tma_possible", lambda hidden, backend: backend in ("", tensors.SM90_BACKEND_ID))
+
+
+@pytest.mark.parametrize(
+    "d,which,copied",
+    [(64, ["hidden"], ["hidden"]), (64, ["weight"], ["weight"]), (64, ["hidden", "weight"], ["hidden", "weight"]),
+     (100, [], ["hidden", "weight"])],  # D = 100: rows of 200 bytes, copied even where contiguous
+)  # fmt: skip
+def test_copied_operands_same_bits_and_gradients(monkeypatch, d, which, copied):
+    """With the copy path forced onto the CPU: the call reports each copy, gives the bits of the same
+    values in aligned storage, and its gradients are the caller's tensors' (equal to those of the
+    aligned call)."""
+    _force_tma_copies(monkeypatch)
+    h, w, b, t, temp = problem(9, d, 300, seed=27)
+
+    def odd(x):  # the same values in a view that starts 2 bytes into its storage, leaf of the graph
+        return torch.cat([torch.zeros(1).bfloat16(), x.reshape(-1)])[1:].view(x.shape).requires_grad_()
+
+    args = [odd(x) if name in which else x.clone().requires_grad_() for name, x in (("hidden", h), ("weight", w))]
+    logp, lse = dt.linear_logp(args[0], args[1], t, bias=b, temperature=temp)
+    report = dt.last_report()
+    assert [c["argument"] for c in report["copies"]] == copied
+    assert all(c["reason"].endswith("(TMA requirement of the SM90 backend)") for c in report["copies"])
+    ref_args = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    ref_logp, ref_lse = dt.linear_logp(ref_args[0], ref_args[1], t, bias=b, temperature=temp)
+    assert _same_bits(logp, ref_logp) and _same_bits(lse, ref_lse)
+    (logp.sum() + 0.25 * lse.sum()).backward()
+    (ref_logp.sum() + 0.25 * ref_lse.sum()).backward()
+    for a, r in zip(args, ref_args):
+        assert a.grad is not None and a.grad.shape == a.shape
+        assert rel_err(a.grad.float(), r.grad.double()) < 1e-6
+
+
+def test_no_copy_no_note(monkeypatch):
+    _force_tma_copies(monkeypatch)
+    h, w, b, t, _ = problem(8, 64, 123, seed=28)
+    dt.linear_logp(h, w, t)
+    assert dt.last_report()["copies"] == []
+    dt.linear_logp(h[1:], w, t[1:])  # a view 128 bytes in: aligned
+    assert dt.last_report()["copies"] == []
+    dt.linear_logp(h, w, t, backend=dt.TORCH_BACKEND_ID)
+    assert dt.last_report()["copies"] == []
+
+
+def test_copied_operands_under_torch_compile(monkeypatch):
+    """The decision traces (a fake tensor's storage offset decides) and the report says it at run
+    time."""
+    _force_tma_copies(monkeypatch)
+    h, w, b, t, _ = problem(8, 64, 123, seed=29)
+    odd = torch.cat([torch.zeros(1).bfloat16(), h.reshape(-1)])[1:].view(8, 64)
+
+    def f(h):
+        return dt.linear_logp(h, w, t, bias=b, temperature=0.8)[0]
+
+    ref = f(h)
+    got = torch.compile(f, fullgraph=True)(odd)
+    assert _same_bits(got, ref)
+    assert [c["argument"] for c in dt.last_report()["copies"]] == ["hidden"]

@@ -287,3 +287,144 @@ def test_grad_logits_gpu_errors_write_nothing():
     assert torch.isnan(out).all()
     with pytest.raises(ValueError, match="16-byte"):
         dt.grad_logits(h[:, 1:121], w[:, 1:121], t, lse)
+
+
+# --- a 0-d temperature tensor on the GPU -------------------------------------------------------
+
+
+def test_zero_d_temperature_gradient_gpu():
+    """A 0-d CUDA temperature is every row's, inside the graph: the [N] form's bits, and its gradient
+    is that form's gradient summed (bit for bit)."""
+    h, w, b, t, _ = problem(128, 256, 3000, seed=30)
+    t0 = torch.tensor(0.8125, device="cuda", requires_grad=True)
+    rows = torch.full((128,), 0.8125, device="cuda", requires_grad=True)
+    l0, s0 = dt.linear_logp(h, w, t, bias=b, temperature=t0)
+    lr, sr = dt.linear_logp(h, w, t, bias=b, temperature=rows)
+    lf, _ = dt.linear_logp(h, w, t, bias=b, temperature=0.8125)
+    assert dt.last_report()["backend_id"] == SM90
+    assert torch.equal(i32(l0), i32(lr)) and torch.equal(i32(s0), i32(sr)) and torch.equal(i32(l0), i32(lf))
+    (l0.sum() + 0.25 * s0.sum()).backward()
+    (lr.sum() + 0.25 * sr.sum()).backward()
+    assert torch.equal(t0.grad, rows.grad.sum())
+
+
+def test_zero_d_temperature_in_a_cuda_graph():
+    """Never read on the host: a 0-d CUDA temperature is captured by reference, so a replay after
+    changing its value gives the eager bits at the new value."""
+    h, w, b, t, _ = problem(256, 512, 8192, seed=31)
+    temp = torch.tensor(0.7, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_logp, _ = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    temp.fill_(0.9)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(i32(g_logp), i32(dt.linear_logp(h, w, t, bias=b, temperature=0.9)[0]))
+
+
+# --- operands the SM90 backend cannot read in place: copied once, said in the report ----------
+
+
+def _offset_view(x, elements=1):
+    """The same values in a view that starts `elements` elements (2 bytes each) into its storage."""
+    flat = torch.empty(x.numel() + elements, dtype=x.dtype, device=x.device)
+    v = flat[elements:].view(x.shape)
+    v.copy_(x)
+    return v
+
+
+@pytest.mark.parametrize("which", [["hidden"], ["weight"], ["hidden", "weight"]])
+def test_misaligned_views_copied_once_same_bits_and_grads(which):
+    h, w, b, t, temp = problem(300, 512, 2053, seed=32, scale=0.2)
+    ref = [x.clone().requires_grad_() for x in (h, w, b)]
+    ref_logp, ref_lse, ref_z = dt.linear_logp(ref[0], ref[1], t, bias=ref[2], temperature=temp, return_logits=True)
+    assert dt.last_report()["copies"] == []
+    (ref_logp.sum() + 0.25 * ref_lse.sum()).backward()
+    args = [
+        (_offset_view(x) if name in which else x.clone()).requires_grad_() for name, x in (("hidden", h), ("weight", w))
+    ]
+    args.append(b.clone().requires_grad_())
+    assert all(a.data_ptr() % 16 != 0 for name, a in zip(("hidden", "weight"), args) if name in which)
+    logp, lse, z = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=temp, return_logits=True)
+    rep = dt.last_report()
+    assert rep["backend_id"] == SM90 and [c["argument"] for c in rep["copies"]] == which
+    for c in rep["copies"]:
+        assert (
+            c["reason"]
+            == "it starts at element 1 of its storage (byte 2), not on a 16-byte boundary (TMA requirement of the SM90 backend)"
+        )
+    assert (
+        torch.equal(i32(logp), i32(ref_logp))
+        and torch.equal(i32(lse), i32(ref_lse))
+        and torch.equal(i32(z), i32(ref_z))
+    )
+    (logp.sum() + 0.25 * lse.sum()).backward()
+    assert dt.last_backward_path() == "fused"  # the backward copies the same views for its kernel
+    for a, r in zip(args, ref):  # the caller's tensors get the gradients, the aligned call's bits
+        assert a.grad is not None and torch.equal(a.grad.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                                                  r.grad.view(torch.int16 if r.dtype == torch.bfloat16 else torch.int32))  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_rows_not_a_multiple_of_16_bytes_are_padded(n):
+    """D = 100 (rows of 200 bytes): hidden and weight are copied into rows padded to 208 bytes, and
+    the SM90 backend gives the CPU backend's bits (as for host arrays, which its staging pads alike)."""
+    h, w, b, t, temp = problem(n, 100, 1000, seed=33, ignore_every=8 if n > 1 else 1000)
+    logp, lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    rep = dt.last_report()
+    assert rep["backend_id"] == SM90 and [c["argument"] for c in rep["copies"]] == ["hidden", "weight"]
+    assert "row stride of 100 elements (200 bytes) is not a multiple of 16 bytes" in rep["copies"][1]["reason"]
+    cpu_logp, cpu_lse = dt.linear_logp(h.cpu(), w.cpu(), t.cpu(), bias=b.cpu(), temperature=temp.cpu(),
+                                       backend="cpu-linear-logp-contract-v1")  # fmt: skip
+    assert torch.equal(i32(logp.cpu()), i32(cpu_logp)) and torch.equal(i32(lse.cpu()), i32(cpu_lse))
+
+
+def test_misaligned_views_keep_their_error_in_the_array_api():
+    """The C++ library (here through the extension directly) keeps refusing what TMA cannot read."""
+    h, w, b, t, _ = problem(32, 128, 1000)
+    hh = _offset_view(h)
+    logp, lse = torch.empty(32, device="cuda"), torch.empty(32, device="cuda")
+    problem_tuple = (hh, w, t, None, 1.0, None, -1, 0, -100)
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(detlogp.InputError, match="hidden base pointer 0x[0-9a-f]+ is not 16-byte aligned"):
+        detlogp._ext.linear_logp(problem_tuple, logp, lse, None, "", False, stream)
+
+
+def test_misaligned_view_under_compile_and_in_a_cuda_graph():
+    h, w, b, t, temp = problem(256, 512, 4099, seed=34)
+    ref, _ = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    hh = _offset_view(h)
+
+    def f(x):
+        return dt.linear_logp(x, w, t, bias=b, temperature=temp)[0]
+
+    assert torch.equal(i32(torch.compile(f, fullgraph=True)(hh)), i32(ref))
+    assert [c["argument"] for c in dt.last_report()["copies"]] == ["hidden"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            f(hh)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_logp = f(hh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(i32(g_logp), i32(ref))
+
+
+def test_gpu_refusals_are_detlogp_errors():
+    h, w, b, t, _ = problem(32, 128, 1000)
+    with pytest.raises(detlogp.InputError, match="hidden has D=0 columns"):
+        dt.linear_logp(h[:, :0], w[:, :0], t)
+    with pytest.raises(detlogp.InputError, match="ignore_index=18446744073709551616 is outside the int64 range"):
+        dt.linear_logp(h, w, t, ignore_index=2**64)
+    with pytest.raises(detlogp.InputError, match="temperature is on meta"):
+        dt.linear_logp(h, w, t, temperature=torch.tensor(1.0, device="meta"))

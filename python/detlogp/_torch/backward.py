@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .. import _detlogp as _ext
 from .grad_logits import grad_logits_op
+from .tensors import SM90_BACKEND_ID, aligned_copy, tma_misalignment
 
 # Vocabulary rows per backward chunk. The backward's extra memory, besides the gradients it
 # returns, is about N*C*6 + N*D*8 + C*D*6 bytes for C = BACKWARD_VOCAB_CHUNK: the fp32 logits chunk
@@ -33,7 +34,6 @@ BACKWARD_FUSED_CHUNK_BYTES = 256 << 20
 
 # DETLOGP_TORCH_FUSED_BACKWARD=0 keeps the torch chunk loop on CUDA too (for comparison).
 FUSED_BACKWARD_ENV = "DETLOGP_TORCH_FUSED_BACKWARD"
-SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
 
 # Process-wide, not thread-local: autograd runs CUDA backward passes on its own worker threads.
 last_backward = {"path": None}
@@ -70,31 +70,6 @@ def _sm90_available() -> bool:
     return _SM90_AVAILABLE
 
 
-def _tma_ok(t: Tensor) -> bool:
-    """What the SM90 kernel's TMA loads need: unit column stride, 16-byte base and row stride.
-    A traced (fake) tensor has no pointer: its storage offset decides (allocator blocks are
-    aligned)."""
-    es = t.element_size()
-    if t.stride(-1) != 1 or (t.shape[0] > 1 and (t.stride(0) * es) % 16 != 0):
-        return False
-    if (t.storage_offset() * es) % 16 != 0:
-        return False
-    return _traced(t) or t.data_ptr() % 16 == 0
-
-
-def _traced(t: Tensor) -> bool:
-    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
-    f = getattr(torch.compiler, "is_compiling", None)
-    if f is not None and f():
-        return True
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-
-        return bool(is_fake(t))
-    except ImportError:  # pragma: no cover - older torch
-        return False
-
-
 def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: Optional[Tensor]) -> bool:
     if os.environ.get(FUSED_BACKWARD_ENV, "1") == "0" or need_t:
         return False
@@ -102,7 +77,7 @@ def _fused_backward_ok(hidden: Tensor, weight: Tensor, need_t: bool, g_logits: O
         return False
     if not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16):
         return False
-    return hidden.shape[1] % 8 == 0 and _tma_ok(hidden) and _tma_ok(weight) and _sm90_available()
+    return hidden.shape[1] % 8 == 0 and _sm90_available()
 
 
 def fused_chunk_rows(n: int, v: int) -> int:
@@ -122,6 +97,10 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
     then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
     = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
     need_h, need_w, need_b, _ = need
+    # The kernel's TMA loads read hidden and weight in place: a view they cannot read is copied once,
+    # as the forward did, and the GEMMs take the same aligned copies.
+    hidden = aligned_copy(hidden) if tma_misalignment(hidden) is not None else hidden
+    weight = aligned_copy(weight) if tma_misalignment(weight) is not None else weight
     n, d = hidden.shape
     v = weight.shape[0]
     dev = hidden.device

@@ -8,8 +8,9 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .. import _detlogp as _ext
-from .tensors import library_problem, stream_of, vec
+from .. import _detlogp as _ext, _int_arg, _split_temperature
+from .._errors import InputError
+from .tensors import check_devices, library_problem, stream_of, vec
 
 
 def grad_logits(
@@ -29,23 +30,31 @@ def grad_logits(
     """dL/dz [N, C] bf16 of one vocabulary chunk (the fused backward's kernel, CPU or SM90):
     weight [C, D] bf16 is rows vocab_start .. vocab_start + C - 1 of the head, lse [N] fp32 the
     forward's, g_logp / g_lse [N] fp32 the upstream gradients (None = zeros), temperature a float
-    or an [N] fp32 tensor. Per element, with the fp32 order pinned in docs/contract.md appendix A:
+    or an [N] fp32 tensor (the rules of linear_logp). Per element, with the fp32 order pinned in docs/contract.md appendix A:
     0 for padding ids >= real_vocab, else ((g_lse - g_logp) * exp(y - lse) + g_logp [at the
     target]) / T, rounded to bf16. out: an [N, C] bf16 tensor (row stride >= C) to write into."""
-    c = weight.shape[0]
-    temp_rows = None
-    temp = 1.0
-    if isinstance(temperature, Tensor):
-        temp_rows = temperature.reshape(-1)
-    else:
-        temp = float(temperature)
-    rv = int(vocab_start) + c if real_vocab is None else int(real_vocab)
+    named = (("hidden", hidden), ("weight", weight), ("targets", targets), ("lse", lse), ("g_logp", g_logp),
+             ("g_lse", g_lse), ("bias", bias), ("out", out))  # fmt: skip
+    for name, t in named:
+        if t is not None and not isinstance(t, Tensor):
+            raise InputError(f"{name} must be a torch tensor, got {type(t).__name__}")
+    check_devices(named)
+    if hidden.dim() < 1:
+        raise InputError(f"hidden must be [N, D], got {list(hidden.shape)}")
+    n = hidden.shape[0]
+    temp, temp_rows = _split_temperature(temperature, n, tensor_type=Tensor)
+    if temp_rows is not None:
+        temp_rows = temp_rows.to(torch.float32).expand(n) if temp_rows.dim() == 0 else temp_rows
+        check_devices((("temperature", temp_rows),))
+    vocab_start = _int_arg(vocab_start, "vocab_start")
+    ignore_index = _int_arg(ignore_index, "ignore_index")
+    rv = vocab_start + weight.shape[0] if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if out is None:
         return grad_logits_op(
-            hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index), lse, g_logp, g_lse
+            hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse
         )
     _grad_logits_into(
-        hidden, weight, targets, bias, temp, temp_rows, rv, int(vocab_start), int(ignore_index), lse, g_logp, g_lse, out
+        hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse, out
     )
     return out
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from . import backward
-from .tensors import library_problem, out_dtype, stream_of
+from .tensors import aligned_operands, library_problem, out_dtype, stream_of
 
 _tls = threading.local()
 
@@ -72,6 +72,7 @@ def linear_logp_op(
                 "backend_id": TORCH_BACKEND_ID,
                 "contract": False,
                 "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
+                "copies": [],
             }
         )
         return out
@@ -79,10 +80,12 @@ def linear_logp_op(
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
+    # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
+    # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
+    hidden, weight, copies = aligned_operands(hidden, weight, backend)
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
-    set_report(
-        _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
-    )
+    report = _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
+    set_report(dict(report, copies=copies))
     return logp, lse, logits
 
 

@@ -24,7 +24,7 @@ from .. import _detlogp as _ext, _errors
 from .._errors import BackendError, DetlogpError
 from . import backward
 from .op import set_report
-from .tensors import check_tensors, library_problem, stream_of
+from .tensors import aligned_operands, check_tensors, library_problem, stream_of
 
 # What every rank must share with rank 0: the provenance fields of the backend that would serve it.
 AGREED_FIELDS = ("backend_id", "contract_name", "contract_version", "arch")
@@ -103,8 +103,10 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
     problem = None
+    copies = []
     try:
         check_tensors(hidden, weight, targets, bias, temperature_rows, contract=True)
+        hidden, weight, copies = aligned_operands(hidden, weight, backend)
         problem = library_problem(
             hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index
         )
@@ -120,7 +122,7 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
     report = _ext.linear_logp_tensor_parallel(
         problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather
     )
-    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}))
+    set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=copies))
     return logp, lse, logits
 
 

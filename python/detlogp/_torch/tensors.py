@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .. import TORCH_BACKEND_ID
 from .._errors import InputError
+
+# The backend whose TMA loads need aligned operands (detlogp.torch copies misaligned ones for it).
+SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
 
 
 def stream_of(t: Tensor) -> int:
@@ -38,7 +42,103 @@ def library_problem(hidden, weight, targets, bias, temperature, temperature_rows
     )  # fmt: skip
 
 
+def check_devices(named) -> None:
+    """Every tensor argument lives on the CPU or a CUDA device (meta and other devices have no
+    memory the library can read)."""
+    for name, t in named:
+        if t is not None and t.device.type not in ("cpu", "cuda"):
+            raise InputError(f"{name} is on {t.device}; detlogp.torch takes CPU and CUDA tensors")
+
+
+def traced(t: Tensor) -> bool:
+    """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
+    f = getattr(torch.compiler, "is_compiling", None)
+    if f is not None and f():
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+
+        return bool(is_fake(t))
+    except ImportError:  # pragma: no cover - older torch
+        return False
+
+
+def library_row_stride(t: Tensor) -> int:
+    """The row stride the extension passes for matrix t (python/src/detlogp_ext.cpp, view_of): its
+    own, except for a single row, whose own is kept only where it spans the row and is a multiple
+    of 16 bytes (else the width)."""
+    own_fits = t.stride(0) >= t.shape[1] and (t.stride(0) * t.element_size()) % 16 == 0
+    return t.stride(0) if t.shape[0] > 1 or own_fits else t.shape[1]
+
+
+def tma_misalignment(t: Tensor) -> Optional[str]:
+    """Why the SM90 kernels' TMA loads cannot read matrix t in place (None: they can): they need
+    a unit column stride, a 16-byte aligned base and a row stride of a multiple of 16 bytes. A
+    traced tensor has no pointer: its storage offset decides (allocator blocks are aligned)."""
+    es = t.element_size()
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return f"its column stride is {t.stride(-1)}, not 1"
+    stride = library_row_stride(t)
+    if (stride * es) % 16 != 0:
+        return f"its row stride of {stride} elements ({stride * es} bytes) is not a multiple of 16 bytes"
+    if (t.storage_offset() * es) % 16 != 0:
+        off = t.storage_offset()
+        return f"it starts at element {off} of its storage (byte {off * es}), not on a 16-byte boundary"
+    if not traced(t) and t.data_ptr() % 16 != 0:
+        return f"its base address 0x{t.data_ptr():x} is not 16-byte aligned"
+    return None
+
+
+def copy_reason(t: Tensor, tma: bool) -> Optional[str]:
+    """Why detlogp.torch copies matrix t before the library reads it (None: it does not). Every
+    device: a column stride other than 1. tma (CUDA under the auto or SM90 backend): a bf16 matrix
+    its TMA loads cannot read in place (tma_misalignment). Empty matrices are the library's to
+    judge."""
+    if t.dim() != 2 or t.shape[0] == 0 or t.shape[1] == 0:
+        return None
+    if t.stride(-1) != 1 and t.shape[1] > 1:
+        return f"its column stride is {t.stride(-1)}, not 1 (the library reads rows with unit stride)"
+    if tma and t.dtype == torch.bfloat16:
+        why = tma_misalignment(t)
+        if why is not None:
+            return f"{why} (TMA requirement of the SM90 backend)"
+    return None
+
+
+def aligned_copy(t: Tensor) -> Tensor:
+    """t in fresh storage whose rows start on 16-byte boundaries: contiguous when a row is a
+    multiple of 16 bytes, else rows padded with zeros to one (a view of the first D columns; the
+    library's own host-to-GPU staging pads the same way). A torch op: autograd goes through it."""
+    d = t.shape[1]
+    pad = -d % (16 // t.element_size())
+    return F.pad(t, (0, pad))[:, :d] if pad else t.clone(memory_format=torch.contiguous_format)
+
+
+def tma_possible(hidden: Tensor, backend: str) -> bool:
+    """Whether the SM90 backend may serve a call with these tensors: CUDA, auto or SM90 requested."""
+    return hidden.is_cuda and backend in ("", SM90_BACKEND_ID)
+
+
+def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tensor, Tensor, List[dict]]:
+    """hidden and weight as the library can read them in place: each one copy_reason names is
+    copied once (aligned_copy where the SM90 backend may serve, else contiguous). Returns the
+    operands and the report's "copies" entry: {"argument", "reason"} of every copy (empty: none).
+    Called on real tensors (inside the ops), never while tracing."""
+    tma = tma_possible(hidden, backend)
+    copies: List[dict] = []
+    out = []
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        why = copy_reason(t, tma)
+        if why is not None:
+            t = aligned_copy(t) if tma and t.dtype == torch.bfloat16 else t.contiguous()
+            copies.append({"argument": name, "reason": why})
+        out.append(t)
+    return out[0], out[1], copies
+
+
 def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: bool):
+    check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias),
+                   ("temperature", temperature_rows)))  # fmt: skip
     if hidden.dim() != 2 or weight.dim() != 2:
         raise InputError(f"hidden must be [N, D] and weight [V, D]; got {list(hidden.shape)} and {list(weight.shape)}")
     if hidden.shape[1] != weight.shape[1]:
@@ -50,7 +150,9 @@ def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: boo
     named = [("weight", weight), ("targets", targets), ("bias", bias), ("temperature", temperature_rows)]
     for name, t in named:
         if t is not None and t.device != hidden.device:
-            raise InputError(f"{name} is on {t.device} but hidden is on {hidden.device}; all tensors must live together")
+            raise InputError(
+                f"{name} is on {t.device} but hidden is on {hidden.device}; all tensors must live together"
+            )
     if contract:
         for name, t in (("hidden", hidden), ("weight", weight)):
             if t.dtype != torch.bfloat16:
@@ -61,6 +163,11 @@ def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: boo
         for name, t in (("bias", bias), ("temperature", temperature_rows)):
             if t is not None and t.dtype != torch.float32:
                 raise InputError(f"{name} must be torch.float32 for the contract backends, got {t.dtype}")
+    else:  # the torch lane computes in torch: the library's shape rules, in its words
+        if hidden.shape[1] == 0:
+            raise InputError("hidden has D=0 columns; the hidden size must be >= 1")
+        if weight.shape[0] == 0:
+            raise InputError("weight has V_local=0 rows; the vocabulary shard must be non-empty")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise InputError(f"bias must be [V={weight.shape[0]}], got {list(bias.shape)}")
     if temperature_rows is not None and (temperature_rows.dim() != 1 or temperature_rows.shape[0] != hidden.shape[0]):
