@@ -110,7 +110,8 @@ def linear_logp(
         temp_rows = temp_rows.reshape(n)
     ignore_index = _int_arg(ignore_index, "ignore_index")
     vocab_start = _int_arg(vocab_start, "vocab_start")
-    rv = vocab_start + weight.shape[0] if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    v_local = weight.shape[0] if weight.dim() > 0 else 0  # a 0-d weight: the shape check below names it
+    rv = vocab_start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if tp_group is None:
         _check_tensors(h2, weight, t1, bias, temp_rows, contract)
         if vocab_start != 0 or weight.shape[0] < rv:

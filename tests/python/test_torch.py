@@ -435,6 +435,9 @@ def test_torch_refusals_are_detlogp_errors():
         (lambda: dt.grad_logits(h, w, t, torch.zeros(6, device="meta")), "lse " + meta),
         (lambda: dt.linear_logp(h, w, t, bias=np.zeros(123, np.float32)), "bias must be a torch tensor or None, got shape [123] dtype float32"),
         (lambda: dt.linear_logp(h, w, t, backend=5), "backend must be a backend id (str) or None, got int 5"),
+        (lambda: dt.linear_logp(h, w[0, 0], t), "hidden must be [N, D] and weight [V, D]; got [6, 16] and []"),
+        (lambda: dt.grad_logits(h, w[0, 0], t, torch.zeros(6)), "hidden must be [N, D] and weight [C, D]; got [6, 16] and []"),
+        (lambda: dt.grad_logits(h, w, t, [0.0] * 6), "lse must be a torch tensor, got list"),
     ]  # fmt: skip
     for i, (call, message) in enumerate(cases):
         with pytest.raises(detlogp.InputError) as e:

@@ -29,18 +29,20 @@ def grad_logits(
 ) -> Tensor:
     """dL/dz [N, C] bf16 of one vocabulary chunk (the fused backward's kernel, CPU or SM90):
     weight [C, D] bf16 is rows vocab_start .. vocab_start + C - 1 of the head, lse [N] fp32 the
-    forward's, g_logp / g_lse [N] fp32 the upstream gradients (None = zeros), temperature a float
-    or an [N] fp32 tensor (the rules of linear_logp). Per element, with the fp32 order pinned in docs/contract.md appendix A:
-    0 for padding ids >= real_vocab, else ((g_lse - g_logp) * exp(y - lse) + g_logp [at the
-    target]) / T, rounded to bf16. out: an [N, C] bf16 tensor (row stride >= C) to write into."""
+    forward's, g_logp / g_lse [N] fp32 the upstream gradients (None = zeros), temperature a float,
+    a 0-d floating tensor or an [N] fp32 tensor (linear_logp's rules). Per element, with the fp32
+    order pinned in docs/contract.md appendix A: 0 for padding ids >= real_vocab, else
+    ((g_lse - g_logp) * exp(y - lse) + g_logp [at the target]) / T, rounded to bf16. out: an [N, C]
+    bf16 tensor (row stride >= C) to write into. Its operands are the kernel's: nothing is copied
+    (a view the SM90 backend's TMA loads cannot read is refused, as by the C++ library)."""
     named = (("hidden", hidden), ("weight", weight), ("targets", targets), ("lse", lse), ("g_logp", g_logp),
              ("g_lse", g_lse), ("bias", bias), ("out", out))  # fmt: skip
     for name, t in named:
         if t is not None and not isinstance(t, Tensor):
             raise InputError(f"{name} must be a torch tensor, got {type(t).__name__}")
     check_devices(named)
-    if hidden.dim() < 1:
-        raise InputError(f"hidden must be [N, D], got {list(hidden.shape)}")
+    if hidden.dim() != 2 or weight.dim() != 2:
+        raise InputError(f"hidden must be [N, D] and weight [C, D]; got {list(hidden.shape)} and {list(weight.shape)}")
     n = hidden.shape[0]
     temp, temp_rows = _split_temperature(temperature, n, tensor_type=Tensor)
     if temp_rows is not None:
