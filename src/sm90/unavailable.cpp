@@ -1,5 +1,5 @@
 // Builds without a CUDA compiler: the SM90 backend exists and reports why it cannot run; its
-// tensor-parallel merge and logit gradient say so too.
+// tensor-parallel merge and logit gradient say so too; its launch buckets' names are known.
 #include "cuda/unavailable.hpp"
 
 #include <string>
@@ -7,9 +7,11 @@
 
 #include "core/backend.hpp"
 #include "core/device_ops.hpp"
+#include "core/env.hpp"
 #include "core/grad_logits.hpp"
 #include "detlogp/error.hpp"
 #include "sm90/backend.hpp"
+#include "sm90/launch_buckets.hpp"
 
 namespace detlogp::detail {
 namespace {
@@ -35,5 +37,9 @@ const Backend& sm90_contract_backend() {
   static const Sm90Unavailable backend;
   return backend;
 }
+
+// The bucket names come from the launch table here too, so DETLOGP_SM90_BUCKET is checked the same
+// way without CUDA.
+std::span<const char* const> sm90_bucket_names() { return sm90::kBucketNames; }
 
 }  // namespace detlogp::detail
