@@ -49,7 +49,7 @@ inline constexpr uint16_t kCanonicalNanBf16 = 0x7FC0u;
 // the range is one interval, [2^-126, 2^126], mapped by fl(1 / T) onto [2^-126, 2^126] exactly.
 // Its neighbours: fl(1 / T) is finite from the subnormal T = 0x1.000008p-128 up, and T =
 // 0x1.000002p+126 (the next float after 2^126) gives the subnormal fl(1 / T) = 0x1.fffffcp-127.
-// The range only refuses inputs; every T inside gives the bits it always gave.
+// The range only decides what is refused: no bit of an accepted call depends on it.
 inline constexpr float kMinTemperature = 0x1p-126f;  // FLT_MIN
 inline constexpr float kMaxTemperature = 0x1p+126f;
 inline constexpr uint32_t kMinTemperatureBits = 0x00800000u;

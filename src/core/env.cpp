@@ -29,7 +29,7 @@ std::vector<std::string> backend_ids() {
 
 std::vector<std::string> bucket_names() {
   std::vector<std::string> names{"auto"};
-  for (const char* name : sm90_bucket_names()) names.emplace_back(name);
+  names.insert(names.end(), sm90_bucket_names().begin(), sm90_bucket_names().end());
   return names;
 }
 

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string>
+#include <vector>
 
 namespace detlogp::detail {
 
@@ -27,7 +27,8 @@ std::string env_backend();       // DETLOGP_BACKEND, "" when unset
 int64_t env_tp_workspace_mib();  // DETLOGP_TP_WORKSPACE_MB, 256 when unset
 
 // The SM90 launch buckets' names in launch-table order (DETLOGP_SM90_BUCKET takes these or auto).
-// Defined by the SM90 layer from its launch table in every build, with CUDA or without.
-std::span<const char* const> sm90_bucket_names();
+// Defined by the SM90 layer from its launch table in every build, with CUDA or without. (C++17:
+// the CUDA sources include this header.)
+const std::vector<std::string>& sm90_bucket_names();
 
 }  // namespace detlogp::detail

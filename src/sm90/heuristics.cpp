@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "core/env.hpp"
 #include "detlogp/error.hpp"
@@ -59,6 +62,9 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores
 
 namespace detlogp::detail {
 
-std::span<const char* const> sm90_bucket_names() { return sm90::kBucketNames; }
+const std::vector<std::string>& sm90_bucket_names() {
+  static const std::vector<std::string> names(std::begin(sm90::kBucketNames), std::end(sm90::kBucketNames));
+  return names;
+}
 
 }  // namespace detlogp::detail

@@ -2,6 +2,7 @@
 // tensor-parallel merge and logit gradient say so too; its launch buckets' names are known.
 #include "cuda/unavailable.hpp"
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ const Backend& sm90_contract_backend() {
 
 // The bucket names come from the launch table here too, so DETLOGP_SM90_BUCKET is checked the same
 // way without CUDA.
-std::span<const char* const> sm90_bucket_names() { return sm90::kBucketNames; }
+const std::vector<std::string>& sm90_bucket_names() {
+  static const std::vector<std::string> names(std::begin(sm90::kBucketNames), std::end(sm90::kBucketNames));
+  return names;
+}
 
 }  // namespace detlogp::detail

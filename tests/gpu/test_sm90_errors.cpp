@@ -351,8 +351,7 @@ TEST_F(Sm90Errors, TmaAlignmentAndStrideViolationsAndBadKnobsAreRefused) {
     // The message lists the launch table's names, the ones the CPU-only build knows too.
     std::string names = "auto";
     for (const std::string& name : sm90_bucket_names()) names += ", " + name;
-    const std::vector<const char*> plain(detail::sm90_bucket_names().begin(), detail::sm90_bucket_names().end());
-    EXPECT_EQ(std::vector<std::string>(plain.begin(), plain.end()), sm90_bucket_names())
+    EXPECT_EQ(detail::sm90_bucket_names(), sm90_bucket_names())
         << "the CUDA-free bucket names differ from bucket_info's";
     const std::string msg = "DETLOGP_SM90_BUCKET=huge is not an SM90 launch bucket; use one of: " + names;
     ScopedEnv env("DETLOGP_SM90_BUCKET", "huge");
