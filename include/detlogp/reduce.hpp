@@ -17,7 +17,8 @@ struct TileSummary {
   float sum;  // s_g: tree sum of expc(y - m_g) over the 64 lanes, padding lanes exactly 0
 };
 
-// fl(1/T), computed once per row. T must be finite and > 0 (checked by the API).
+// fl(1/T), computed once per row. temperature_in_range(T) holds (checked by the API), so the
+// result is a finite normal number.
 DETLOGP_HD float inverse_temperature(float temperature) { return fp::div(1.0f, temperature); }
 
 // y = fl(z * fl(1/T)); y == z exactly when T == 1.

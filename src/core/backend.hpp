@@ -1,6 +1,7 @@
 // The interface every backend implements; the registry (src/registry) selects among them.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "core/problem.hpp"
@@ -40,5 +41,12 @@ const Backend& reference_materialized_backend();
 const Backend& sm90_contract_backend();
 // Non-contract CUDA lane (cuBLAS GEMM + log-softmax); reports itself unavailable without CUDA.
 const Backend& cublas_materialized_backend();
+
+// Every backend, in the order list_backends reports them: the registry selects among them, the
+// environment check takes DETLOGP_BACKEND's values from them.
+inline std::array<const Backend*, 4> all_backends() {
+  return {&sm90_contract_backend(), &cpu_contract_backend(), &cublas_materialized_backend(),
+          &reference_materialized_backend()};
+}
 
 }  // namespace detlogp::detail

@@ -1,10 +1,14 @@
-// The DETLOGP_* knob table (free axes accepted, frozen constants refused) and its readers.
+// The DETLOGP_* knob table (free axes accepted with their values checked, frozen constants
+// refused) and its readers.
 #include "core/env.hpp"
 
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
+#include "core/backend.hpp"
 #include "detlogp/error.hpp"
 
 extern char** environ;
@@ -12,26 +16,83 @@ extern char** environ;
 namespace detlogp::detail {
 namespace {
 
-// A DETLOGP_* name and what it stands for: a free knob's meaning, or the frozen constant a
-// refused name would change.
+// The lane only detlogp.torch serves (python/detlogp/__init__.py, TORCH_BACKEND_ID): a valid
+// DETLOGP_BACKEND for the torch face, which the C++ registry then refuses as not served here.
+constexpr const char* kTorchBackendId = "torch-materialized-noncontract";
+
+std::vector<std::string> backend_ids() {
+  std::vector<std::string> ids{"auto"};
+  for (const Backend* b : all_backends()) ids.push_back(b->id());
+  ids.emplace_back(kTorchBackendId);
+  return ids;
+}
+
+std::vector<std::string> bucket_names() {
+  std::vector<std::string> names{"auto"};
+  names.insert(names.end(), sm90_bucket_names().begin(), sm90_bucket_names().end());
+  return names;
+}
+
+// What values a free knob takes: 0 or 1, a decimal integer in [lo, hi], or one of a list.
+enum class Kind { flag, integer, choice };
+
+// A free knob: its name, what it sets, and its values.
 struct Knob {
   const char* name;
   const char* what;
+  Kind kind;
+  int64_t lo = 0, hi = 0;  // integer: the accepted range
+  const char* unit = "";   // integer: appended to the message
+  const char* noun = "";   // choice: what a value names
+  std::vector<std::string> (*choices)() = nullptr;
 };
+
 // Free axes only (docs/contract.md §2): they change speed or selection, never bytes.
-constexpr Knob kFreeKnobs[] = {
-    {"DETLOGP_STRICT", "1: only contract-bearing backends, no fallback"},
-    {"DETLOGP_BACKEND", "backend id to use (auto by default)"},
-    {"DETLOGP_CPU_THREADS", "worker threads of the CPU backend"},
-    {"DETLOGP_SM90_BUCKET", "force an SM90 launch bucket (free axis)"},
-    {"DETLOGP_SM90_WORKSPACE_MB", "cap of the SM90 summary workspace in MiB (chunks N)"},
-    {"DETLOGP_SM90_GRAD_CLUSTER", "1 or 2: CTAs per cluster of the SM90 grad-logits kernel (free axis)"},
-    {"DETLOGP_TP_WORKSPACE_MB", "cap of the tensor-parallel gather buffer in MiB (chunks N)"},
-    {"DETLOGP_TORCH_FUSED_BACKWARD", "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)"},
+const Knob kFreeKnobs[] = {
+    {.name = "DETLOGP_STRICT", .what = "1: only contract-bearing backends, no fallback", .kind = Kind::flag},
+    {.name = "DETLOGP_BACKEND",
+     .what = "backend id to use (auto by default)",
+     .kind = Kind::choice,
+     .noun = "a backend id",
+     .choices = backend_ids},
+    {.name = "DETLOGP_CPU_THREADS",
+     .what = "worker threads of the CPU backend",
+     .kind = Kind::integer,
+     .lo = 1,
+     .hi = 4096},
+    {.name = "DETLOGP_SM90_BUCKET",
+     .what = "force an SM90 launch bucket (free axis)",
+     .kind = Kind::choice,
+     .noun = "an SM90 launch bucket",
+     .choices = bucket_names},
+    {.name = "DETLOGP_SM90_WORKSPACE_MB",
+     .what = "cap of the SM90 summary workspace in MiB (chunks N)",
+     .kind = Kind::integer,
+     .lo = 1,
+     .hi = 1 << 20,
+     .unit = " (MiB)"},
+    {.name = "DETLOGP_SM90_GRAD_CLUSTER",
+     .what = "1 or 2: CTAs per cluster of the SM90 grad-logits kernel (free axis)",
+     .kind = Kind::integer,
+     .lo = 1,
+     .hi = 2},
+    {.name = "DETLOGP_TP_WORKSPACE_MB",
+     .what = "cap of the tensor-parallel gather buffer in MiB (chunks N)",
+     .kind = Kind::integer,
+     .lo = 1,
+     .hi = 1 << 20,
+     .unit = " (MiB)"},
+    {.name = "DETLOGP_TORCH_FUSED_BACKWARD",
+     .what = "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)",
+     .kind = Kind::flag},
 };
 
 // Names someone may try in order to change a frozen constant; each is refused with the reason.
-constexpr Knob kFrozenKnobs[] = {
+struct FrozenName {
+  const char* name;
+  const char* what;
+};
+constexpr FrozenName kFrozenKnobs[] = {
     {"DETLOGP_VOCAB_TILE", "VOCAB_TILE=64"},
     {"DETLOGP_K_SLAB", "K_SLAB=32"},
     {"DETLOGP_BLOCK_K", "the ascending K walk (K_SLAB=32)"},
@@ -48,6 +109,43 @@ constexpr Knob kFrozenKnobs[] = {
 std::string_view name_of(const char* entry) {
   const char* eq = std::strchr(entry, '=');
   return eq ? std::string_view(entry, static_cast<size_t>(eq - entry)) : std::string_view(entry);
+}
+
+const Knob& knob(std::string_view name) {
+  for (const Knob& k : kFreeKnobs)
+    if (name == k.name) return k;
+  DETLOGP_FAIL("internal error: " << name << " is not a free knob");
+}
+
+// A decimal integer (optional '-', no spaces, no '+'), or nullopt.
+std::optional<int64_t> parse_integer(const std::string& v) {
+  int64_t n = 0;
+  const auto r = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size()) return std::nullopt;
+  return n;
+}
+
+// Throws, naming the knob and its value, unless `v` is one of the knob's values.
+void check_value(const Knob& k, const std::string& v) {
+  switch (k.kind) {
+    case Kind::flag:
+      DETLOGP_CHECK(v == "0" || v == "1", k.name << "=" << v << " must be 0 or 1");
+      return;
+    case Kind::integer: {
+      const auto n = parse_integer(v);
+      DETLOGP_CHECK(n && *n >= k.lo && *n <= k.hi,
+                    k.name << "=" << v << " must be an integer in [" << k.lo << ", " << k.hi << "]" << k.unit);
+      return;
+    }
+    case Kind::choice: {
+      const std::vector<std::string> values = k.choices();
+      for (const std::string& c : values)
+        if (v == c) return;
+      std::string list;
+      for (const std::string& c : values) list += (list.empty() ? "" : ", ") + c;
+      DETLOGP_FAIL(k.name << "=" << v << " is not " << k.noun << "; use one of: " << list);
+    }
+  }
 }
 
 }  // namespace
@@ -67,27 +165,7 @@ void check_environment() {
     for (const auto& k : kFreeKnobs) free_list += std::string(free_list.empty() ? "" : ", ") + k.name;
     DETLOGP_FAIL("unknown detlogp environment variable " << *e << "; the settable knobs are: " << free_list);
   }
-  if (auto v = env_value("DETLOGP_STRICT"))
-    DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_STRICT=" << *v << " must be 0 or 1");
-  if (auto v = env_value("DETLOGP_TORCH_FUSED_BACKWARD"))
-    DETLOGP_CHECK(*v == "0" || *v == "1", "DETLOGP_TORCH_FUSED_BACKWARD=" << *v << " must be 0 or 1");
-  if (auto v = env_value("DETLOGP_CPU_THREADS")) {
-    char* end = nullptr;
-    const long n = std::strtol(v->c_str(), &end, 10);
-    DETLOGP_CHECK(!v->empty() && *end == '\0' && n >= 1 && n <= 4096,
-                  "DETLOGP_CPU_THREADS=" << *v << " must be an integer in [1, 4096]");
-  }
-  (void)env_tp_workspace_mib();
-}
-
-int64_t env_tp_workspace_mib() {
-  const auto v = env_value("DETLOGP_TP_WORKSPACE_MB");
-  if (!v || v->empty()) return 256;
-  char* end = nullptr;
-  const long long n = std::strtoll(v->c_str(), &end, 10);
-  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
-                "DETLOGP_TP_WORKSPACE_MB=" << *v << " must be an integer in [1, 1048576] (MiB)");
-  return n;
+  for (const Knob& k : kFreeKnobs) (void)env_checked(k.name);
 }
 
 std::optional<std::string> env_value(const char* name) {
@@ -96,8 +174,23 @@ std::optional<std::string> env_value(const char* name) {
   return std::string(v);
 }
 
-bool env_strict() { return env_value("DETLOGP_STRICT").value_or("0") == "1"; }
+std::optional<std::string> env_checked(const char* name) {
+  const Knob& k = knob(name);
+  auto v = env_value(name);
+  if (v) check_value(k, *v);
+  return v;
+}
 
-std::string env_backend() { return env_value("DETLOGP_BACKEND").value_or(""); }
+int64_t env_integer(const char* name, int64_t fallback) {
+  DETLOGP_CHECK(knob(name).kind == Kind::integer, "internal error: " << name << " is not an integer knob");
+  const auto v = env_checked(name);
+  return v ? *parse_integer(*v) : fallback;
+}
+
+bool env_strict() { return env_checked("DETLOGP_STRICT").value_or("0") == "1"; }
+
+std::string env_backend() { return env_checked("DETLOGP_BACKEND").value_or(""); }
+
+int64_t env_tp_workspace_mib() { return env_integer("DETLOGP_TP_WORKSPACE_MB", 256); }
 
 }  // namespace detlogp::detail

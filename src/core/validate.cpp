@@ -1,6 +1,7 @@
 #include "core/validate.hpp"
 
-#include <cmath>
+#include <charconv>
+#include <sstream>
 
 #include "core/reduce_logits.hpp"
 
@@ -53,10 +54,29 @@ float* checked_logits(const MutableTensorView& logits, const LogpProblem& p, Mem
 
 }  // namespace
 
+namespace {
+
+// The shortest decimal that reads back as t (nan, inf, -0 spelled so).
+std::string shortest(float t) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, t);
+  return std::string(buf, r.ptr);
+}
+
+}  // namespace
+
+std::string temperature_range_message(const char* what, int64_t row, float t) {
+  std::ostringstream m;
+  m << what;
+  if (row >= 0) m << "[" << row << "]";
+  m << "=" << shortest(t) << " is outside the temperature range [" << shortest(kMinTemperature) << ", "
+    << shortest(kMaxTemperature)
+    << "] (2^-126 to 2^126, where T and 1/T are finite normal fp32 numbers; docs/contract.md 3.3)";
+  return m.str();
+}
+
 void check_temperature_value(float t, const char* what, int64_t row) {
-  if (std::isfinite(t) && t > 0.0f) return;
-  if (row < 0) DETLOGP_FAIL(what << "=" << t << " must be finite and > 0");
-  DETLOGP_FAIL(what << "[" << row << "]=" << t << " must be finite and > 0");
+  if (!temperature_in_range(t)) DETLOGP_FAIL(temperature_range_message(what, row, t));
 }
 
 void check_temperatures_host(const float* temps, int64_t rows) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <string>
 
 #include "core/problem.hpp"
 #include "detlogp/detlogp.hpp"
@@ -45,6 +46,9 @@ void check_host_values(const HeadOperands& p);
 
 // Host-side value checks, also used by reduce_logits.
 void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);
+// The error for a temperature outside [kMinTemperature, kMaxTemperature], naming `what` (with
+// [row] when row >= 0) and the value; the host checks and the device status both raise it.
+std::string temperature_range_message(const char* what, int64_t row, float t);
 void check_temperature_value(float t, const char* what, int64_t row);
 void check_temperatures_host(const float* temps, int64_t rows);
 

@@ -1,14 +1,15 @@
 #include "cpu/cpu_parallel.hpp"
 
-#include <cstdlib>
+#include <algorithm>
+#include <thread>
 
 #include "core/env.hpp"
 
 namespace detlogp::cpu {
 
 int cpu_threads() {
-  if (auto v = detail::env_value("DETLOGP_CPU_THREADS")) return std::max(1, std::atoi(v->c_str()));
-  return std::max(1u, std::thread::hardware_concurrency());
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return static_cast<int>(detail::env_integer("DETLOGP_CPU_THREADS", hardware));
 }
 
 }  // namespace detlogp::cpu

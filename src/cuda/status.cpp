@@ -7,6 +7,7 @@
 #include <new>
 #include <thread>
 
+#include "core/validate.hpp"
 #include "cuda/check.hpp"
 
 namespace detlogp::cuda {
@@ -84,8 +85,8 @@ void throw_status(const DeviceStatus& s, const detail::LogpProblem& p) {
                             << " (checked on the device; nothing was written)");
   }
   if (s.code == kStatusBadTemperature)
-    DETLOGP_FAIL("temperature_rows[" << s.row << "]=" << s.temperature
-                                     << " must be finite and > 0 (checked on the device; nothing was written)");
+    DETLOGP_FAIL(detail::temperature_range_message("temperature_rows", s.row, s.temperature)
+                 << " (checked on the device; nothing was written)");
   DETLOGP_FAIL("device validation returned an unknown status code " << s.code);
 }
 

@@ -3,11 +3,11 @@
 // a min over rows, no atomics), the status word, and its host-mapped copy.
 #pragma once
 
-#include <cfloat>
 #include <climits>
 #include <cstdint>
 
 #include "cuda/status.hpp"
+#include "detlogp/config.hpp"
 
 namespace detlogp::cuda {
 
@@ -19,10 +19,8 @@ __device__ __forceinline__ void scan_rows(const ValidateParams& p, int64_t first
   for (int64_t row = first; row < p.rows; row += stride) {
     const int64_t t = load_target(p.targets, p.targets_i64, row);
     if (t != p.ignore_index && (t < 0 || t >= p.real_vocab) && first_target == LLONG_MAX) first_target = row;
-    if (p.temperature_rows != nullptr) {
-      const float temp = p.temperature_rows[row];
-      if (!(temp > 0.0f && temp <= FLT_MAX) && first_temp == LLONG_MAX) first_temp = row;  // NaN, <= 0, inf
-    }
+    if (p.temperature_rows != nullptr && !temperature_in_range(p.temperature_rows[row]) && first_temp == LLONG_MAX)
+      first_temp = row;
   }
 }
 

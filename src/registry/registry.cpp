@@ -4,12 +4,6 @@
 #include "core/grad_logits.hpp"
 
 namespace detlogp::detail {
-
-std::array<const Backend*, 4> all_backends() {
-  return {&sm90_contract_backend(), &cpu_contract_backend(), &cublas_materialized_backend(),
-          &reference_materialized_backend()};
-}
-
 namespace {
 
 std::string backend_ids() {

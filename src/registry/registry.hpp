@@ -1,17 +1,12 @@
 // Backend selection: auto, by id, strict mode, fallback reporting; where the logit gradient runs.
 #pragma once
 
-#include <array>
-
 #include "core/backend.hpp"
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp::detail {
 
 struct GradLogitsProblem;
-
-// Every backend, in the order list_backends reports them.
-std::array<const Backend*, 4> all_backends();
 
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
 // strict, fallback). Throws with the backend ids named when it cannot serve.

@@ -7,10 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
+#include "core/env.hpp"
 #include "core/grad_logits.hpp"
 #include "cuda/device.hpp"
 #include "cuda/status.hpp"
@@ -67,13 +65,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 
 // Cluster size of the grad-logits kernel: DETLOGP_SM90_GRAD_CLUSTER=1 or 2 (default 2).
-int grad_cluster_m() {
-  const char* v = std::getenv("DETLOGP_SM90_GRAD_CLUSTER");
-  if (v == nullptr || *v == '\0') return 2;
-  DETLOGP_CHECK(std::strcmp(v, "1") == 0 || std::strcmp(v, "2") == 0,
-                "DETLOGP_SM90_GRAD_CLUSTER=" << v << " is not a grad-logits cluster size; use 1 or 2");
-  return v[0] - '0';
-}
+int grad_cluster_m() { return static_cast<int>(detail::env_integer("DETLOGP_SM90_GRAD_CLUSTER", 2)); }
 
 template <class Cfg>
 void launch_grad_logits(const detail::GradLogitsProblem& p, GradLogitsParams g, bool vec2, cudaStream_t stream) {

@@ -3,11 +3,12 @@
 #include "sm90/heuristics.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <string>
+#include <vector>
 
+#include "core/env.hpp"
 #include "detlogp/error.hpp"
 
 namespace detlogp::sm90 {
@@ -41,14 +42,10 @@ Bucket most_even(std::initializer_list<Bucket> candidates, int64_t rows, int64_t
 }  // namespace
 
 Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores_logits, int sms) {
-  if (const char* v = std::getenv(kBucketEnv); v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0) {
-    std::string names;
-    for (int i = 0; i < kBucketCount; ++i) {
-      const char* name = bucket_info(static_cast<Bucket>(i)).name;
-      if (std::strcmp(v, name) == 0) return static_cast<Bucket>(i);
-      names += std::string(", ") + name;
-    }
-    DETLOGP_FAIL(kBucketEnv << "=" << v << " is not a launch bucket; use auto" << names);
+  if (const auto v = detail::env_checked(kBucketEnv); v && *v != "auto") {
+    for (int i = 0; i < kBucketCount; ++i)
+      if (*v == kBucketNames[i]) return static_cast<Bucket>(i);
+    DETLOGP_FAIL("internal error: " << kBucketEnv << "=" << *v << " passed the environment check");
   }
   if (rows <= 8)
     return most_even({Bucket::decode8_n128, Bucket::decode8_n192, Bucket::decode8_n256}, rows, vocab_local, sms);
@@ -62,3 +59,12 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores
 }
 
 }  // namespace detlogp::sm90
+
+namespace detlogp::detail {
+
+const std::vector<std::string>& sm90_bucket_names() {
+  static const std::vector<std::string> names(std::begin(sm90::kBucketNames), std::end(sm90::kBucketNames));
+  return names;
+}
+
+}  // namespace detlogp::detail

@@ -10,7 +10,8 @@ namespace detlogp::sm90 {
 inline constexpr const char* kBucketEnv = "DETLOGP_SM90_BUCKET";
 
 // Bucket for a launch of `rows` rows over V_local = vocab_local with hidden size `dim` (and fp32
-// logits stored or not) on a GPU of `sms` SMs. Throws on an unknown DETLOGP_SM90_BUCKET value.
+// logits stored or not) on a GPU of `sms` SMs. DETLOGP_SM90_BUCKET (checked by core/env.cpp's knob
+// table against the launch table's names) overrides the choice.
 Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores_logits, int sms);
 
 }  // namespace detlogp::sm90

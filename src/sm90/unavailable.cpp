@@ -1,15 +1,18 @@
 // Builds without a CUDA compiler: the SM90 backend exists and reports why it cannot run; its
-// tensor-parallel merge and logit gradient say so too.
+// tensor-parallel merge and logit gradient say so too; its launch buckets' names are known.
 #include "cuda/unavailable.hpp"
 
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/device_ops.hpp"
+#include "core/env.hpp"
 #include "core/grad_logits.hpp"
 #include "detlogp/error.hpp"
 #include "sm90/backend.hpp"
+#include "sm90/launch_buckets.hpp"
 
 namespace detlogp::detail {
 namespace {
@@ -34,6 +37,13 @@ void sm90_grad_logits(const GradLogitsProblem&) { DETLOGP_FAIL("SM90 logit gradi
 const Backend& sm90_contract_backend() {
   static const Sm90Unavailable backend;
   return backend;
+}
+
+// The bucket names come from the launch table here too, so DETLOGP_SM90_BUCKET is checked the same
+// way without CUDA.
+const std::vector<std::string>& sm90_bucket_names() {
+  static const std::vector<std::string> names(std::begin(sm90::kBucketNames), std::end(sm90::kBucketNames));
+  return names;
 }
 
 }  // namespace detlogp::detail

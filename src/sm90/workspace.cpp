@@ -1,9 +1,8 @@
 #include "sm90/workspace.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 
-#include "detlogp/error.hpp"
+#include "core/env.hpp"
 
 namespace detlogp::sm90 {
 namespace {
@@ -12,15 +11,7 @@ constexpr size_t kStatusBytes = 256;  // keeps the arrays after it 256-byte alig
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-int64_t workspace_mib() {
-  const char* v = std::getenv(kWorkspaceEnv);
-  if (v == nullptr || *v == '\0') return kDefaultWorkspaceMiB;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  DETLOGP_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20),
-                kWorkspaceEnv << "=" << v << " must be an integer in [1, 1048576] (MiB)");
-  return n;
-}
+int64_t workspace_mib() { return detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB); }
 
 }  // namespace
 
