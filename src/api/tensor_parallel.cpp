@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.hpp"
 #include "core/validate.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
@@ -61,6 +62,7 @@ CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, 
 
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt) {
+  detail::check_environment();
   tp::merge_partials_checked(ranks_in_order, targets, ignore_index, logp, lse, opt.cuda_stream);
 }
 
