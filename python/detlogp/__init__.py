@@ -367,11 +367,13 @@ def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: in
     (logp, lse), the bits of the whole-vocabulary call. The library first checks the layouts: rank
     order, contiguous shards covering real_vocab, one backend, and that targets and ignore_index
     are those the partials were computed with (docs/tensor-parallel.md)."""
-    rows = int(np.asarray(targets).shape[0])
+    targets = _host_array(targets, "targets")
+    ignore_index = _int_arg(ignore_index, "ignore_index")
+    rows = _leading(targets)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
     parts = [(p.summaries, p.target_logit, p.target_owned, _layout_tuple(p)) for p in ranks_in_order]
-    _ext.merge_partials(parts, targets, int(ignore_index), logp, lse, "", False, 0)
+    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0)
     return logp, lse
 
 

@@ -14,7 +14,6 @@ torch.distributed. The modules behind this namespace, one role each, are in detl
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import types
@@ -119,8 +118,6 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + weight.shape[0]}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        if not contract and not (math.isfinite(temp) and temp > 0):
-            raise InputError(f"temperature={temp} must be finite and > 0")
         logp, lse, logits = _linear_logp_op(
             h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on
         )

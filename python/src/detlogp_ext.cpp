@@ -73,8 +73,10 @@ Placement placement_of(int device_type, int device_id, const char* name) {
 // A TensorView over a DLPack array: 1-D contiguous, or 2-D with unit column stride.
 template <typename A>
 detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_allowed) {
+  // The library's words (core/validate.cpp, check_matrix and check_vector): a TensorView holds one or two
+  // dimensions, so the rank is checked here.
   if (static_cast<int>(a.ndim()) != ndim)
-    value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D, got " + std::to_string(a.ndim()) + "-D");
+    value_error(std::string(name) + " must be " + std::to_string(ndim) + "-D, got ndim=" + std::to_string(a.ndim()));
   const detlogp::DType dt = dtype_of(a.dtype(), name, bf16_allowed);
   const Placement pl = placement_of(a.device_type(), a.device_id(), name);
   detlogp::TensorView v;
@@ -101,11 +103,9 @@ detlogp::TensorView view_of(const A& a, const char* name, int ndim, bool bf16_al
     // One row: no second row is read, so its stride only has to satisfy the backends (the SM90 backend's TMA
     // loads need a multiple of 16 bytes), and exporters may report any (0 for a broadcast axis). The array's own
     // is kept where it spans the row and is such a multiple (a row of a padded matrix), else the width is used.
+    // Overlapping rows (a stride below the width, 0 or negative) are the library's to refuse, in its words.
     const bool own_fits = a.stride(0) >= v.cols && (a.stride(0) * static_cast<int64_t>(a.itemsize())) % 16 == 0;
     v.row_stride = v.rows > 1 || own_fits ? a.stride(0) : v.cols;
-    if (v.row_stride < v.cols)
-      value_error(std::string(name) + " row stride " + std::to_string(v.row_stride) + " is smaller than its " +
-                  std::to_string(v.cols) + " columns");
   }
   return v;
 }

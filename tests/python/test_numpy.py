@@ -172,12 +172,20 @@ def test_error_mapping_shapes_dtypes(mutate, match):
     assert isinstance(e.value, detlogp.DetlogpError)
 
 
+RANGE = (
+    r" is outside the temperature range \[1.1754944e-38, 8.507059e\+37\] \(2\^-126 to 2\^126, where T and 1/T are "
+    r"finite normal fp32 numbers; docs/contract.md 3.3\)$"
+)
+
+
 def test_error_mapping_values():
     h, w, t, _, _ = make_problem(5, 32, 123)
-    with pytest.raises(ValueError, match=r"temperature=0 must be finite and > 0"):
+    with pytest.raises(ValueError, match=r"temperature=0" + RANGE):
         detlogp.linear_logp(h, w, t, temperature=0.0)
-    with pytest.raises(ValueError, match=r"temperature_rows\[1\]=-1 must be finite"):
+    with pytest.raises(ValueError, match=r"temperature_rows\[1\]=-1" + RANGE):
         detlogp.linear_logp(h, w, t, temperature=np.array([1, -1, 1, 1, 1], np.float32))
+    with pytest.raises(ValueError, match=r"temperature=1e-39" + RANGE):  # subnormal: checked at N = 0 too
+        detlogp.linear_logp(h[:0], w, t[:0], temperature=1e-39)
     with pytest.raises(ValueError, match=r"vocab_start=10 is not a multiple of VOCAB_TILE=64"):
         detlogp.linear_logp_partials(h, w, t % 50, vocab_start=10, real_vocab=500)
     with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
@@ -324,7 +332,13 @@ def test_refused_arrays_name_the_argument():
         (dict(targets=np.array([None] * 5)), "targets has dtype object, which detlogp does not take here"),
         (dict(bias=[0.0] * 123), "bias must be an array (numpy, or anything with __dlpack__), got list"),
         (dict(hidden=None), "hidden must be an array (numpy, or anything with __dlpack__), got None"),
-        (dict(hidden=np.zeros((), np.uint16)), "hidden must be 2-D, got 0-D"),
+        (dict(hidden=np.zeros((), np.uint16)), "hidden must be 2-D, got ndim=0"),
+        (dict(hidden=h[None]), "hidden must be 2-D, got ndim=3"),
+        (dict(targets=t[:, None]), "targets must be 1-D, got ndim=2"),
+        (dict(hidden=np.broadcast_to(h[0], h.shape)),
+         "hidden row_stride=0 is smaller than its 32 columns (overlapping rows are not supported)"),
+        (dict(hidden=h[::-1]),
+         "hidden row_stride=-32 is smaller than its 32 columns (overlapping rows are not supported)"),
         (dict(backend=5), "backend must be a backend id (str) or None, got int 5"),
     ]  # fmt: skip
     for change, message in cases:

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import make_problem
+from conftest import INTEGER_CASES, make_problem
 
 import detlogp
 
@@ -118,3 +118,37 @@ def test_partials_without_a_layout_are_refused(problem):
     refused([bare, parts[1]], problem[2], "rank 0 partials carry no layout (layout.vocab_local=0)")
     short = parts[0]._replace(layout=parts[0].layout._replace(vocab_local=960))
     refused([short, parts[1]], problem[2], "rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles")
+
+
+@pytest.mark.parametrize("case", INTEGER_CASES, ids=[c[0] for c in INTEGER_CASES])
+def test_merge_takes_ignore_index_by_the_shared_rules(problem, case):
+    """merge_partials parses ignore_index as every other entry does (conftest.py's table): an
+    integral float or a string is refused, not truncated or parsed, and a value beyond int64 is an
+    InputError naming it, not nanobind's TypeError."""
+    _, value, message = case
+    parts = shards(problem, [0, 1024, V])
+    if message is None:
+        logp, lse = detlogp.merge_partials(parts, problem[2], ignore_index=value)
+        ref_logp, ref_lse = detlogp.merge_partials(parts, problem[2])
+        assert np.array_equal(bits(logp), bits(ref_logp)) and np.array_equal(bits(lse), bits(ref_lse))
+        return
+    with pytest.raises(detlogp.InputError) as e:
+        detlogp.merge_partials(parts, problem[2], ignore_index=value)
+    assert str(e.value) == message.format(name="ignore_index")
+
+
+def test_merge_takes_targets_by_the_shared_rules(problem):
+    """merge_partials' targets are an array argument like every entry's: refused naming it, in the
+    words of linear_logp, never a raw IndexError or TypeError."""
+    parts = shards(problem, [0, 1024, V])
+    cases = [
+        (list(problem[2]), "targets must be an array (numpy, or anything with __dlpack__), got list"),
+        (None, "targets must be an array (numpy, or anything with __dlpack__), got None"),
+        (np.array(3), "targets must be 1-D, got ndim=0"),
+        (problem[2][:, None], "targets must be 1-D, got ndim=2"),
+        (problem[2].astype(np.float64), "targets has dtype float64, which detlogp does not take here"),
+    ]
+    for targets, message in cases:
+        with pytest.raises(detlogp.InputError) as e:
+            detlogp.merge_partials(parts, targets)
+        assert str(e.value).endswith(message), (message, str(e.value))

@@ -171,8 +171,33 @@ def test_torch_errors():
         dt.linear_logp(h, w, t, bias=b.double())
     with pytest.raises(ValueError, match="a vocabulary shard needs tp_group"):
         dt.linear_logp(h, w, t, vocab_start=64, real_vocab=500)
-    with pytest.raises(ValueError, match=r"temperature_rows\[0\]=-1 must be finite"):
+    with pytest.raises(ValueError, match=r"temperature_rows\[0\]=-1 is outside the temperature range"):
         dt.linear_logp(h, w, t, temperature=-torch.ones(6))
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        (0.0, "temperature=0 is outside the temperature range"),
+        (-1.0, "temperature=-1 is outside the temperature range"),
+        (float("nan"), "temperature=nan is outside the temperature range"),
+        (1e-39, "temperature=1e-39 is outside the temperature range"),  # subnormal: 1/T overflows fp32
+        (2.0**127, "temperature=1.7014118e+38 is outside the temperature range"),
+        (1e-50, "temperature=1e-50 is not representable as float32 (it would round to 0)"),
+    ],
+)
+def test_torch_lane_checks_a_scalar_temperature_like_the_library(value, message):
+    """The plain-torch lane computes without the library, yet refuses a scalar temperature exactly
+    where and as the contract lanes do (the library's own check and message), instead of returning
+    NaN or inf rows."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    for backend in (None, dt.TORCH_BACKEND_ID):
+        with pytest.raises(detlogp.InputError) as e:
+            dt.linear_logp(h.float() if backend else h, w.float() if backend else w, t, temperature=value,
+                           backend=backend)  # fmt: skip
+        assert message in str(e.value), (backend, str(e.value))
+    lane = dt.linear_logp(h.float(), w.float(), t, temperature=2.0**-126, backend=dt.TORCH_BACKEND_ID)[0]
+    assert lane.shape == (6,)  # the smallest valid temperature passes
 
 
 def test_torch_compile_cpu():
@@ -438,6 +463,8 @@ def test_torch_refusals_are_detlogp_errors():
         (lambda: dt.linear_logp(h, w[0, 0], t), "hidden must be [N, D] and weight [V, D]; got [6, 16] and []"),
         (lambda: dt.grad_logits(h, w[0, 0], t, torch.zeros(6)), "hidden must be [N, D] and weight [C, D]; got [6, 16] and []"),
         (lambda: dt.grad_logits(h, w, t, [0.0] * 6), "lse must be a torch tensor, got list"),
+        (lambda: dt.grad_logits(h, w, t, None), "lse is required (the forward's [N] f32 lse)"),
+        (lambda: dt.grad_logits(None, w, t, torch.zeros(6)), "hidden must be a torch tensor, got NoneType"),
     ]  # fmt: skip
     for i, (call, message) in enumerate(cases):
         with pytest.raises(detlogp.InputError) as e:

@@ -37,8 +37,10 @@ def grad_logits(
     (a view the SM90 backend's TMA loads cannot read is refused, as by the C++ library)."""
     named = (("hidden", hidden), ("weight", weight), ("targets", targets), ("lse", lse), ("g_logp", g_logp),
              ("g_lse", g_lse), ("bias", bias), ("out", out))  # fmt: skip
+    if lse is None:  # the library's words (an absent lse never reaches it: the op needs a tensor)
+        raise InputError("lse is required (the forward's [N] f32 lse)")
     for name, t in named:
-        if t is not None and not isinstance(t, Tensor):
+        if (t is not None or name in ("hidden", "weight", "targets")) and not isinstance(t, Tensor):
             raise InputError(f"{name} must be a torch tensor, got {type(t).__name__}")
     check_devices(named)
     if hidden.dim() != 2 or weight.dim() != 2:

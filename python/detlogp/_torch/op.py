@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,6 +27,16 @@ def last_report() -> Optional[dict]:
 
 def set_report(report: dict) -> None:
     _tls.report = report
+
+
+def check_scalar_temperature(temperature: float) -> None:
+    """The library's own check of a scalar temperature, for the plain-torch lane, which computes
+    without the library: the extension's float32 rounding refusal, then the range of
+    docs/contract.md 3.3, in the words every face gives. It runs as a reduction of one zero logit,
+    whose only possible refusal is the temperature (host arrays: no device work, no sync)."""
+    z, t = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)
+    out = np.empty(1, np.float32), np.empty(1, np.float32)
+    _ext.reduce_logits(z, t, temperature, None, -1, -100, *out)
 
 
 def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab):
@@ -60,6 +71,7 @@ def linear_logp_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
+        check_scalar_temperature(temperature)
         out = _torch_lane(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab
         )
