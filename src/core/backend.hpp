@@ -27,6 +27,8 @@ class Backend {
   // False with a reason when it cannot run here (no GPU, built without CUDA, ...).
   virtual bool available(std::string* why) const = 0;
   virtual bool supports_partials() const { return contract_bearing(); }
+  // Whether run() fills LogpProblem::entropy (docs/contract.md §10).
+  virtual bool supports_entropy() const { return false; }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages
