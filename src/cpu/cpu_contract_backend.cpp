@@ -66,9 +66,8 @@ void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, co
 
 class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0)) {}
+  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
   bool contract_bearing() const override { return true; }
-  bool supports_entropy() const override { return true; }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;
