@@ -29,10 +29,14 @@ struct LinearLogpInputs {
 
 // Outputs: logp [N] f32, lse [N] f32, and on the serving entry logits [N, V_local] f32
 // (unscaled z = h.W + b). logits absent = trainer entry, which never allocates [N, V].
+// entropy, when present: [N] f32, H = -sum p log p of the row's softmax(y) over the real
+// vocabulary, computed in the same pass (docs/contract.md §10; served by backends whose
+// provenance names an entropy_id, others refuse it).
 struct LinearLogpOutputs {
   MutableTensorView logp;
   MutableTensorView lse;
   MutableTensorView logits;
+  MutableTensorView entropy;
 };
 
 struct CallOptions {
@@ -118,7 +122,9 @@ struct ReduceLogitsInputs {
   int64_t real_vocab = -1;
   int64_t ignore_index = kDefaultIgnoreIndex;
 };
-void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, const MutableTensorView& lse);
+// entropy, when present: [N] f32 (docs/contract.md §10), the bits linear_logp gives for the same logits.
+void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, const MutableTensorView& lse,
+                   const MutableTensorView& entropy = {});
 
 // In-process simulation of R tensor-parallel ranks (host): the weight is split into R shards of
 // ceil(V / R) rows rounded up to 64, each rank's partials computed, gathered in rank order, merged.

@@ -17,6 +17,7 @@ struct Provenance {
   std::string tree_id;
   std::string transcendental_id;
   std::string temperature_id;
+  std::string entropy_id;  // kEntropyId where the backend computes the entropy output, else ""
 };
 
 // What a call reports back (the "readback" of validation reports).

@@ -46,17 +46,46 @@ DETLOGP_HD float tile_tree_sum(const float* e) {
   return level[0];
 }
 
-// Summary of one tile from its scaled logits y[0..real_lanes); lanes real_lanes..63 are padding.
-// real_lanes is 0..64 (real lanes are always a prefix of a tile: see docs/contract.md §3).
-DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
+// The entropy term of one lane (docs/contract.md §10): w = fl(e · x) with x = fl(y - m_g) and
+// e = expc(x), and +0 where e is 0 (a padding lane, or x below expc's range or -inf), so that
+// 0 · -inf never forms. w <= 0 wherever it is not NaN.
+DETLOGP_HD float entropy_lane_term(float e, float x) { return e == 0.0f ? 0.0f : fp::mul(e, x); }
+
+// A tile's summary plus its entropy sum u_g: the same adjacent-pairwise tree over the lane terms.
+struct TileEntropySummary {
+  TileSummary summary;
+  float usum;  // u_g = tree sum of entropy_lane_term over the 64 lanes; +0 when m_g is -inf
+};
+
+namespace detail {
+// tile_summary's one definition; kEntropy also forms u_g from the same x and e.
+template <bool kEntropy>
+DETLOGP_HD TileEntropySummary tile_summary_impl(const float* y, int real_lanes) {
   float m = fp::neg_inf();
   for (int v = 0; v < real_lanes; ++v) m = fp::max_nan(m, y[v]);
   m = normalize_zero(m);
-  if (m == fp::neg_inf()) return {m, 0.0f};  // no real lane, or all real lanes -inf
+  if (m == fp::neg_inf()) return {{m, 0.0f}, 0.0f};  // no real lane, or all real lanes -inf
   float e[kVocabTile];
+  float w[kEntropy ? kVocabTile : 1];
   DETLOGP_UNROLL
-  for (int v = 0; v < kVocabTile; ++v) e[v] = v < real_lanes ? expc(fp::sub(y[v], m)) : 0.0f;
-  return {m, tile_tree_sum(e)};
+  for (int v = 0; v < kVocabTile; ++v) {
+    const float x = v < real_lanes ? fp::sub(y[v], m) : fp::neg_inf();
+    e[v] = v < real_lanes ? expc(x) : 0.0f;
+    if constexpr (kEntropy) w[v] = entropy_lane_term(e[v], x);
+  }
+  if constexpr (kEntropy) return {{m, tile_tree_sum(e)}, tile_tree_sum(w)};
+  return {{m, tile_tree_sum(e)}, 0.0f};
+}
+}  // namespace detail
+
+// Summary of one tile from its scaled logits y[0..real_lanes); lanes real_lanes..63 are padding.
+// real_lanes is 0..64 (real lanes are always a prefix of a tile: see docs/contract.md §3).
+DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
+  return detail::tile_summary_impl<false>(y, real_lanes).summary;
+}
+// The same summary (identical bits) and the tile's entropy sum u_g.
+DETLOGP_HD TileEntropySummary tile_entropy_summary(const float* y, int real_lanes) {
+  return detail::tile_summary_impl<true>(y, real_lanes);
 }
 
 // Global max M over tile maxima: exact, so any order gives the same bits.
@@ -103,6 +132,38 @@ DETLOGP_HD RowResult finalize_row(float global_max, float chain_sum, float targe
   const float d = fp::sub(target_logit, lse);
   if (fp::is_nan(d)) return {fp::canonical_nan(), lse};
   return {d > 0.0f ? 0.0f : d, lse};
+}
+
+// One step of the entropy chain, beside chain_step with the same d = fl(m_g - M) and factor
+// f = expc(d): U <- fma(fma(s_g, d, u_g), f, U). Skipped (exactly nothing) where s_g == 0, as in
+// chain_step, and where f == 0 (the tile is too far below M to count; s_g · d could then overflow).
+// s_g > 0, d <= 0 and u_g <= 0, so neither fma cancels: every term added to U has U's sign.
+DETLOGP_HD float entropy_chain_step(float running_usum, TileSummary tile, float tile_usum, float global_max) {
+  if (tile.sum == 0.0f) return running_usum;
+  const float d = fp::sub(tile.max, global_max);
+  const float factor = expc(d);
+  if (factor == 0.0f) return running_usum;
+  return fp::fma(fp::fma(tile.sum, d, tile_usum), factor, running_usum);
+}
+
+// H = fl(logc(S) - fl(U / S)) = -sum p log p: logc(S) >= 0 and -U / S >= 0, so the subtraction
+// adds two non-negative terms and cannot cancel (a peaked row has both near 0, each accurate to
+// its own ulps). S == 0 (no real lane above -inf) and any NaN give the canonical NaN.
+DETLOGP_HD float finalize_entropy(float chain_sum, float chain_usum) {
+  const float h = fp::sub(logc(chain_sum), fp::div(chain_usum, chain_sum));
+  return fp::is_nan(h) ? fp::canonical_nan() : h;
+}
+
+// Reference helper: the entropy of a row from its n_tiles summaries and entropy sums, ascending.
+DETLOGP_HD float entropy_row_summaries(const TileSummary* tiles, const float* usums, int64_t n_tiles) {
+  float global_max = fp::neg_inf();
+  for (int64_t g = 0; g < n_tiles; ++g) global_max = chain_max(global_max, tiles[g].max);
+  float sum = 0.0f, usum = 0.0f;
+  for (int64_t g = 0; g < n_tiles; ++g) {
+    sum = chain_step(sum, tiles[g], global_max);
+    usum = entropy_chain_step(usum, tiles[g], usums[g], global_max);
+  }
+  return finalize_entropy(sum, usum);
 }
 
 // Reference helper: the whole chain over a row's n_tiles summaries, ascending.

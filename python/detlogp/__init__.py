@@ -130,6 +130,7 @@ def _noncontract_provenance(backend_id: str) -> dict:
         "tree_id": "",
         "transcendental_id": "",
         "temperature_id": "",
+        "entropy_id": "",
         "string": f"contract=none backend={backend_id}",
     }
 

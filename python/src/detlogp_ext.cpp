@@ -138,6 +138,7 @@ nb::dict provenance_dict(const detlogp::Provenance& p) {
                   {"tree_id", nb::cast(p.tree_id)},
                   {"transcendental_id", nb::cast(p.transcendental_id)},
                   {"temperature_id", nb::cast(p.temperature_id)},
+                  {"entropy_id", nb::cast(p.entropy_id)},
                   {"string", nb::cast(detlogp::to_string(p))}});
 }
 
@@ -429,6 +430,7 @@ NB_MODULE(_detlogp, m) {
                     {"transcendental_id", nb::cast(detlogp::kTranscendentalId)},
                     {"n_split_policy", nb::cast(detlogp::kNSplitPolicy)},
                     {"temperature_id", nb::cast(detlogp::kTemperatureId)},
+                    {"entropy_id", nb::cast(detlogp::kEntropyId)},
                     {"default_ignore_index", nb::cast(detlogp::kDefaultIgnoreIndex)}});
   });
 

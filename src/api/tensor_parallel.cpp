@@ -21,7 +21,7 @@ class RegistryPartials final : public tp::PartialsBackend {
  public:
   explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
   void select(Memory memory, CallReport& report) override {
-    backend_ = &detail::select_backend(opt_, memory, true, report);
+    backend_ = &detail::select_backend(opt_, memory, true, false, report);
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -40,7 +40,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, report);
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, false, report);
   detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
   problem.stream = opt.cuda_stream;
   // The digests read the values the backend reads. In CUDA memory that is one copy to the host,
@@ -69,6 +69,9 @@ void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const Tens
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt) {
   DETLOGP_CHECK(ranks >= 1, "ranks=" << ranks << " must be >= 1");
+  DETLOGP_CHECK(!out.entropy.present(),
+                "the entropy output is not served under tensor parallelism yet; compute it with linear_logp "
+                "on the whole vocabulary");
   DETLOGP_CHECK(in.hidden.memory == Memory::host, "simulate_tensor_parallel runs on host tensors");
   DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
   DETLOGP_CHECK(in.vocab_start == 0,

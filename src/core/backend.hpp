@@ -10,10 +10,21 @@
 
 namespace detlogp::detail {
 
-// Provenance of a backend bearing contract v1: the frozen ids plus its own arch and cc.
-inline Provenance contract_provenance(const char* backend_id, const char* arch, int cc) {
-  return {kContractName, kContractVersion, backend_id,        arch,          cc, kVocabTile, kKSlab,
-          kNSplitPolicy, kTreeId,          kTranscendentalId, kTemperatureId};
+// Provenance of a backend bearing contract v1: the frozen ids plus its own arch and cc, and the
+// entropy id where the backend computes the entropy output.
+inline Provenance contract_provenance(const char* backend_id, const char* arch, int cc, bool entropy) {
+  return {kContractName,
+          kContractVersion,
+          backend_id,
+          arch,
+          cc,
+          kVocabTile,
+          kKSlab,
+          kNSplitPolicy,
+          kTreeId,
+          kTranscendentalId,
+          kTemperatureId,
+          entropy ? kEntropyId : ""};
 }
 
 class Backend {
@@ -27,6 +38,8 @@ class Backend {
   // False with a reason when it cannot run here (no GPU, built without CUDA, ...).
   virtual bool available(std::string* why) const = 0;
   virtual bool supports_partials() const { return contract_bearing(); }
+  // Whether run() fills LogpProblem::entropy (docs/contract.md §10): its provenance names the id.
+  bool supports_entropy() const { return !provenance().entropy_id.empty(); }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages

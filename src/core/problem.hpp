@@ -45,6 +45,7 @@ struct LogpProblem : HeadOperands {
   float* logp = nullptr;
   float* lse = nullptr;
   float* logits = nullptr;
+  float* entropy = nullptr;  // [rows] or null: the row's entropy (docs/contract.md §10)
   // Partial mode (summaries != null): tile summaries and target partials instead of logp/lse.
   TileSummary* summaries = nullptr;  // [rows][local_tiles()]
   float* target_logit = nullptr;

@@ -21,15 +21,16 @@ struct ReduceLogitsProblem {
   float temperature = 1.0f;
   const float* temperature_rows = nullptr;  // [rows] or null
 
-  float* logp = nullptr;  // [rows]
-  float* lse = nullptr;   // [rows]
+  float* logp = nullptr;     // [rows]
+  float* lse = nullptr;      // [rows]
+  float* entropy = nullptr;  // [rows] or null
 };
 
 // Shapes, dtypes, host memory, target and temperature values.
 ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, const MutableTensorView& logp,
-                                               const MutableTensorView& lse);
+                                               const MutableTensorView& lse, const MutableTensorView& entropy);
 
-// logp and lse of every row: tile summaries of the scaled logits, the ascending chain.
+// logp and lse (and entropy) of every row: tile summaries of the scaled logits, the ascending chain.
 void cpu_reduce_logits(const ReduceLogitsProblem& p);
 
 }  // namespace detlogp::detail

@@ -42,6 +42,7 @@ std::string to_string(const Provenance& p) {
      << " arch=" << p.arch << " cc=" << p.cc << " VOCAB_TILE=" << p.vocab_tile << " K_SLAB=" << p.k_slab
      << " n_split=\"" << p.n_split_policy << "\" tree=" << p.tree_id << " transcendental=" << p.transcendental_id
      << " temperature=" << p.temperature_id;
+  if (!p.entropy_id.empty()) os << " entropy=" << p.entropy_id;
   return os.str();
 }
 

@@ -193,6 +193,11 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     p.logp = static_cast<float*>(out->logp.mutable_data());
     p.lse = static_cast<float*>(out->lse.mutable_data());
     if (out->logits.present()) p.logits = checked_logits(out->logits, p, mem, dev);
+    if (out->entropy.present()) {
+      check_vector(out->entropy, "entropy", p.rows, {DType::f32});
+      check_memory(out->entropy, "entropy", mem, dev);
+      p.entropy = static_cast<float*>(out->entropy.mutable_data());
+    }
   }
 
   check_host_values(p);
@@ -200,7 +205,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
 }
 
 ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, const MutableTensorView& logp,
-                                               const MutableTensorView& lse) {
+                                               const MutableTensorView& lse, const MutableTensorView& entropy) {
   const TensorView& z = in.logits;
   DETLOGP_CHECK(z.ndim == 2 && z.dtype == DType::f32,
                 "logits must be a 2-D f32 tensor, got ndim=" << z.ndim << " dtype=" << dtype_name(z.dtype));
@@ -237,6 +242,12 @@ ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, con
   p.temperature = in.temperature;
   p.logp = static_cast<float*>(logp.mutable_data());
   p.lse = static_cast<float*>(lse.mutable_data());
+  if (entropy.present()) {
+    DETLOGP_CHECK(
+        entropy.ndim == 1 && entropy.dtype == DType::f32 && entropy.rows == rows && entropy.memory == Memory::host,
+        "entropy must be [N=" << rows << "] f32 in host memory");
+    p.entropy = static_cast<float*>(entropy.mutable_data());
+  }
   if (rows > 0) check_targets_host(p.targets, p.targets_i64, rows, p.real_vocab, p.ignore_index);
   return p;
 }

@@ -19,9 +19,19 @@ float row_inverse_temperature(const LogpProblem& p, int64_t row) {
   return inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
 }
 
-// Bias, logits, scaling, summary and owned y_t of one row's z over one tile.
-void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, TileSummary& summary,
-                   float& target_logit, uint8_t& target_owned) {
+// Where one row block's per-tile results go: summaries [rows][tiles], the entropy sums beside them
+// when the entropy is asked for, the owned scaled target logit and its flag.
+struct TileOutputs {
+  TileSummary* summaries = nullptr;
+  float* usums = nullptr;
+  float* target_logit = nullptr;
+  uint8_t* target_owned = nullptr;
+};
+
+// Bias, logits, scaling, summary (and entropy sum) and owned y_t of one row's z over one tile;
+// `at` is the row's index in `out`.
+void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, const TileOutputs& out,
+                   int64_t at) {
   const int64_t col0 = tile * kVocabTile;
   if (p.bias)
     for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
@@ -29,33 +39,34 @@ void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, fl
   const float inv_t = row_inverse_temperature(p, row);
   float y[kVocabTile];
   for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
-  summary = tile_summary(y, p.real_lanes(tile));
+  const int64_t slot = at * p.local_tiles() + tile;
+  if (out.usums) {
+    const TileEntropySummary s = tile_entropy_summary(y, p.real_lanes(tile));
+    out.summaries[slot] = s.summary;
+    out.usums[slot] = s.usum;
+  } else {
+    out.summaries[slot] = tile_summary(y, p.real_lanes(tile));
+  }
   const int64_t t = p.target(row);
   if (t == p.ignore_index) return;
   const int64_t local = t - p.vocab_start - col0;
   if (local >= 0 && local < cols) {
-    target_logit = y[local];
-    target_owned = 1;
+    out.target_logit[at] = y[local];
+    out.target_owned[at] = 1;
   }
 }
 
-// Computes tile summaries (and logits, y_t) for rows [row0, row0 + rows), writing summaries to
-// summaries[(r - row0) * tiles + j] and the owned scaled target logit to target_logit[r - row0]
-// (cpu::for_each_z_panel: one GEMM panel is one vocab tile).
-void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, TileSummary* summaries,
-                            float* target_logit, uint8_t* target_owned) {
-  const int64_t tiles = p.local_tiles();
+// Computes tile summaries (and logits, entropy sums, y_t) for rows [row0, row0 + rows) into row
+// r - row0 of `out` (cpu::for_each_z_panel: one GEMM panel is one vocab tile).
+void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, const TileOutputs& out) {
   cpu::for_each_z_panel(
       p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, row0, rows, p.vocab_local, [](int64_t, int64_t) {},
-      [&](int64_t row, int64_t tile, int cols, float* z) {
-        const int64_t out = row - row0;
-        tile_epilogue(p, row, tile, cols, z, summaries[out * tiles + tile], target_logit[out], target_owned[out]);
-      });
+      [&](int64_t row, int64_t tile, int cols, float* z) { tile_epilogue(p, row, tile, cols, z, out, row - row0); });
 }
 
 class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0)) {}
+  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
   bool contract_bearing() const override { return true; }
 
   void run(const LogpProblem& p) const override {
@@ -64,25 +75,30 @@ class CpuContractBackend final : public CpuBackend {
     if (p.partial_mode()) {
       std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
       std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
-      compute_tile_summaries(p, 0, p.rows, p.summaries, p.target_logit, p.target_owned);
+      compute_tile_summaries(p, 0, p.rows, {p.summaries, nullptr, p.target_logit, p.target_owned});
       return;
     }
-    int64_t chunk = kSummaryBudgetBytes / (tiles * static_cast<int64_t>(sizeof(TileSummary)));
+    const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));
+    int64_t chunk = kSummaryBudgetBytes / (tiles * tile_bytes);
     chunk = std::max<int64_t>(cpu::kRowGroup, chunk / cpu::kRowGroup * cpu::kRowGroup);
     chunk = std::min(chunk, p.rows);
     std::vector<TileSummary> summaries(static_cast<size_t>(chunk * tiles));
     std::vector<float> target_logit(static_cast<size_t>(chunk));
     std::vector<uint8_t> owned(static_cast<size_t>(chunk));
+    std::vector<float> usums(p.entropy ? static_cast<size_t>(chunk * tiles) : 0);
+    const TileOutputs out{summaries.data(), p.entropy ? usums.data() : nullptr, target_logit.data(), owned.data()};
     for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
       const int64_t rows = std::min(chunk, p.rows - row0);
       std::fill(owned.begin(), owned.end(), uint8_t{0});
-      compute_tile_summaries(p, row0, rows, summaries.data(), target_logit.data(), owned.data());
+      compute_tile_summaries(p, row0, rows, out);
       cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t r, int) {
         const int64_t row = row0 + r;
         const bool ignored = p.target(row) == p.ignore_index;
         const RowResult res = reduce_row_summaries(summaries.data() + r * tiles, tiles, target_logit[r], ignored);
         p.logp[row] = res.logp;
         p.lse[row] = res.lse;
+        if (p.entropy)
+          p.entropy[row] = entropy_row_summaries(summaries.data() + r * tiles, usums.data() + r * tiles, tiles);
       });
     }
   }

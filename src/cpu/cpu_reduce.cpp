@@ -17,18 +17,26 @@ void cpu_reduce_logits(const ReduceLogitsProblem& p) {
         p.targets_i64 ? static_cast<const int64_t*>(p.targets)[row] : static_cast<const int32_t*>(p.targets)[row];
     const bool ignored = target == p.ignore_index;
     std::vector<TileSummary> summaries(static_cast<size_t>(tiles));
+    std::vector<float> usums(p.entropy ? static_cast<size_t>(tiles) : 0);
     float y[kVocabTile];
     for (int64_t g = 0; g < tiles; ++g) {
       const int64_t col0 = g * kVocabTile;
       const int cols = static_cast<int>(std::min<int64_t>(kVocabTile, p.vocab - col0));
       const int real = static_cast<int>(std::clamp<int64_t>(p.real_vocab - col0, 0, kVocabTile));
       for (int c = 0; c < cols; ++c) y[c] = scale_logit(zr[col0 + c], inv_t);
-      summaries[static_cast<size_t>(g)] = tile_summary(y, std::min(real, cols));
+      if (p.entropy) {
+        const TileEntropySummary s = tile_entropy_summary(y, std::min(real, cols));
+        summaries[static_cast<size_t>(g)] = s.summary;
+        usums[static_cast<size_t>(g)] = s.usum;
+      } else {
+        summaries[static_cast<size_t>(g)] = tile_summary(y, std::min(real, cols));
+      }
     }
     const float y_t = ignored ? 0.0f : scale_logit(zr[target], inv_t);
     const RowResult r = reduce_row_summaries(summaries.data(), tiles, y_t, ignored);
     p.logp[row] = r.logp;
     p.lse[row] = r.lse;
+    if (p.entropy) p.entropy[row] = entropy_row_summaries(summaries.data(), usums.data(), tiles);
   });
 }
 

@@ -14,7 +14,7 @@ std::string backend_ids() {
 
 }  // namespace
 
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, CallReport& report) {
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -51,6 +51,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   }
   DETLOGP_CHECK(!partials || chosen->supports_partials(),
                 "backend '" << chosen->id() << "' cannot produce tensor-parallel partials");
+  DETLOGP_CHECK(!entropy || chosen->supports_entropy(),
+                "backend '" << chosen->id() << "' does not compute the entropy output (docs/contract.md §10); "
+                            << cpu_contract_backend().id() << " does, on host memory");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();

@@ -10,7 +10,7 @@ struct GradLogitsProblem;
 
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
 // strict, fallback). Throws with the backend ids named when it cannot serve.
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, CallReport& report);
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report);
 
 // Runs the problem on the backend, staging host tensors to a device backend when needed.
 void dispatch(const Backend& backend, const LogpProblem& problem);

@@ -35,7 +35,7 @@ using detail::DeviceAllocation;
 
 class Sm90Backend final : public detail::CudaLaneBackend {
  public:
-  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0), true) { probe(); }
+  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, false), true) { probe(); }
 
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;

@@ -19,7 +19,7 @@ namespace {
 
 class Sm90Unavailable final : public CudaLaneBackend {
  public:
-  Sm90Unavailable() : CudaLaneBackend(contract_provenance(sm90::kBackendId, "sm90a", 0), true) {
+  Sm90Unavailable() : CudaLaneBackend(contract_provenance(sm90::kBackendId, "sm90a", 0, false), true) {
     set_availability(false, kNoCudaReason);
   }
   void run(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kNoCudaReason); }

@@ -130,7 +130,7 @@ uint64_t temperature_digest(float temperature, const std::vector<float>& rows) {
 uint64_t backend_digest(const Provenance& pv) {
   Fnv64 h;
   for (const std::string* f : {&pv.backend_id, &pv.contract_name, &pv.arch, &pv.n_split_policy, &pv.tree_id,
-                               &pv.transcendental_id, &pv.temperature_id})
+                               &pv.transcendental_id, &pv.temperature_id, &pv.entropy_id})
     h.add(*f);
   for (int v : {pv.contract_version, pv.cc, pv.vocab_tile, pv.k_slab}) h.add(static_cast<uint64_t>(v));
   return h.h;

@@ -173,6 +173,11 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     };
     check_out(out.logp, "logp");
     check_out(out.lse, "lse");
+    // A local refusal like any other, so every rank refuses together (the partials carry no
+    // entropy sums yet).
+    DETLOGP_CHECK(!out.entropy.present(),
+                  "the entropy output is not served under tensor parallelism yet; compute it with linear_logp "
+                  "on the whole vocabulary");
 
     // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so every
     // rank validates the same values and digests them for the consistency check.

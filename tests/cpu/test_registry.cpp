@@ -69,6 +69,7 @@ TEST(Registry, ListsTheCpuContractBackendAndTheNonContractReferenceLane) {
   EXPECT_EQ(cpu->provenance.tree_id, detlogp::kTreeId);
   EXPECT_EQ(cpu->provenance.transcendental_id, detlogp::kTranscendentalId);
   EXPECT_EQ(cpu->provenance.temperature_id, detlogp::kTemperatureId);
+  EXPECT_EQ(cpu->provenance.entropy_id, detlogp::kEntropyId);  // the CPU backend computes the entropy output
   EXPECT_EQ(cpu->provenance.n_split_policy, detlogp::kNSplitPolicy);
 
   const auto* ref = find_backend(all, kReferenceId);
@@ -76,6 +77,7 @@ TEST(Registry, ListsTheCpuContractBackendAndTheNonContractReferenceLane) {
   EXPECT_FALSE(ref->contract_bearing);
   EXPECT_TRUE(ref->available);
   EXPECT_EQ(ref->provenance.contract_version, 0);
+  EXPECT_EQ(ref->provenance.entropy_id, "");
 
   const auto* sm90 = find_backend(all, kSm90Id);
   ASSERT_NE(sm90, nullptr) << "no " << kSm90Id << " in list_backends()";

@@ -32,6 +32,7 @@ int command_info(const Options& o) {
       {"TRANSCENDENTAL_ID", kTranscendentalId},
       {"N_SPLIT_POLICY", kNSplitPolicy},
       {"TEMPERATURE_ID", kTemperatureId},
+      {"ENTROPY_ID", kEntropyId},
       {"DEFAULT_IGNORE_INDEX", std::to_string(kDefaultIgnoreIndex)},
       {"CANONICAL_NAN", hex32(kCanonicalNanBits)},
   };
