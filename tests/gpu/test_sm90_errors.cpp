@@ -359,6 +359,7 @@ TEST_F(Sm90Errors, TmaAlignmentAndStrideViolationsAndBadKnobsAreRefused) {
   }
   for (const char* bad : {"-5", "0", "12abc", ""}) {
     ScopedEnv env("DETLOGP_SM90_WORKSPACE_MB", bad);
+    c.poison();
     const std::string msg =
         std::string("DETLOGP_SM90_WORKSPACE_MB=") + bad + " must be an integer in [1, 1048576] (MiB)";
     expect_error("bad workspace knob", [&] { linear_logp(c.inputs(), c.outputs(), opts()); }, {msg.c_str()});

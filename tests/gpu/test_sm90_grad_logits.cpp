@@ -306,9 +306,9 @@ TEST_F(Sm90GradLogits, ShapeGridMatchesThePinnedFormulaOnSm90LogitsBitForBit) {
 
 TEST_F(Sm90GradLogits, ABadClusterKnobIsRefusedByName) {
   {
-    ScopedEnv env("DETLOGP_SM90_GRAD_CLUSTER", "3");
     Spec s{77, 123, 64, 0, 123, 123, false, false, true, false, false, false, 0};
-    GradCase g(s, 11);
+    GradCase g(s, 11);  // its forward runs before the knob is set
+    ScopedEnv env("DETLOGP_SM90_GRAD_CLUSTER", "3");
     try {
       g.run();
       ADD_FAILURE() << "DETLOGP_SM90_GRAD_CLUSTER=3 was not refused";
