@@ -113,7 +113,8 @@ ElementType descr_to_type(const std::string& descr, const std::string& source) {
   if (!descr.empty() && descr[0] == '>')
     DETLOGP_FAIL("'" << source << "': descr '" << descr << "' is big-endian; only little-endian data is supported");
   DETLOGP_FAIL("'" << source << "': descr '" << descr
-                   << "' is not supported (supported: '<f4', '<i4', '<i8', '|u1', '<f2', '<f8', '|b1', and bf16 as '<u2', '<i2' or '|V2')");
+                   << "' is not supported (supported: '<f4', '<i4', '<i8', '|u1', '<f2', '<f8', '|b1', and bf16 as "
+                      "'<u2', '<i2' or '|V2')");
 }
 
 }  // namespace

@@ -529,7 +529,8 @@ TEST_F(Cli, BadOptionsAreUsageErrors) {
       {"1e-50", "temperature=1e-50 is not representable as float32 (it would round to 0)"},
       {"-1e-46", "temperature=-1e-46 is not representable as float32 (it would round to 0)"},
       {"1e39", "temperature=1e+39 is not representable as float32 (it would round to inf)"},
-      {"3.4028235677973366e38", "temperature=3.4028235677973366e+38 is not representable as float32 (it would round to inf)"},
+      {"3.4028235677973366e38",
+       "temperature=3.4028235677973366e+38 is not representable as float32 (it would round to inf)"},
       {"1e-40", "temperature=1e-40 is outside the temperature range"},
       {"3.4028235e38", "temperature=3.4028235e+38 is outside the temperature range"},
       {"1e400", "temperature=inf is outside the temperature range"},
@@ -599,7 +600,8 @@ TEST_F(Cli, VocabShardNeedsPartials) {
     int exit_code;
     std::vector<std::string> needles;
   };
-  const std::string kForms = "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
+  const std::string kForms =
+      "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
   const std::vector<Case> refused = {
       {" --real-vocab 128", 3, {"real_vocab=128", "V_local=64", "vocab_start=0", "pass --partials"}},
       {" --real-vocab 128 --return-logits", 3, {"real_vocab=128", "V_local=64", "pass --partials"}},
@@ -674,12 +676,15 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
     HostTensor temperature;
     std::vector<std::string> needles;
   };
-  const std::string kForms = "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
+  const std::string kForms =
+      "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
   const std::vector<Case> refused = {
       {"broadcast",
        tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}),
        {kForms + "[1] dtype float32 (one value per row, no broadcast: pass a float for one temperature of every row)"}},
-      {"short", tensor_of(ElementType::f32, {n - 1}, std::vector<float>(n - 1, 0.7f)), {kForms + "[36] dtype float32\n"}},
+      {"short",
+       tensor_of(ElementType::f32, {n - 1}, std::vector<float>(n - 1, 0.7f)),
+       {kForms + "[36] dtype float32\n"}},
       {"rows_i32",
        tensor_of(ElementType::i32, {n}, std::vector<int32_t>(n, 1)),
        {"temperature of shape [37] must be float32, got int32 (no silent cast)"}},
@@ -694,7 +699,9 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
        {"temperature of shape [37] must be float32, got bfloat16 (no silent cast)"}},
       {"scalar_bf16", tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f80}), {kForms + "[] dtype bfloat16"}},
       {"scalar_i32", tensor_of(ElementType::i32, {}, std::vector<int32_t>{1}), {kForms + "[] dtype int32"}},
-      {"column", tensor_of(ElementType::f32, {n, 1}, std::vector<float>(n, 0.7f)), {kForms + "[37, 1] dtype float32\n"}},
+      {"column",
+       tensor_of(ElementType::f32, {n, 1}, std::vector<float>(n, 0.7f)),
+       {kForms + "[37, 1] dtype float32\n"}},
       {"scalar_zero", tensor_of(ElementType::f32, {}, std::vector<float>{0.0f}), {"temperature=0"}},
   };
   for (const Case& c : refused) {

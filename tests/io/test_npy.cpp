@@ -166,8 +166,9 @@ TEST(Npy, HalfDoubleAndBoolAreReadWithTheirTypes) {
       {"<f2", ElementType::f16}, {"<f8", ElementType::f64}, {"|b1", ElementType::boolean}};
   for (const auto& [descr, type] : cases) {
     const int64_t count = 16 / detlogp::io::element_size(type);
-    const auto t = parse(raw_npy(1, std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
-                                        std::to_string(count) + ",), }\n",
+    const auto t = parse(raw_npy(1,
+                                 std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                                     std::to_string(count) + ",), }\n",
                                  kFourFloats));
     EXPECT_EQ(t.dtype, type) << descr;
     EXPECT_EQ(t.shape, std::vector<int64_t>{count}) << descr;

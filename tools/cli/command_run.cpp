@@ -2,9 +2,9 @@
 // the SHA-256 of the outputs and optionally writes them to a safetensors file.
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>

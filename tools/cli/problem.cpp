@@ -141,8 +141,9 @@ void set_temperature(const io::TensorRef& t, HostProblem& p) {
     return;
   }
   if (t.shape != std::vector<int64_t>{p.rows}) {
-    const char* hint =
-        t.element_count() == 1 ? " (one value per row, no broadcast: pass a float for one temperature of every row)" : "";
+    const char* hint = t.element_count() == 1
+                           ? " (one value per row, no broadcast: pass a float for one temperature of every row)"
+                           : "";
     DETLOGP_FAIL("temperature must be " << forms << ", got " << given << hint);
   }
   DETLOGP_CHECK(t.dtype == ElementType::f32,
