@@ -17,21 +17,28 @@ namespace detlogp::io {
 // The file formats store little-endian bytes; the tensors are used in place, without swapping.
 static_assert(std::endian::native == std::endian::little, "detlogp's file I/O assumes a little-endian host");
 
-// Element types the file layer understands. U8 only serves the partials output (target_owned).
-enum class ElementType : uint8_t { bf16, f32, i32, i64, u8 };
+// Element types the file layer understands. U8 serves the partials output (target_owned); F16,
+// F64 and BOOL are read only so that a tensor of those types is refused by name, as the library
+// refuses a wrong dtype, instead of as an unreadable file.
+enum class ElementType : uint8_t { bf16, f32, i32, i64, u8, f16, f64, boolean };
 
-// Per element type: its safetensors dtype name, its size in bytes and the .npy descr the writer uses.
+// Per element type: its safetensors dtype name, its size in bytes, the .npy descr the writer uses
+// and its array-library name (numpy's, bfloat16 as ml_dtypes and torch call it), the words the
+// Python faces use for a dtype.
 struct ElementTypeInfo {
   ElementType type;
   const char* name;
   int size;
   const char* npy_descr;
+  const char* array_name;
 };
 
 // In enum order, so a type's entry is kElementTypes[type].
 inline constexpr ElementTypeInfo kElementTypes[] = {
-    {ElementType::bf16, "BF16", 2, "<u2"}, {ElementType::f32, "F32", 4, "<f4"}, {ElementType::i32, "I32", 4, "<i4"},
-    {ElementType::i64, "I64", 8, "<i8"},   {ElementType::u8, "U8", 1, "|u1"},
+    {ElementType::bf16, "BF16", 2, "<u2", "bfloat16"}, {ElementType::f32, "F32", 4, "<f4", "float32"},
+    {ElementType::i32, "I32", 4, "<i4", "int32"},      {ElementType::i64, "I64", 8, "<i8", "int64"},
+    {ElementType::u8, "U8", 1, "|u1", "uint8"},        {ElementType::f16, "F16", 2, "<f2", "float16"},
+    {ElementType::f64, "F64", 8, "<f8", "float64"},    {ElementType::boolean, "BOOL", 1, "|b1", "bool"},
 };
 static_assert([] {
   for (size_t i = 0; i < std::size(kElementTypes); ++i)
@@ -41,13 +48,14 @@ static_assert([] {
 
 // The entry of `t`; a value outside the enum gets name and descr "?" and size 0.
 inline const ElementTypeInfo& element_type_info(ElementType t) {
-  static constexpr ElementTypeInfo kUnknown{ElementType::u8, "?", 0, "?"};
+  static constexpr ElementTypeInfo kUnknown{ElementType::u8, "?", 0, "?", "?"};
   const auto index = static_cast<size_t>(t);
   return index < std::size(kElementTypes) ? kElementTypes[index] : kUnknown;
 }
 
 inline const char* element_type_name(ElementType t) { return element_type_info(t).name; }
 inline int element_size(ElementType t) { return element_type_info(t).size; }
+inline const char* element_type_array_name(ElementType t) { return element_type_info(t).array_name; }
 
 inline std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";

@@ -105,14 +105,16 @@ ElementType descr_to_type(const std::string& descr, const std::string& source) {
   if (descr == "<i4") return ElementType::i32;
   if (descr == "<i8") return ElementType::i64;
   if (descr == "|u1" || descr == "<u1" || descr == "u1") return ElementType::u8;
+  if (descr == "<f2") return ElementType::f16;  // IEEE half, not bf16: refused by the tensor's reader
+  if (descr == "<f8") return ElementType::f64;
+  if (descr == "|b1" || descr == "<b1" || descr == "b1") return ElementType::boolean;
   // bf16 convention: a 2-byte non-float element carries the bf16 bit pattern.
   if (descr == "<u2" || descr == "<i2" || descr == "|V2" || descr == "<V2" || descr == "V2") return ElementType::bf16;
   if (!descr.empty() && descr[0] == '>')
     DETLOGP_FAIL("'" << source << "': descr '" << descr << "' is big-endian; only little-endian data is supported");
-  if (descr == "<f2")
-    DETLOGP_FAIL("'" << source << "': descr '<f2' is IEEE float16, not bf16; store bf16 bit patterns as '<u2'");
   DETLOGP_FAIL("'" << source << "': descr '" << descr
-                   << "' is not supported (supported: '<f4', '<i4', '<i8', '|u1', and bf16 as '<u2', '<i2' or '|V2')");
+                   << "' is not supported (supported: '<f4', '<i4', '<i8', '|u1', '<f2', '<f8', '|b1', and bf16 as "
+                      "'<u2', '<i2' or '|V2')");
 }
 
 }  // namespace

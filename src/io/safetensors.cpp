@@ -303,7 +303,8 @@ TensorRecord parse_tensor_entry(const std::string& name, const JsonValue& entry,
   r.name = name;
   DETLOGP_CHECK(dtype->kind == JsonValue::Kind::string, where << ": \"dtype\" must be a string");
   DETLOGP_CHECK(parse_dtype(dtype->text, &r.dtype),
-                where << ": dtype \"" << dtype->text << "\" is not supported (supported: BF16, F32, I32, I64, U8)");
+                where << ": dtype \"" << dtype->text
+                      << "\" is not supported (supported: BF16, F32, I32, I64, U8, F16, F64, BOOL)");
 
   DETLOGP_CHECK(shape->kind == JsonValue::Kind::array, where << ": \"shape\" must be an array of integers");
   for (const JsonValue& d : shape->elements) {

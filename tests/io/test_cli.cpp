@@ -419,10 +419,10 @@ TEST_F(Cli, BadFilesExitNonZeroAndWriteNothing) {
     return detlogp::io::serialize_safetensors(c);
   };
   cases.push_back({"hidden_f32", with([&](SafetensorsContents& c) {
-                     c.tensors[0].tensor = tensor_of(ElementType::f32, {problem.rows, problem.dim / 2},
-                                                     std::vector<float>(problem.rows * problem.dim / 2));
+                     c.tensors[0].tensor = tensor_of(ElementType::f32, {problem.rows, problem.dim},
+                                                     std::vector<float>(problem.rows * problem.dim));
                    }),
-                   "tensor 'hidden' must be BF16, got F32"});
+                   "hidden must be bf16, got f32"});  // the library's own check: the tensor reaches it
   cases.push_back({"targets_shape", with([&](SafetensorsContents& c) {
                      c.tensors[2].tensor =
                          tensor_of(ElementType::i32, {problem.rows - 1}, std::vector<int32_t>(problem.rows - 1));
@@ -432,7 +432,27 @@ TEST_F(Cli, BadFilesExitNonZeroAndWriteNothing) {
                      c.tensors[2].tensor =
                          tensor_of(ElementType::f32, {problem.rows}, std::vector<float>(problem.rows));
                    }),
-                   "tensor 'targets' must be I32 or I64, got F32"});
+                   "targets must be i32 or i64, got f32"});
+  // dtypes the library has no DType for: refused by the CLI in the library's sentence.
+  cases.push_back({"hidden_f16", with([&](SafetensorsContents& c) {
+                     c.tensors[0].tensor = tensor_of(ElementType::f16, {problem.rows, problem.dim},
+                                                     std::vector<uint16_t>(problem.rows * problem.dim));
+                   }),
+                   "hidden must be bf16, got f16"});
+  cases.push_back({"weight_bool", with([&](SafetensorsContents& c) {
+                     c.tensors[1].tensor = tensor_of(ElementType::boolean, {problem.vocab, problem.dim},
+                                                     std::vector<uint8_t>(problem.vocab * problem.dim));
+                   }),
+                   "weight must be bf16, got bool"});
+  cases.push_back({"targets_u8", with([&](SafetensorsContents& c) {
+                     c.tensors[2].tensor =
+                         tensor_of(ElementType::u8, {problem.rows}, std::vector<uint8_t>(problem.rows));
+                   }),
+                   "targets must be i32 or i64, got u8"});
+  cases.push_back({"bias_f64", with([&](SafetensorsContents& c) {
+                     c.add("bias", tensor_of(ElementType::f64, {problem.vocab}, std::vector<double>(problem.vocab)));
+                   }),
+                   "bias must be f32, got f64"});
   cases.push_back({"weight_dim", with([&](SafetensorsContents& c) {
                      c.tensors[1].tensor = tensor_of(ElementType::bf16, {4, problem.dim - 1},
                                                      std::vector<uint16_t>(4 * (problem.dim - 1)));
@@ -502,6 +522,25 @@ TEST_F(Cli, BadOptionsAreUsageErrors) {
   const CliResult r = run_cli("run --rows 4 --dim 8 --vocab 64 --temperature -1");
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_NE(r.err.find("temperature=-1"), std::string::npos) << r.err;
+  // A value float32 cannot hold is refused like that (exit 3), in the Python faces' words; one
+  // that rounds to a finite float32 (a subnormal, a value beyond the double range) goes to the
+  // library's range check.
+  const std::vector<std::pair<std::string, std::string>> unrepresentable = {
+      {"1e-50", "temperature=1e-50 is not representable as float32 (it would round to 0)"},
+      {"-1e-46", "temperature=-1e-46 is not representable as float32 (it would round to 0)"},
+      {"1e39", "temperature=1e+39 is not representable as float32 (it would round to inf)"},
+      {"3.4028235677973366e38",
+       "temperature=3.4028235677973366e+38 is not representable as float32 (it would round to inf)"},
+      {"1e-40", "temperature=1e-40 is outside the temperature range"},
+      {"3.4028235e38", "temperature=3.4028235e+38 is outside the temperature range"},
+      {"1e400", "temperature=inf is outside the temperature range"},
+      {"1e-400", "temperature=0 is outside the temperature range"},
+  };
+  for (const auto& [value, expected] : unrepresentable) {
+    const CliResult t = run_cli("run --rows 4 --dim 8 --vocab 64 --temperature " + value);
+    EXPECT_EQ(t.exit_code, 3) << value << ": " << t.err;
+    EXPECT_NE(t.err.find(expected), std::string::npos) << value << ": stderr lacks \"" << expected << "\":\n" << t.err;
+  }
   const CliResult shard = run_cli("run --rows 4 --dim 8 --vocab 64 --vocab-start 32 --real-vocab 128 --partials");
   EXPECT_EQ(shard.exit_code, 3) << shard.err;
   EXPECT_NE(shard.err.find("vocab_start=32"), std::string::npos) << shard.err;
@@ -561,6 +600,8 @@ TEST_F(Cli, VocabShardNeedsPartials) {
     int exit_code;
     std::vector<std::string> needles;
   };
+  const std::string kForms =
+      "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
   const std::vector<Case> refused = {
       {" --real-vocab 128", 3, {"real_vocab=128", "V_local=64", "vocab_start=0", "pass --partials"}},
       {" --real-vocab 128 --return-logits", 3, {"real_vocab=128", "V_local=64", "pass --partials"}},
@@ -635,23 +676,32 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
     HostTensor temperature;
     std::vector<std::string> needles;
   };
+  const std::string kForms =
+      "temperature must be a float, a 0-d floating array or a float32 array of shape [37], got shape ";
   const std::vector<Case> refused = {
-      {"broadcast", tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}), {"temperature_rows", "expected 37"}},
+      {"broadcast",
+       tensor_of(ElementType::f32, {1}, std::vector<float>{0.7f}),
+       {kForms + "[1] dtype float32 (one value per row, no broadcast: pass a float for one temperature of every row)"}},
       {"short",
        tensor_of(ElementType::f32, {n - 1}, std::vector<float>(n - 1, 0.7f)),
-       {"temperature_rows", "expected 37"}},
+       {kForms + "[36] dtype float32\n"}},
       {"rows_i32",
        tensor_of(ElementType::i32, {n}, std::vector<int32_t>(n, 1)),
-       {"temperature_rows must be f32, got i32"}},
+       {"temperature of shape [37] must be float32, got int32 (no silent cast)"}},
       {"rows_u8",
        tensor_of(ElementType::u8, {n}, std::vector<uint8_t>(n, 1)),
-       {"temperature_rows must be f32, got u8"}},
-      {"scalar_bf16",
-       tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f80}),
-       {"tensor 'temperature' must be F32, got BF16"}},
+       {"temperature of shape [37] must be float32, got uint8 (no silent cast)"}},
+      {"rows_f64",
+       tensor_of(ElementType::f64, {n}, std::vector<double>(n, 0.7)),
+       {"temperature of shape [37] must be float32, got float64 (no silent cast)"}},
+      {"rows_bf16",
+       tensor_of(ElementType::bf16, {n}, std::vector<uint16_t>(n, 0x3f80)),
+       {"temperature of shape [37] must be float32, got bfloat16 (no silent cast)"}},
+      {"scalar_bf16", tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f80}), {kForms + "[] dtype bfloat16"}},
+      {"scalar_i32", tensor_of(ElementType::i32, {}, std::vector<int32_t>{1}), {kForms + "[] dtype int32"}},
       {"column",
        tensor_of(ElementType::f32, {n, 1}, std::vector<float>(n, 0.7f)),
-       {"temperature_rows must be 1-D, got ndim=2"}},
+       {kForms + "[37, 1] dtype float32\n"}},
       {"scalar_zero", tensor_of(ElementType::f32, {}, std::vector<float>{0.0f}), {"temperature=0"}},
   };
   for (const Case& c : refused) {
@@ -670,7 +720,7 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
                                 (dir / "weight.npy").string() + "' --targets '" + (dir / "targets.npy").string() +
                                 "' --temperatures '" + (dir / "t1.npy").string() + "'" + out);
   EXPECT_EQ(npy.exit_code, 3) << npy.out << npy.err;
-  EXPECT_NE(npy.err.find("expected 37"), std::string::npos) << npy.err;
+  EXPECT_NE(npy.err.find(kForms + "[1] dtype float32 (one value per row"), std::string::npos) << npy.err;
   EXPECT_FALSE(fs::exists(dir / "out.safetensors"));
 }
 

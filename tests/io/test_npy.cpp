@@ -156,10 +156,23 @@ TEST(NpyMalformed, FortranOrderRejected) {
 TEST(NpyMalformed, UnsupportedDescr) {
   expect_error([] { parse(raw_npy(1, "{'descr': '>f4', 'fortran_order': False, 'shape': (4,), }\n", kFourFloats)); },
                {"'>f4'", "big-endian"});
-  expect_error([] { parse(raw_npy(1, "{'descr': '<f2', 'fortran_order': False, 'shape': (8,), }\n", kFourFloats)); },
-               {"float16, not bf16"});
-  expect_error([] { parse(raw_npy(1, "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }\n", kFourFloats)); },
-               {"descr '<f8' is not supported"});
+  expect_error([] { parse(raw_npy(1, "{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }\n", kFourFloats)); },
+               {"descr '<c8' is not supported"});
+}
+
+// Read so that the tensor's consumer can refuse the dtype by name (the CLI: `hidden must be bf16, got f16`).
+TEST(Npy, HalfDoubleAndBoolAreReadWithTheirTypes) {
+  const std::pair<const char*, ElementType> cases[] = {
+      {"<f2", ElementType::f16}, {"<f8", ElementType::f64}, {"|b1", ElementType::boolean}};
+  for (const auto& [descr, type] : cases) {
+    const int64_t count = 16 / detlogp::io::element_size(type);
+    const auto t = parse(raw_npy(1,
+                                 std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (" +
+                                     std::to_string(count) + ",), }\n",
+                                 kFourFloats));
+    EXPECT_EQ(t.dtype, type) << descr;
+    EXPECT_EQ(t.shape, std::vector<int64_t>{count}) << descr;
+  }
 }
 
 TEST(NpyMalformed, DataSizeMismatch) {

@@ -184,8 +184,8 @@ TEST(SafetensorsMalformed, BadJson) {
 }
 
 TEST(SafetensorsMalformed, UnsupportedDtypeNamesTensorAndDtype) {
-  expect_parse_error("{\"weight\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}", {0, 0},
-                     {"tensor 'weight'", "dtype \"F16\" is not supported"});
+  expect_parse_error("{\"weight\":{\"dtype\":\"U16\",\"shape\":[1],\"data_offsets\":[0,2]}}", {0, 0},
+                     {"tensor 'weight'", "dtype \"U16\" is not supported"});
   expect_parse_error("{\"weight\":{\"dtype\":\"bf16\",\"shape\":[1],\"data_offsets\":[0,2]}}", {0, 0},
                      {"tensor 'weight'", "dtype \"bf16\""});
   expect_parse_error("{\"w\":{\"dtype\":5,\"shape\":[1],\"data_offsets\":[0,2]}}", {0, 0},

@@ -1,12 +1,15 @@
 // detlogp run: one problem (built-in, a safetensors file or .npy files) through the library; prints
 // the SHA-256 of the outputs and optionally writes them to a safetensors file.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "cli/commands.hpp"
 #include "cli/compute.hpp"
@@ -44,6 +47,21 @@ Entry requested_entry(const Options& o) {
         "--partials needs --vocab-start (the global id of the weight's row 0) and --real-vocab (the whole "
         "vocabulary), the layout its output records");
   return Entry::partials;
+}
+
+// --temperature rounded to float32, refused (exit 3) in the Python faces' words when the rounding
+// itself would make it 0 or inf (|T| <= 2^-150, |T| >= 2^128 - 2^103); every other value is the
+// library's range check's to judge, nan and inf included.
+float float32_temperature(double t) {
+  const auto f = static_cast<float>(t);
+  if ((f == 0 && t != 0) || (std::isinf(f) && std::isfinite(t))) {
+    char shown[32];
+    const auto res = std::to_chars(shown, shown + sizeof(shown), t);  // shortest, as Python's repr
+    DETLOGP_FAIL("temperature=" << std::string_view(shown, static_cast<size_t>(res.ptr - shown))
+                                << " is not representable as float32 (it would round to " << (f == 0 ? "0" : "inf")
+                                << ")");
+  }
+  return f;
 }
 
 HostProblem load_problem(const Options& o) {
@@ -91,7 +109,7 @@ HostProblem load_problem(const Options& o) {
   if (o.has("temperature")) {
     if (p.temperature_from_input)
       throw UsageError("--temperature given but the input already has a 'temperature' tensor");
-    p.temperature = o.real("temperature", 1.0f);
+    p.temperature = float32_temperature(o.real("temperature", 1.0));
   }
   return p;
 }

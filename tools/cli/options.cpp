@@ -1,6 +1,7 @@
 #include "cli/options.hpp"
 
 #include <charconv>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 
@@ -65,9 +66,15 @@ int64_t Options::integer(const std::string& name, int64_t fallback, int64_t min_
   return out;
 }
 
-float Options::real(const std::string& name, float fallback) const {
+double Options::real(const std::string& name, double fallback) const {
   auto it = values_.find(name);
-  return it == values_.end() ? fallback : parse_value<float>(name, it->second, "a number");
+  if (it == values_.end()) return fallback;
+  const std::string& v = it->second;
+  double out = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec == std::errc::result_out_of_range && end == v.data() + v.size())
+    return std::strtod(v.c_str(), nullptr);  // the same text, well-formed: +-HUGE_VAL or a tiny value
+  return parse_value<double>(name, v, "a number");
 }
 
 namespace {

@@ -44,7 +44,9 @@ class Options {
   std::string text(const std::string& name, const std::string& fallback = "") const;
   // The value as an integer in [min_value, max_value], or `fallback` when the option is absent.
   int64_t integer(const std::string& name, int64_t fallback, int64_t min_value, int64_t max_value) const;
-  float real(const std::string& name, float fallback) const;
+  // A decimal number as a double; one beyond the double range is +-inf or 0 (as Python's float()
+  // reads it), for the caller's range check to name.
+  double real(const std::string& name, double fallback) const;
 
  private:
   std::map<std::string, std::string> values_;

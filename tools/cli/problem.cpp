@@ -83,18 +83,7 @@ HostProblem synthetic_problem(uint64_t seed, int64_t rows, int64_t dim, int64_t 
 
 namespace {
 
-void require_dtype(const std::string& file, const std::string& name, const io::TensorRef& t,
-                   std::initializer_list<ElementType> allowed) {
-  std::string list;
-  for (ElementType a : allowed) {
-    if (t.dtype == a) return;
-    list += std::string(list.empty() ? "" : " or ") + io::element_type_name(a);
-  }
-  DETLOGP_FAIL("'" << file << "': tensor '" << name << "' must be " << list << ", got "
-                   << io::element_type_name(t.dtype));
-}
-
-// The library's element type of a file's, where it has one (U8 it has not).
+// The library's element type of a file's, where it has one (U8, F16, F64 and BOOL it has not).
 std::optional<DType> library_dtype(ElementType t) {
   switch (t) {
     case ElementType::bf16:
@@ -106,9 +95,24 @@ std::optional<DType> library_dtype(ElementType t) {
     case ElementType::i64:
       return DType::i64;
     case ElementType::u8:
+    case ElementType::f16:
+    case ElementType::f64:
+    case ElementType::boolean:
       return std::nullopt;
   }
   return std::nullopt;
+}
+
+// The dtype `name` goes to the library with: its own, for the library's check to refuse a wrong one
+// in its words (`hidden must be bf16, got f32`); one the library has no DType for is refused here in
+// the same words, the file's name lower-cased as the library spells its own (f16, f64, bool, u8).
+DType checked_library_dtype(const char* name, ElementType t, std::initializer_list<DType> allowed) {
+  if (const std::optional<DType> d = library_dtype(t)) return *d;
+  std::string list;
+  for (DType a : allowed) list += std::string(list.empty() ? "" : " or ") + dtype_name(a);
+  std::string got = io::element_type_name(t);
+  for (char& ch : got) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  DETLOGP_FAIL(name << " must be " << list << ", got " << got);
 }
 
 // The bytes of `t` where the library may read them: in place when the data is aligned to its
@@ -122,18 +126,29 @@ const void* library_bytes(const io::TensorRef& t, HostProblem& p) {
   return copy->data();
 }
 
-// A temperature tensor of any shape but []: per-row temperatures. The library checks them as it
-// checks temperature_rows from every face ([N] f32, no broadcast of a [1] tensor), so the
-// messages are its own; what a TensorView cannot carry is refused here in the same words.
-void set_temperature_rows(const io::TensorRef& t, HostProblem& p) {
-  DETLOGP_CHECK(t.shape.size() == 1, "temperature_rows must be 1-D, got ndim=" << t.shape.size());
-  const std::optional<DType> dtype = library_dtype(t.dtype);
-  if (!dtype) {
-    std::string name = io::element_type_name(t.dtype);  // in the library's spelling: lower case
-    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    DETLOGP_FAIL("temperature_rows must be " << dtype_name(DType::f32) << ", got " << name);
+// A file's temperature tensor by the Python faces' rules and in their words (_split_temperature
+// in python/detlogp/__init__.py), dtypes named as they name them: shape [] F32 is the scalar, [N]
+// F32 is temperature_rows; [1] for N != 1 is never broadcast and no dtype is cast. The values are
+// the library's to check.
+void set_temperature(const io::TensorRef& t, HostProblem& p) {
+  const std::string shape_n = io::shape_to_string({p.rows});
+  const std::string forms = "a float, a 0-d floating array or a float32 array of shape " + shape_n;
+  const char* dtype = io::element_type_array_name(t.dtype);
+  const std::string given = "shape " + io::shape_to_string(t.shape) + " dtype " + dtype;
+  if (t.shape.empty()) {
+    DETLOGP_CHECK(t.dtype == ElementType::f32, "temperature must be " << forms << ", got " << given);
+    std::memcpy(&p.temperature, t.data(), sizeof(float));
+    return;
   }
-  p.temperature_rows = TensorView::vector(library_bytes(t, p), *dtype, t.shape[0]);
+  if (t.shape != std::vector<int64_t>{p.rows}) {
+    const char* hint = t.element_count() == 1
+                           ? " (one value per row, no broadcast: pass a float for one temperature of every row)"
+                           : "";
+    DETLOGP_FAIL("temperature must be " << forms << ", got " << given << hint);
+  }
+  DETLOGP_CHECK(t.dtype == ElementType::f32,
+                "temperature of shape " << shape_n << " must be float32, got " << dtype << " (no silent cast)");
+  p.temperature_rows = TensorView::vector(library_bytes(t, p), DType::f32, p.rows);
 }
 
 }  // namespace
@@ -152,15 +167,12 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
   const auto& [targets_file, targets] = in.tensors.at("targets");
   using io::shape_to_string;
 
-  require_dtype(hidden_file, "hidden", hidden, {ElementType::bf16});
   DETLOGP_CHECK(hidden.shape.size() == 2,
                 "'" << hidden_file << "': tensor 'hidden' must be [N, D], got shape " << shape_to_string(hidden.shape));
-  require_dtype(weight_file, "weight", weight, {ElementType::bf16});
   DETLOGP_CHECK(weight.shape.size() == 2, "'" << weight_file << "': tensor 'weight' must be [V_local, D], got shape "
                                               << shape_to_string(weight.shape));
   DETLOGP_CHECK(weight.shape[1] == hidden.shape[1], "'" << weight_file << "': tensor 'weight' has D=" << weight.shape[1]
                                                         << " columns but 'hidden' has D=" << hidden.shape[1]);
-  require_dtype(targets_file, "targets", targets, {ElementType::i32, ElementType::i64});
   DETLOGP_CHECK(targets.shape.size() == 1 && targets.shape[0] == hidden.shape[0],
                 "'" << targets_file << "': tensor 'targets' must be [N=" << hidden.shape[0] << "], got shape "
                     << shape_to_string(targets.shape));
@@ -170,25 +182,22 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
   p.rows = hidden.shape[0];
   p.dim = hidden.shape[1];
   p.vocab_local = weight.shape[0];
-  p.hidden = TensorView::matrix(library_bytes(hidden, p), DType::bf16, p.rows, p.dim);
-  p.weight = TensorView::matrix(library_bytes(weight, p), DType::bf16, p.vocab_local, p.dim);
-  p.targets = TensorView::vector(library_bytes(targets, p), *library_dtype(targets.dtype), p.rows);
+  const DType hidden_dtype = checked_library_dtype("hidden", hidden.dtype, {DType::bf16});
+  const DType weight_dtype = checked_library_dtype("weight", weight.dtype, {DType::bf16});
+  const DType targets_dtype = checked_library_dtype("targets", targets.dtype, {DType::i32, DType::i64});
+  p.hidden = TensorView::matrix(library_bytes(hidden, p), hidden_dtype, p.rows, p.dim);
+  p.weight = TensorView::matrix(library_bytes(weight, p), weight_dtype, p.vocab_local, p.dim);
+  p.targets = TensorView::vector(library_bytes(targets, p), targets_dtype, p.rows);
   if (auto it = in.tensors.find("bias"); it != in.tensors.end()) {
     const auto& [file, bias] = it->second;
-    require_dtype(file, "bias", bias, {ElementType::f32});
     DETLOGP_CHECK(bias.shape.size() == 1 && bias.shape[0] == p.vocab_local,
                   "'" << file << "': tensor 'bias' must be [V_local=" << p.vocab_local << "], got shape "
                       << shape_to_string(bias.shape));
-    p.bias = TensorView::vector(library_bytes(bias, p), DType::f32, p.vocab_local);
+    p.bias = TensorView::vector(library_bytes(bias, p), checked_library_dtype("bias", bias.dtype, {DType::f32}),
+                                p.vocab_local);
   }
   if (auto it = in.tensors.find("temperature"); it != in.tensors.end()) {
-    const auto& [file, temp] = it->second;
-    if (temp.shape.empty()) {
-      require_dtype(file, "temperature", temp, {ElementType::f32});
-      std::memcpy(&p.temperature, temp.data(), sizeof(float));
-    } else {
-      set_temperature_rows(temp, p);
-    }
+    set_temperature(it->second.second, p);
     p.temperature_from_input = true;
   }
   return p;

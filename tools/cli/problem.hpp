@@ -81,11 +81,11 @@ NamedInputs inputs_from_safetensors(const std::string& path);
 // name -> .npy path, for the names given.
 NamedInputs inputs_from_npy(const std::map<std::string, std::string>& paths);
 
-// hidden, weight, targets, optional bias and temperature, checked for dtype and shape with
-// messages that name the file and the tensor. The tensors stay where the files are mapped; only
-// one whose data is not aligned to its element size is copied. A temperature tensor of shape []
-// F32 is the scalar temperature; any other shape goes to the library as temperature_rows, which
-// must be [N] F32 (no broadcast of [1]).
+// hidden, weight, targets, optional bias and temperature, their shapes checked with messages that
+// name the file and the tensor; their dtypes go to the library, which refuses a wrong one (one it
+// has no DType for, such as F16, is refused here in its words). A temperature tensor follows the
+// Python faces' rules and words: shape [] F32 is the scalar, [N] F32 temperature_rows. The tensors
+// stay where the files are mapped; only one whose data is not aligned to its element size is copied.
 HostProblem problem_from_inputs(const NamedInputs& in);
 
 }  // namespace detlogp::cli
