@@ -91,6 +91,11 @@ def linear_logp(
     _check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
     batch_shape = targets.shape
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(batch_shape):
+        if targets.dim() == 1:  # the library's own form, [N, D] and [N]: its words
+            if hidden.dim() != 2:
+                raise InputError(f"hidden must be 2-D, got ndim={hidden.dim()}")
+            raise InputError(f"targets has {targets.shape[0]} elements, expected {hidden.shape[0]}")
+        # A batch shape (targets [B, T], hidden [B, T, D]) is this face's own: the library has no words for it.
         raise InputError(
             f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}"
         )
@@ -102,20 +107,23 @@ def linear_logp(
         temperature, n, shape=batch_shape, tensor_type=Tensor, rows_any_float=not contract
     )
     if temp_rows is not None and temp_rows.dim() == 0:
-        # One temperature for every row, kept in the graph: expand's backward sums the per-row
-        # gradients into it, and its value is never read on the host (CUDA graphs, torch.compile).
-        temp_rows = (temp_rows.to(torch.float32) if contract else temp_rows).expand(n)
+        # One temperature for every row, kept in the graph and never read on the host here (CUDA graphs,
+        # torch.compile): the op expands it to the rows (and sums their gradients into it).
+        temp_rows = temp_rows.to(torch.float32) if contract else temp_rows
+        if tp_group is not None:
+            temp_rows = temp_rows.expand(n)
     elif temp_rows is not None:
         temp_rows = temp_rows.reshape(n)
     ignore_index = _int_arg(ignore_index, "ignore_index")
     vocab_start = _int_arg(vocab_start, "vocab_start")
-    v_local = weight.shape[0] if weight.dim() > 0 else 0  # a 0-d weight: the shape check below names it
+    v_local = weight.shape[0] if weight.dim() > 0 else 0  # a 0-d weight: the library names its rank
     rv = vocab_start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if tp_group is None:
         _check_tensors(h2, weight, t1, bias, temp_rows, contract)
-        if vocab_start != 0 or weight.shape[0] < rv:
+        # The library's own refusal of a shard would point at linear_logp_partials; here tp_group is the way.
+        if weight.dim() == 2 and (vocab_start != 0 or v_local < rv):
             raise InputError(
-                f"weight covers vocabulary [{vocab_start}, {vocab_start + weight.shape[0]}) of real_vocab={rv}: "
+                f"weight covers vocabulary [{vocab_start}, {vocab_start + v_local}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
         logp, lse, logits = _linear_logp_op(
@@ -131,7 +139,7 @@ def linear_logp(
     logp = logp.reshape(batch_shape)
     lse = lse.reshape(batch_shape)
     if return_logits:
-        return logp, lse, logits.reshape(tuple(batch_shape) + (weight.shape[0],))
+        return logp, lse, logits.reshape(tuple(batch_shape) + (v_local,))
     return logp, lse
 
 

@@ -161,18 +161,150 @@ def test_torch_errors():
     bad[2] = 123
     with pytest.raises(IndexError, match=r"targets\[2\]=123 is >= real_vocab=123"):
         dt.linear_logp(h, w, bad)
-    with pytest.raises(ValueError, match="hidden must be torch.bfloat16"):
-        dt.linear_logp(h.float(), w, t)
     with pytest.raises(ValueError, match="weight has D=8 columns but hidden has D=16"):
         dt.linear_logp(h, w[:, :8], t)
-    with pytest.raises(ValueError, match="targets must be int32 or int64"):
-        dt.linear_logp(h, w, t.float())
-    with pytest.raises(ValueError, match="bias must be torch.float32"):
-        dt.linear_logp(h, w, t, bias=b.double())
     with pytest.raises(ValueError, match="a vocabulary shard needs tp_group"):
         dt.linear_logp(h, w, t, vocab_start=64, real_vocab=500)
     with pytest.raises(ValueError, match=r"temperature_rows\[0\]=-1 is outside the temperature range"):
         dt.linear_logp(h, w, t, temperature=-torch.ones(6))
+
+
+def test_contract_refusals_are_the_librarys_words():
+    """The contract lanes let the C++ validation refuse shapes, dtypes and the bias, with its message
+    (the one the numpy face and the CLI give), instead of words of their own."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    cases = [
+        (lambda: dt.linear_logp(h.float(), w, t), "hidden must be bf16, got f32"),
+        (lambda: dt.linear_logp(h, w.float(), t), "weight must be bf16, got f32"),
+        (lambda: dt.linear_logp(h.double(), w, t), "hidden has dtype float64, which detlogp does not take here"),
+        (lambda: dt.linear_logp(h, w, t.float()), "targets must be i32 or i64, got f32"),
+        (lambda: dt.linear_logp(h, w, t.short()), "targets has dtype int16, which detlogp does not take here"),
+        (lambda: dt.linear_logp(h, w, t, bias=b.double()), "bias has dtype float64, which detlogp does not take here"),
+        (lambda: dt.linear_logp(h, w, t, bias=b.int()), "bias must be f32, got i32"),
+        (lambda: dt.linear_logp(h, w, t, bias=b[:5]), "bias has 5 elements, expected 123"),
+        (lambda: dt.linear_logp(h, w, t, bias=b.view(3, 41)), "bias must be 1-D, got ndim=2"),
+        (lambda: dt.linear_logp(h, w[0], t), "weight must be 2-D, got ndim=1"),
+        (lambda: dt.linear_logp(h, w[0, 0], t), "weight must be 2-D, got ndim=0"),
+        (lambda: dt.linear_logp(h.view(2, 3, 16), w, t), "hidden must be 2-D, got ndim=3"),
+        (lambda: dt.linear_logp(h[:4], w, t), "targets has 6 elements, expected 4"),
+        (lambda: dt.grad_logits(h, w[0, 0], t, torch.zeros(6)), "weight must be 2-D, got ndim=0"),
+        (lambda: dt.grad_logits(h[0], w, t, torch.zeros(6)), "hidden must be 2-D, got ndim=1"),
+        (lambda: dt.grad_logits(h.float(), w, t, torch.zeros(6)), "hidden must be bf16, got f32"),
+    ]  # fmt: skip
+    for i, (call, message) in enumerate(cases):
+        with pytest.raises(detlogp.InputError) as e:
+            call()
+        assert str(e.value).endswith(message), (i, str(e.value))
+    # The same inputs through the numpy face: the same words.
+    hb = detlogp.to_bf16_bits(h.float().numpy())
+    wb = detlogp.to_bf16_bits(w.float().numpy())
+    with pytest.raises(detlogp.InputError, match="bias has 5 elements, expected 123"):
+        detlogp.linear_logp(hb, wb, t.numpy(), bias=b[:5].numpy())
+    with pytest.raises(detlogp.InputError, match="targets must be i32 or i64, got f32"):
+        detlogp.linear_logp(hb, wb, t.float().numpy())
+
+
+@pytest.mark.parametrize("lane", [None, dt.TORCH_BACKEND_ID])
+def test_zero_d_temperature_is_named_temperature(lane):
+    """A 0-d temperature tensor is one temperature: a bad one is refused as `temperature` (not as row
+    0 of the rows it is expanded to), also at N = 0 (CPU tensors: their value is on the host)."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    if lane:
+        h, w = h.float(), w.float()
+    for n in (6, 0):
+        with pytest.raises(detlogp.InputError) as e:
+            dt.linear_logp(h[:n], w, t[:n], temperature=torch.tensor(-2.0), backend=lane)
+        assert str(e.value).endswith("temperature=-2 is outside the temperature range [1.1754944e-38, 8.507059e+37] "
+                                     "(2^-126 to 2^126, where T and 1/T are finite normal fp32 numbers; "
+                                     "docs/contract.md 3.3)"), (n, str(e.value))  # fmt: skip
+    # A good one still carries a gradient (the sum of its rows').
+    temp = torch.tensor(0.7, requires_grad=True)
+    logp, _ = dt.linear_logp(h, w, t, temperature=temp, backend=lane)
+    logp.sum().backward()
+    rows = torch.full((6,), 0.7, requires_grad=True)
+    logp_rows, _ = dt.linear_logp(h, w, t, temperature=rows, backend=lane)
+    logp_rows.sum().backward()
+    assert temp.grad.shape == () and torch.equal(logp, logp_rows)
+    assert torch.allclose(temp.grad, rows.grad.sum(), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize(
+    "make,exc,message",
+    [
+        (lambda t: t.index_fill(0, torch.tensor([2]), 123), detlogp.TargetIndexError, "targets[2]=123 is >= real_vocab=123"),
+        (lambda t: t.index_fill(0, torch.tensor([3]), 500), detlogp.TargetIndexError, "targets[3]=500 is >= real_vocab=123"),
+        (lambda t: t.index_fill(0, torch.tensor([1]), -5), detlogp.TargetIndexError, "targets[1]=-5 is negative and not ignore_index=-100"),
+        (lambda t: t.float(), detlogp.InputError, "targets must be i32 or i64, got f32"),
+    ],
+)  # fmt: skip
+def test_torch_lane_checks_targets_like_the_library(make, exc, message):
+    """The plain-torch lane refuses a bad target with the library's check and message (before: torch's
+    own index error, or -inf for a padding id), exactly as the contract lane does."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    for backend in (None, dt.TORCH_BACKEND_ID):
+        hh, ww = (h.float(), w.float()) if backend else (h, w)
+        with pytest.raises(exc) as e:
+            dt.linear_logp(hh, ww, make(t), backend=backend)
+        assert str(e.value).endswith(message), (backend, str(e.value))
+    # A padding id (in [real_vocab, V_local)) was -inf without an error; now it is refused.
+    with pytest.raises(detlogp.TargetIndexError) as e:
+        dt.linear_logp(h.float(), w.float(), t.index_fill(0, torch.tensor([0]), 120), real_vocab=100,
+                       backend=dt.TORCH_BACKEND_ID)  # fmt: skip
+    assert str(e.value).endswith("targets[0]=120 is >= real_vocab=100")
+    ignored = t.index_fill(0, torch.tensor([0]), -100)
+    logp, _ = dt.linear_logp(h.float(), w.float(), ignored, backend=dt.TORCH_BACKEND_ID)
+    assert logp[0].item() == 0.0
+
+
+def test_torch_lane_checks_temperature_tensors_like_the_library():
+    """Per-row and 0-d temperature tensors on the plain-torch lane get the library's range check (before:
+    NaN or inf rows), in its words; any floating dtype is checked as its float32 value."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    h, w = h.float(), w.float()
+    rows = torch.ones(6, dtype=torch.float64)
+    rows[4] = 0.0
+    with pytest.raises(detlogp.InputError) as e:
+        dt.linear_logp(h, w, t, temperature=rows, backend=dt.TORCH_BACKEND_ID)
+    assert "temperature_rows[4]=0 is outside the temperature range" in str(e.value)
+    rows[4] = float("inf")
+    with pytest.raises(detlogp.InputError, match=r"temperature_rows\[4\]=inf is outside"):
+        dt.linear_logp(h, w, t, temperature=rows, backend=dt.TORCH_BACKEND_ID)
+    with pytest.raises(detlogp.InputError, match="temperature=nan is outside"):
+        dt.linear_logp(h, w, t, temperature=torch.tensor(float("nan")), backend=dt.TORCH_BACKEND_ID)
+
+
+def test_torch_lane_refusals_in_the_librarys_words():
+    """The plain-torch lane's own shape checks speak the library's words."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    h, w = h.float(), w.float()
+    cases = [
+        (lambda: dt.linear_logp(h, w[0], t, backend=dt.TORCH_BACKEND_ID), "weight must be 2-D, got ndim=1"),
+        (lambda: dt.linear_logp(h, w, t, bias=b[:5], backend=dt.TORCH_BACKEND_ID), "bias has 5 elements, expected 123"),
+        (lambda: dt.linear_logp(h, w, t, bias=b.view(3, 41), backend=dt.TORCH_BACKEND_ID), "bias must be 1-D, got ndim=2"),
+        (lambda: dt.linear_logp(h[:4], w, t, backend=dt.TORCH_BACKEND_ID), "targets has 6 elements, expected 4"),
+    ]  # fmt: skip
+    for i, (call, message) in enumerate(cases):
+        with pytest.raises(detlogp.InputError) as e:
+            call()
+        assert str(e.value).endswith(message), (i, str(e.value))
+
+
+def test_strided_vectors_are_reported_as_copies():
+    """A vector whose stride is not 1 is copied (contiguous) before the library reads it, and the report
+    says so, as for the matrices."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    t2 = torch.stack([t, t], 1)[:, 0]
+    b2 = torch.stack([b, b], 1)[:, 0]
+    r2 = torch.full((6, 2), 0.9)[:, 0]
+    logp = dt.linear_logp(h, w, t2, bias=b2, temperature=r2)[0]
+    assert dt.last_report()["copies"] == [
+        {"argument": name, "reason": "its stride is 2, not 1 (the library reads vectors contiguously)"}
+        for name in ("targets", "bias", "temperature_rows")
+    ]
+    assert torch.equal(logp, dt.linear_logp(h, w, t, bias=b, temperature=r2.contiguous())[0])
+    assert dt.last_report()["copies"] == []
+    dt.linear_logp(h, w, t, temperature=torch.tensor(0.9))  # the rows a 0-d tensor is expanded to: ours
+    assert dt.last_report()["copies"] == []
 
 
 @pytest.mark.parametrize(
@@ -460,8 +592,6 @@ def test_torch_refusals_are_detlogp_errors():
         (lambda: dt.grad_logits(h, w, t, torch.zeros(6, device="meta")), "lse " + meta),
         (lambda: dt.linear_logp(h, w, t, bias=np.zeros(123, np.float32)), "bias must be a torch tensor or None, got shape [123] dtype float32"),
         (lambda: dt.linear_logp(h, w, t, backend=5), "backend must be a backend id (str) or None, got int 5"),
-        (lambda: dt.linear_logp(h, w[0, 0], t), "hidden must be [N, D] and weight [V, D]; got [6, 16] and []"),
-        (lambda: dt.grad_logits(h, w[0, 0], t, torch.zeros(6)), "hidden must be [N, D] and weight [C, D]; got [6, 16] and []"),
         (lambda: dt.grad_logits(h, w, t, [0.0] * 6), "lse must be a torch tensor, got list"),
         (lambda: dt.grad_logits(h, w, t, None), "lse is required (the forward's [N] f32 lse)"),
         (lambda: dt.grad_logits(None, w, t, torch.zeros(6)), "hidden must be a torch tensor, got NoneType"),

@@ -186,8 +186,42 @@ def test_gpu_errors():
     bad[3] = 5000
     with pytest.raises(IndexError, match=r"targets\[3\]=5000 is >= real_vocab=1000"):
         dt.linear_logp(h, w, bad)
-    with pytest.raises(ValueError, match="is on cpu but hidden is on cuda"):
+    with pytest.raises(detlogp.InputError) as e:  # the library's words, on every lane
         dt.linear_logp(h, w, t.cpu())
+    assert str(e.value).endswith("targets is in host memory but hidden is in CUDA memory; all tensors of a call must "
+                                 "live together")  # fmt: skip
+    with pytest.raises(detlogp.InputError) as e:
+        dt.linear_logp(h.float(), w.float(), t.cpu(), backend=dt.TORCH_BACKEND_ID)
+    assert str(e.value).endswith("targets is in host memory but hidden is in CUDA memory; all tensors of a call must "
+                                 "live together")  # fmt: skip
+
+
+def test_torch_lane_checks_cuda_targets_and_temperatures():
+    """The plain-torch lane reads CUDA targets and temperatures back for the library's host check: the
+    library's messages (before: a device-side index assert, or -inf / NaN rows)."""
+    h, w, b, t, temp = problem(32, 128, 1000)
+    h, w = h.float(), w.float()
+    bad = t.clone()
+    bad[3] = 999
+    with pytest.raises(detlogp.TargetIndexError) as e:
+        dt.linear_logp(h, w, bad, real_vocab=990, backend=dt.TORCH_BACKEND_ID)
+    assert str(e.value).endswith("targets[3]=999 is >= real_vocab=990")
+    rows = temp.clone()
+    rows[7] = -1.0
+    with pytest.raises(detlogp.InputError, match=r"temperature_rows\[7\]=-1 is outside the temperature range"):
+        dt.linear_logp(h, w, t, temperature=rows, backend=dt.TORCH_BACKEND_ID)
+    with pytest.raises(detlogp.InputError, match="temperature=-1 is outside the temperature range"):
+        dt.linear_logp(h, w, t, temperature=torch.tensor(-1.0, device="cuda"), backend=dt.TORCH_BACKEND_ID)
+
+
+def test_zero_d_cuda_temperature_stays_on_the_device():
+    """A 0-d CUDA temperature on a contract lane is never read on the host: a bad one is named as the
+    row the device validation finds (documented in docs/inputs.md), and N = 0 checks nothing."""
+    h, w, b, t, _ = problem(32, 128, 1000)
+    with pytest.raises(detlogp.InputError, match=r"temperature_rows\[0\]=-1 is outside the temperature range"):
+        dt.linear_logp(h, w, t, temperature=torch.tensor(-1.0, device="cuda"))
+    logp, _ = dt.linear_logp(h[:0], w, t[:0], temperature=torch.tensor(-1.0, device="cuda"))
+    assert logp.shape == (0,)
 
 
 # --- the fused backward (SM90 grad-logits kernel + two GEMMs per chunk) ----------------------

@@ -114,8 +114,8 @@ def main():
     refused_alike("a bad target on one rank raises on all", IndexError, lambda: shard_call(bad), f"rank {last}:",
                   f"targets[5]={real_vocab + 7}")  # fmt: skip
     wrong_bias = b[lo:hi].double() if rank == 0 else b[lo:hi]
-    refused_alike("a torch-side check failing on one rank raises on all", ValueError,
-                  lambda: shard_call(bias=wrong_bias), "rank 0:", "bias must be torch.float32")  # fmt: skip
+    refused_alike("a local check failing on one rank raises on all", ValueError,
+                  lambda: shard_call(bias=wrong_bias), "rank 0:", "bias has dtype float64, which detlogp does not take here")  # fmt: skip
     refused_alike("a rank whose backend serves no partials is refused on all", ValueError,
                   lambda: shard_call(backend="reference-materialized" if rank == last else None), f"rank {last}:",
                   "cannot produce tensor-parallel partials")  # fmt: skip

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import _detlogp as _ext, _int_arg, _split_temperature
 from .._errors import InputError
-from .tensors import check_devices, library_problem, stream_of, vec
+from .tensors import check_devices, library_problem, rows_of, stream_of, vec
 
 
 def grad_logits(
@@ -33,8 +33,10 @@ def grad_logits(
     a 0-d floating tensor or an [N] fp32 tensor (linear_logp's rules). Per element, with the fp32
     order pinned in docs/contract.md appendix A: 0 for padding ids >= real_vocab, else
     ((g_lse - g_logp) * exp(y - lse) + g_logp [at the target]) / T, rounded to bf16. out: an [N, C]
-    bf16 tensor (row stride >= C) to write into. Its operands are the kernel's: nothing is copied
-    (a view the SM90 backend's TMA loads cannot read is refused, as by the C++ library)."""
+    bf16 tensor (row stride >= C) to write into. A matrix without unit stride along D and a
+    vector whose stride is not 1 are copied (contiguous) first, as by linear_logp, without a report
+    (grad_logits keeps none); nothing else is: a view the SM90 backend's TMA loads cannot read is
+    refused, as by the C++ library."""
     named = (("hidden", hidden), ("weight", weight), ("targets", targets), ("lse", lse), ("g_logp", g_logp),
              ("g_lse", g_lse), ("bias", bias), ("out", out))  # fmt: skip
     if lse is None:  # the library's words (an absent lse never reaches it: the op needs a tensor)
@@ -43,16 +45,14 @@ def grad_logits(
         if (t is not None or name in ("hidden", "weight", "targets")) and not isinstance(t, Tensor):
             raise InputError(f"{name} must be a torch tensor, got {type(t).__name__}")
     check_devices(named)
-    if hidden.dim() != 2 or weight.dim() != 2:
-        raise InputError(f"hidden must be [N, D] and weight [C, D]; got {list(hidden.shape)} and {list(weight.shape)}")
-    n = hidden.shape[0]
+    n = rows_of(hidden)  # shapes, dtypes and placement are the library's to refuse, in its words
     temp, temp_rows = _split_temperature(temperature, n, tensor_type=Tensor)
     if temp_rows is not None:
         temp_rows = temp_rows.to(torch.float32).expand(n) if temp_rows.dim() == 0 else temp_rows
         check_devices((("temperature", temp_rows),))
     vocab_start = _int_arg(vocab_start, "vocab_start")
     ignore_index = _int_arg(ignore_index, "ignore_index")
-    rv = vocab_start + weight.shape[0] if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    rv = vocab_start + rows_of(weight) if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if out is None:
         return grad_logits_op(
             hidden, weight, targets, bias, temp, temp_rows, rv, vocab_start, ignore_index, lse, g_logp, g_lse
@@ -75,7 +75,7 @@ def _grad_logits_into(hidden, weight, targets, bias, temperature, temperature_ro
 def grad_logits_op(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], temperature: float,
                    temperature_rows: Optional[Tensor], real_vocab: int, vocab_start: int, ignore_index: int,
                    lse: Tensor, g_logp: Optional[Tensor], g_lse: Optional[Tensor]) -> Tensor:  # fmt: skip
-    dz = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16, device=hidden.device)
+    dz = torch.empty((rows_of(hidden), rows_of(weight)), dtype=torch.bfloat16, device=hidden.device)
     _grad_logits_into(
         hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse,
         g_logp, g_lse, dz,
@@ -86,4 +86,4 @@ def grad_logits_op(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Option
 @grad_logits_op.register_fake
 def _(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index, lse, g_logp,
       g_lse):  # fmt: skip
-    return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16)
+    return hidden.new_empty((rows_of(hidden), rows_of(weight)), dtype=torch.bfloat16)

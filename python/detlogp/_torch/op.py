@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from . import backward
-from .tensors import aligned_operands, library_problem, out_dtype, stream_of
+from .tensors import aligned_operands, library_problem, out_dtype, rows_of, stream_of, vector_copies
 
 _tls = threading.local()
 
@@ -29,19 +29,36 @@ def set_report(report: dict) -> None:
     _tls.report = report
 
 
-def check_scalar_temperature(temperature: float) -> None:
-    """The library's own check of a scalar temperature, for the plain-torch lane, which computes
-    without the library: the extension's float32 rounding refusal, then the range of
-    docs/contract.md 3.3, in the words every face gives. It runs as a reduction of one zero logit,
-    whose only possible refusal is the temperature (host arrays: no device work, no sync)."""
-    z, t = np.zeros((1, 1), np.float32), np.zeros(1, np.int64)
-    out = np.empty(1, np.float32), np.empty(1, np.float32)
-    _ext.reduce_logits(z, t, temperature, None, -1, -100, *out)
+def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Optional[Tensor], real_vocab: int,
+                      ignore_index: int) -> None:
+    """The library's own value checks, for the plain-torch lane, which computes without the library:
+    the scalar temperature (the extension's float32 rounding refusal, then the range of
+    docs/contract.md 3.3), every target in [0, real_vocab) or ignore_index, every row temperature in
+    range, in the words every face gives. They run as a host grad_logits call over a chunk of one
+    zero logit column (hidden [N, 1], weight [1, 1]: N products), whose only possible refusals are
+    these values. A 0-d temperature tensor is checked as the scalar `temperature` (also at N = 0).
+    CUDA targets and temperatures are read back to the host for it (one copy of each: a sync);
+    while the stream is capturing a CUDA graph there is no read and no check, as the SM90 backend
+    skips its wait for the validation verdict (torch.compile is unaffected: the op is opaque)."""
+    if targets.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    rows = None
+    if temperature_rows is not None and temperature_rows.dim() == 0:
+        temperature = temperature_rows.detach().to("cpu", torch.float32).item()
+    elif temperature_rows is not None:
+        rows = temperature_rows.detach().to("cpu", torch.float32).contiguous().numpy()
+    t = targets.detach().to("cpu").contiguous().numpy()
+    n = t.shape[0]
+    zeros = np.zeros((n, 1), np.uint16)  # bf16 bit patterns of +0
+    problem = (zeros, np.zeros((1, 1), np.uint16), t, None, temperature, rows, real_vocab, 0, ignore_index)
+    _ext.linear_logp_grad_logits(problem, np.zeros(n, np.float32), None, None, np.empty((n, 1), np.uint16), 0)
 
 
 def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab):
     """The plain, non-contract lane: F.linear + log_softmax in fp32 (fp64 for fp64 inputs)."""
     cd = out_dtype(hidden)
+    if temperature_rows is not None and temperature_rows.dim() == 0:
+        temperature_rows = temperature_rows.expand(hidden.shape[0])
     z = F.linear(hidden.to(cd), weight.to(cd), None if bias is None else bias.to(cd))
     inv_t = (1.0 / temperature_rows.to(cd))[:, None] if temperature_rows is not None else 1.0 / temperature
     y = z * inv_t
@@ -71,7 +88,7 @@ def linear_logp_op(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
-        check_scalar_temperature(temperature)
+        check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
         out = _torch_lane(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab
         )
@@ -88,13 +105,21 @@ def linear_logp_op(
             }
         )
         return out
-    n, v = hidden.shape[0], weight.shape[0]
+    n, v = rows_of(hidden), rows_of(weight)
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
     # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
     # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
     hidden, weight, copies = aligned_operands(hidden, weight, backend)
+    copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)))
+    if temperature_rows is not None and temperature_rows.dim() == 0:
+        # One temperature for every row (a 0-d tensor). A host value is also handed over as the scalar,
+        # which the library checks first (as `temperature`, at N = 0 too); a CUDA one stays on the device
+        # (no sync, capturable), where the library's validation sees it as the rows it is expanded to.
+        if not temperature_rows.is_cuda:
+            temperature = temperature_rows.item()
+        temperature_rows = temperature_rows.expand(n)
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
     report = _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
     set_report(dict(report, copies=copies))
@@ -103,7 +128,7 @@ def linear_logp_op(
 
 @linear_logp_op.register_fake
 def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict):
-    n, v = hidden.shape[0], weight.shape[0]
+    n, v = rows_of(hidden), rows_of(weight)
     dt = out_dtype(hidden) if backend == TORCH_BACKEND_ID else torch.float32
     logits_shape = (n, v) if return_logits else (0,)
     return hidden.new_empty((n,), dtype=dt), hidden.new_empty((n,), dtype=dt), hidden.new_empty(logits_shape, dtype=dt)
@@ -126,12 +151,17 @@ def _backward(ctx, g_logp, g_lse, g_logits):
         temperature_rows is not None and ctx.needs_input_grad[5],
     )
     n, cd = hidden.shape[0], out_dtype(hidden)
+    shared = temperature_rows is not None and temperature_rows.dim() == 0
+    if shared:  # a 0-d temperature: the rows it was expanded to, whose gradients sum into it
+        temperature_rows = temperature_rows.expand(n)
     inv_t = backward.inverse_temperature(ctx.temperature, temperature_rows, n, cd, hidden.device)
     gh, gw, gb, gty = backward.chunked_grads(
         hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need,
         ctx.temperature, temperature_rows,
     )  # fmt: skip
     g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
+    if g_temp is not None and shared:
+        g_temp = g_temp.sum()
     return (
         None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None,
     )  # fmt: skip

@@ -24,7 +24,7 @@ from .. import _detlogp as _ext, _errors
 from .._errors import BackendError, DetlogpError
 from . import backward
 from .op import set_report
-from .tensors import aligned_operands, check_tensors, library_problem, stream_of
+from .tensors import aligned_operands, check_tensors, library_problem, rows_of, stream_of, vector_copies
 
 # What every rank must share with rank 0: the provenance fields of the backend that would serve it.
 AGREED_FIELDS = ("backend_id", "contract_name", "contract_version", "arch")
@@ -98,7 +98,7 @@ def agree(group, record: Sequence[str], device) -> None:
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
              real_vocab, backend, strict, group):  # fmt: skip
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    n, v = hidden.shape[0], weight.shape[0]
+    n, v = rows_of(hidden), rows_of(weight)
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
@@ -107,6 +107,9 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
     try:
         check_tensors(hidden, weight, targets, bias, temperature_rows, contract=True)
         hidden, weight, copies = aligned_operands(hidden, weight, backend)
+        # Rows of stride 0 are a 0-d temperature that linear_logp expanded: its own, not a copy of the caller's.
+        rows = temperature_rows if temperature_rows is None or temperature_rows.stride(0) != 0 else None
+        copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", rows)))
         problem = library_problem(
             hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index
         )

@@ -26,11 +26,21 @@ def out_dtype(hidden: Tensor) -> torch.dtype:
 
 def contiguous_rows(t: Tensor) -> Tensor:
     # The library takes row-strided matrices with unit column stride; anything else is copied once.
-    return t if t.stride(-1) == 1 else t.contiguous()
+    return t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
 def vec(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
+
+
+def vector_copies(named) -> List[dict]:
+    """The report's "copies" entries of the vectors library_problem copies (contiguous): each 1-D tensor
+    of more than one element whose stride is not 1 (the library reads vectors contiguously)."""
+    return [
+        {"argument": name, "reason": f"its stride is {t.stride(0)}, not 1 (the library reads vectors contiguously)"}
+        for name, t in named
+        if t is not None and t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1
+    ]
 
 
 def library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start,
@@ -136,39 +146,44 @@ def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tens
     return out[0], out[1], copies
 
 
+def rows_of(t: Tensor) -> int:
+    """t's first extent (0 for a 0-d tensor, whose rank the library refuses in its own words)."""
+    return t.shape[0] if t.dim() > 0 else 0
+
+
+def _memory(t: Tensor) -> str:
+    return "CUDA" if t.is_cuda else "host"
+
+
 def check_tensors(hidden, weight, targets, bias, temperature_rows, contract: bool):
+    """The checks before a call without tp_group. The contract backends: only what the library cannot
+    see (the device types); the library refuses the rest in its own words. The torch lane computes in
+    torch: the library's shape and placement rules, in its words (its targets and temperature values
+    get the library's own check inside the op, op.check_lane_values)."""
     check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias),
                    ("temperature", temperature_rows)))  # fmt: skip
-    if hidden.dim() != 2 or weight.dim() != 2:
-        raise InputError(f"hidden must be [N, D] and weight [V, D]; got {list(hidden.shape)} and {list(weight.shape)}")
-    if hidden.shape[1] != weight.shape[1]:
-        raise InputError(f"weight has D={weight.shape[1]} columns but hidden has D={hidden.shape[1]}")
-    if targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
-        raise InputError(f"targets must be [N={hidden.shape[0]}], got {list(targets.shape)}")
-    if targets.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"targets must be int32 or int64, got {targets.dtype}")
-    named = [("weight", weight), ("targets", targets), ("bias", bias), ("temperature", temperature_rows)]
-    for name, t in named:
-        if t is not None and t.device != hidden.device:
-            raise InputError(
-                f"{name} is on {t.device} but hidden is on {hidden.device}; all tensors must live together"
-            )
     if contract:
-        for name, t in (("hidden", hidden), ("weight", weight)):
-            if t.dtype != torch.bfloat16:
-                raise InputError(
-                    f"{name} must be torch.bfloat16 for the contract backends, got {t.dtype} "
-                    f"(backend='{TORCH_BACKEND_ID}' takes other float dtypes)"
-                )
-        for name, t in (("bias", bias), ("temperature", temperature_rows)):
-            if t is not None and t.dtype != torch.float32:
-                raise InputError(f"{name} must be torch.float32 for the contract backends, got {t.dtype}")
-    else:  # the torch lane computes in torch: the library's shape rules, in its words
-        if hidden.shape[1] == 0:
-            raise InputError("hidden has D=0 columns; the hidden size must be >= 1")
-        if weight.shape[0] == 0:
-            raise InputError("weight has V_local=0 rows; the vocabulary shard must be non-empty")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise InputError(f"bias must be [V={weight.shape[0]}], got {list(bias.shape)}")
-    if temperature_rows is not None and (temperature_rows.dim() != 1 or temperature_rows.shape[0] != hidden.shape[0]):
-        raise InputError(f"temperature must be a float or [N={hidden.shape[0]}], got {list(temperature_rows.shape)}")
+        return
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if t.dim() != 2:
+            raise InputError(f"{name} must be 2-D, got ndim={t.dim()}")
+    if hidden.shape[1] == 0:
+        raise InputError("hidden has D=0 columns; the hidden size must be >= 1")
+    if weight.shape[0] == 0:
+        raise InputError("weight has V_local=0 rows; the vocabulary shard must be non-empty")
+    if weight.shape[1] != hidden.shape[1]:
+        raise InputError(f"weight has D={weight.shape[1]} columns but hidden has D={hidden.shape[1]}")
+    for name, t in (("weight", weight), ("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)):
+        if t is None:
+            continue
+        if t.is_cuda != hidden.is_cuda:
+            raise InputError(
+                f"{name} is in {_memory(t)} memory but hidden is in {_memory(hidden)} memory; "
+                "all tensors of a call must live together"
+            )
+        if t.is_cuda and t.device != hidden.device:
+            raise InputError(f"{name} is on CUDA device {t.device.index} but hidden is on device {hidden.device.index}")
+    if bias is not None and bias.dim() != 1:
+        raise InputError(f"bias must be 1-D, got ndim={bias.dim()}")
+    if bias is not None and bias.shape[0] != weight.shape[0]:
+        raise InputError(f"bias has {bias.shape[0]} elements, expected {weight.shape[0]}")
