@@ -7,6 +7,7 @@
 # that venv (Debian's python3 refuses pip installs outside one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo="$PWD"
 scripts/install_deps.sh
 # A CMake that install_deps had to fetch from PyPI (older system CMake) is linked here.
 if [ -d build/tools/bin ]; then export PATH="$PWD/build/tools/bin:$PATH"; fi
@@ -15,16 +16,27 @@ scripts/check_layers.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 1500
 
+# scripts/run.sh (the README's first command) reports the build and resolves relative paths from
+# the caller's directory.
+run_dir="$(mktemp -d)"
+(cd "$run_dir" && mkdir sub && "$repo/scripts/run.sh" --rows 3 --dim 64 --vocab 128 --out sub/r.safetensors \
+  >run.out 2>run.err) || { cat "$run_dir/run.err"; echo "test.sh: FAIL: scripts/run.sh"; exit 1; }
+grep -q '^run.sh: built in' "$run_dir/run.err" || { cat "$run_dir/run.err"; echo "test.sh: FAIL: run.sh showed no build report"; exit 1; }
+[ -s "$run_dir/sub/r.safetensors" ] || { echo "test.sh: FAIL: run.sh --out sub/r.safetensors did not write $run_dir/sub/r.safetensors"; exit 1; }
+rm -rf "$run_dir"
+echo "test.sh: scripts/run.sh from another directory wrote its relative --out there"
+
 venv=build/pyvenv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-if command -v nvcc >/dev/null; then
+# The SASS check wherever the SM90 kernels were built (nvcc here and DETLOGP_ENABLE_CUDA not OFF).
+if ar t build/libdetlogp.a | grep -q '^launch_table\.cu\.o$'; then
   if ! command -v cuobjdump >/dev/null && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" ] &&
      ! compgen -G "$venv/lib/python3*/site-packages/nvidia/*/bin/cuobjdump" >/dev/null; then
     "$venv/bin/python" -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
   fi
   scripts/check_sass.sh build/libdetlogp.a  # finds the venv's cuobjdump
 else
-  echo "test.sh: no nvcc here; the SM90 sources were not built (SASS check skipped)"
+  echo "test.sh: the SM90 sources were not built (no nvcc, or DETLOGP_ENABLE_CUDA=OFF): SASS check skipped"
 fi
 
 # C++ consumers (README, "C++ API"): the installed CMake package and CLI.
