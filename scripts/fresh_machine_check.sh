@@ -91,6 +91,15 @@ git clone --quiet --no-hardlinks "$ROOT" "$dir/root/detlogp"
 git -C "$dir/root/detlogp" checkout --quiet --detach "$head_commit"
 
 cp /etc/resolv.conf "$dir/etc/resolv.conf"
+# Where this host's network intercepts TLS with a local CA (/usr/local/share/ca-certificates), the
+# root trusts it too, for apt and pip alike (pip reads the system store then, not its own bundle),
+# as any machine set up on that network would.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
+  chroot "$dir" update-ca-certificates >>"$out/bootstrap.log" 2>&1
+  printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$dir/etc/pip.conf"
+  echo "fresh_machine_check: the root trusts this host's local CAs ($(ls /usr/local/share/ca-certificates/*.crt | wc -l) certificates)"
+fi
 mount -t proc proc "$dir/proc"
 mount --rbind /sys "$dir/sys" && mount --make-rslave "$dir/sys"
 mount --rbind /dev "$dir/dev" && mount --make-rslave "$dir/dev"
