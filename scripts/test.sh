@@ -59,8 +59,9 @@ if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
     "$venv/bin/python" -m pip install -q torch ||
     echo "test.sh: WARNING: torch could not be installed; the torch tests will be skipped"
 fi
+# --config-settings, not -C: Debian 12's venv has pip 23.0, older than the short form.
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \
-  -C cmake.define.DETLOGP_ENABLE_CUDA=OFF -C build-dir=build/pip
+  --config-settings=cmake.define.DETLOGP_ENABLE_CUDA=OFF --config-settings=build-dir=build/pip
 # pip install . puts the CLI on the environment's PATH.
 cli="$(PATH="$PWD/$venv/bin:$PATH" command -v detlogp || true)"
 if [ "$cli" != "$PWD/$venv/bin/detlogp" ]; then

@@ -11,10 +11,10 @@ if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.3)
 endif()
 
 # CUDA sources compile as C++20 with exactly one -std flag, CMake's. nvcc >= 12 takes -std=c++20,
-# but CMake before 3.26 does not know that: the library's cxx_std_20 requirement, which CMake
-# applies to CUDA sources too, then fails at generation, and any CUDA_STANDARD it does know adds
-# a second -std after the target's own options (nvcc warns "incompatible redefinition for option
-# 'std'" and compiles the last one). So tell such a CMake the flag newer versions use.
+# but CMake 3.25 (Debian 12's) has no C++20 flag for nvcc: the library's cxx_std_20 requirement,
+# which CMake applies to CUDA sources too, then fails at generation, and a CUDA_STANDARD it does
+# know adds a second -std after the target's own options (nvcc warns "incompatible redefinition
+# for option 'std'" and compiles the last one). So such a CMake is told the flag.
 if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
   set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
   set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
