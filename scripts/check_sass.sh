@@ -10,7 +10,8 @@
 # Usage: scripts/check_sass.sh [binary-or-object ...]
 #   With no argument it compiles src/sm90/*.cu for sm_90a with nvcc into a temporary directory.
 # cuobjdump: $CUOBJDUMP, else PATH, else $CUDA_HOME/bin, else the pip wheels
-# (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm) found through python3.
+# nvidia-cuda-cuobjdump/nvidia-cuda-nvdisasm in the project's venv build/pyvenv (where
+# scripts/test.sh installs them), else in the python3 on PATH.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -21,7 +22,7 @@ find_tool() {  # name -> path or empty
     [[ -x "$c" ]] && { echo "$c"; return; }
   done
   local py
-  for py in python3 python; do
+  for py in "$ROOT/build/pyvenv/bin/python" python3 python; do
     command -v "$py" >/dev/null 2>&1 || continue
     "$py" - "$name" <<'PY' 2>/dev/null && return
 import glob, os, sys, site
@@ -37,7 +38,7 @@ PY
 }
 
 CUOBJDUMP="${CUOBJDUMP:-$(find_tool cuobjdump)}"
-[[ -n "$CUOBJDUMP" ]] || { echo "check_sass: cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"; exit 2; }
+[[ -n "$CUOBJDUMP" ]] || { echo "check_sass: cuobjdump not found (scripts/test.sh installs it into build/pyvenv: build/pyvenv/bin/python -m pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"; exit 2; }
 if [[ -z "${NVDISASM_PATH:-}" ]] && ! command -v nvdisasm >/dev/null 2>&1; then
   nvd="$(find_tool nvdisasm)"
   [[ -n "$nvd" ]] && export PATH="$(dirname "$nvd"):$PATH"

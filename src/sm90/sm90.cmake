@@ -10,16 +10,19 @@ if(CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.3)
   message(FATAL_ERROR "detlogp SM90 backend needs nvcc >= 12.3 (found ${CMAKE_CUDA_COMPILER_VERSION})")
 endif()
 
-# Older CMake (e.g. 3.25) does not know C++20 for nvcc 13 and would fail at generation: request
-# C++17 from CMake then and pass -std=c++20 last ourselves (nvcc uses the last -std). Targets
-# with CUDA sources call detlogp_cuda_cxx20(<target>).
+# CUDA sources compile as C++20 with exactly one -std flag, CMake's. nvcc >= 12 takes -std=c++20,
+# but CMake 3.25 (Debian 12's) has no C++20 flag for nvcc: the library's cxx_std_20 requirement,
+# which CMake applies to CUDA sources too, then fails at generation, and a CUDA_STANDARD it does
+# know adds a second -std after the target's own options (nvcc warns "incompatible redefinition
+# for option 'std'" and compiles the last one). So such a CMake is told the flag.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
+# Targets with CUDA sources call detlogp_cuda_cxx20(<target>).
 function(detlogp_cuda_cxx20 target)
-  if(NOT "cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES)
-    set_target_properties(${target} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
-    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
-  endif()
+  set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
 endfunction()
-set(DETLOGP_CUDA_STD_FLAGS "")
 detlogp_cuda_cxx20(detlogp)
 
 # The CUDA lane pieces every CUDA backend shares (src/cuda): error checks, device validation and
@@ -42,7 +45,6 @@ target_sources(detlogp PRIVATE
 # code asks for an fma explicitly (the _rn intrinsics of fpops.hpp are never contracted anyway).
 # Never --use_fast_math. -Xptxas -v prints the registers/shared memory/spills of every kernel.
 set(DETLOGP_SM90_CUDA_FLAGS
-  ${DETLOGP_CUDA_STD_FLAGS}
   "SHELL:-gencode arch=compute_90a,code=sm_90a"
   --fmad=false
   -Xptxas=-v

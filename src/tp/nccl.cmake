@@ -21,8 +21,12 @@ if(DETLOGP_ENABLE_NCCL)
   if(DETLOGP_NCCL_INCLUDE_DIR AND DETLOGP_NCCL_LIBRARY)
     set(DETLOGP_WITH_NCCL ON)
     target_sources(detlogp PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nccl_communicator.cpp)
-    target_include_directories(detlogp PUBLIC ${DETLOGP_NCCL_INCLUDE_DIR})
-    target_link_libraries(detlogp PUBLIC ${DETLOGP_NCCL_LIBRARY})
+    # An imported target rather than a path, so the installed package (detlogpConfig.cmake) can
+    # define it again from where NCCL is on the consumer's machine.
+    add_library(detlogp::nccl UNKNOWN IMPORTED)
+    set_target_properties(detlogp::nccl PROPERTIES IMPORTED_LOCATION ${DETLOGP_NCCL_LIBRARY}
+                                                   INTERFACE_INCLUDE_DIRECTORIES ${DETLOGP_NCCL_INCLUDE_DIR})
+    target_link_libraries(detlogp PUBLIC detlogp::nccl)
     target_compile_definitions(detlogp PUBLIC DETLOGP_WITH_NCCL=1)
   endif()
 endif()
