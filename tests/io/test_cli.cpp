@@ -671,6 +671,27 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
   EXPECT_NE(one_row.out.find("temperature=per-row"), std::string::npos) << one_row.out;
   EXPECT_EQ(sha_line(one_row.out), sha_line(one_flag.out));
 
+  // A 0-d tensor of any floating dtype is the scalar, as the Python faces read one: F16 and BF16
+  // widened exactly, F64 rounded to float32 like --temperature.
+  const CliResult half_flag = run_cli(write_with("half_none", std::nullopt, n) + " --temperature 0.5");
+  ASSERT_EQ(half_flag.exit_code, 0) << half_flag.err;
+  const std::vector<std::pair<std::string, HostTensor>> scalars = {
+      {"scalar_bf16", tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f00})},  // 0.5
+      {"scalar_f16", tensor_of(ElementType::f16, {}, std::vector<uint16_t>{0x3800})},    // 0.5
+      {"scalar_f64", tensor_of(ElementType::f64, {}, std::vector<double>{0.5})},
+  };
+  for (const auto& [name, t] : scalars) {
+    const CliResult r = run_cli(write_with(name, t, n));
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    EXPECT_EQ(sha_line(r.out), sha_line(half_flag.out)) << name;
+  }
+  const CliResult tiny_f64 =
+      run_cli(write_with("scalar_f64_tiny", tensor_of(ElementType::f64, {}, std::vector<double>{1e-50}), n));
+  EXPECT_EQ(tiny_f64.exit_code, 3) << tiny_f64.out;
+  EXPECT_NE(tiny_f64.err.find("temperature=1e-50 is not representable as float32 (it would round to 0)"),
+            std::string::npos)
+      << tiny_f64.err;
+
   struct Case {
     std::string name;
     HostTensor temperature;
@@ -697,7 +718,6 @@ TEST_F(Cli, TemperatureTensorFollowsTheSharedRules) {
       {"rows_bf16",
        tensor_of(ElementType::bf16, {n}, std::vector<uint16_t>(n, 0x3f80)),
        {"temperature of shape [37] must be float32, got bfloat16 (no silent cast)"}},
-      {"scalar_bf16", tensor_of(ElementType::bf16, {}, std::vector<uint16_t>{0x3f80}), {kForms + "[] dtype bfloat16"}},
       {"scalar_i32", tensor_of(ElementType::i32, {}, std::vector<int32_t>{1}), {kForms + "[] dtype int32"}},
       {"column",
        tensor_of(ElementType::f32, {n, 1}, std::vector<float>(n, 0.7f)),

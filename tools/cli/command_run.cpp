@@ -49,21 +49,6 @@ Entry requested_entry(const Options& o) {
   return Entry::partials;
 }
 
-// --temperature rounded to float32, refused (exit 3) in the Python faces' words when the rounding
-// itself would make it 0 or inf (|T| <= 2^-150, |T| >= 2^128 - 2^103); every other value is the
-// library's range check's to judge, nan and inf included.
-float float32_temperature(double t) {
-  const auto f = static_cast<float>(t);
-  if ((f == 0 && t != 0) || (std::isinf(f) && std::isfinite(t))) {
-    char shown[32];
-    const auto res = std::to_chars(shown, shown + sizeof(shown), t);  // shortest, as Python's repr
-    DETLOGP_FAIL("temperature=" << std::string_view(shown, static_cast<size_t>(res.ptr - shown))
-                                << " is not representable as float32 (it would round to " << (f == 0 ? "0" : "inf")
-                                << ")");
-  }
-  return f;
-}
-
 HostProblem load_problem(const Options& o) {
   const bool from_npy =
       o.has("hidden") || o.has("weight") || o.has("targets") || o.has("bias") || o.has("temperatures");

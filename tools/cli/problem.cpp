@@ -1,6 +1,8 @@
 #include "cli/problem.hpp"
 
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
@@ -81,6 +83,20 @@ HostProblem synthetic_problem(uint64_t seed, int64_t rows, int64_t dim, int64_t 
   return p;
 }
 
+// |T| <= 2^-150 rounds to 0 and |T| >= 2^128 - 2^103 to inf; every other value is the library's
+// range check's to judge, nan and inf included (exit 3 either way).
+float float32_temperature(double t) {
+  const auto f = static_cast<float>(t);
+  if ((f == 0 && t != 0) || (std::isinf(f) && std::isfinite(t))) {
+    char shown[32];
+    const auto res = std::to_chars(shown, shown + sizeof(shown), t);  // shortest, as Python's repr
+    DETLOGP_FAIL("temperature=" << std::string_view(shown, static_cast<size_t>(res.ptr - shown))
+                                << " is not representable as float32 (it would round to " << (f == 0 ? "0" : "inf")
+                                << ")");
+  }
+  return f;
+}
+
 namespace {
 
 // The library's element type of a file's, where it has one (U8, F16, F64 and BOOL it has not).
@@ -126,19 +142,50 @@ const void* library_bytes(const io::TensorRef& t, HostProblem& p) {
   return copy->data();
 }
 
+// IEEE half-precision bits widened to float32 (exact: every half is a float).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const int exponent = (h >> 10) & 0x1F;
+  const uint32_t mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return fp::from_bits(sign | 0x7F800000u | (mantissa << 13));  // inf, NaN
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float32
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    return sign ? -magnitude : magnitude;
+  }
+  return fp::from_bits(sign | (static_cast<uint32_t>(exponent - 15 + 127) << 23) | (mantissa << 13));
+}
+
 // A file's temperature tensor by the Python faces' rules and in their words (_split_temperature
 // in python/detlogp/__init__.py), dtypes named as they name them: shape [] F32 is the scalar, [N]
 // F32 is temperature_rows; [1] for N != 1 is never broadcast and no dtype is cast. The values are
-// the library's to check.
+// the library's to check. A 0-d tensor of any floating dtype is the scalar (F16/BF16 widened
+// exactly, F64 rounded to float32 as --temperature is).
 void set_temperature(const io::TensorRef& t, HostProblem& p) {
   const std::string shape_n = io::shape_to_string({p.rows});
   const std::string forms = "a float, a 0-d floating array or a float32 array of shape " + shape_n;
   const char* dtype = io::element_type_array_name(t.dtype);
   const std::string given = "shape " + io::shape_to_string(t.shape) + " dtype " + dtype;
-  if (t.shape.empty()) {
-    DETLOGP_CHECK(t.dtype == ElementType::f32, "temperature must be " << forms << ", got " << given);
-    std::memcpy(&p.temperature, t.data(), sizeof(float));
-    return;
+  if (t.shape.empty()) {  // any floating dtype, as the Python faces read a 0-d floating array
+    switch (t.dtype) {
+      case ElementType::f32:
+        std::memcpy(&p.temperature, t.data(), sizeof(float));
+        return;
+      case ElementType::bf16:
+      case ElementType::f16: {
+        uint16_t b = 0;
+        std::memcpy(&b, t.data(), sizeof(b));
+        p.temperature = t.dtype == ElementType::bf16 ? fp::bf16_to_float(b) : half_to_float(b);
+        return;
+      }
+      case ElementType::f64: {
+        double d = 0;
+        std::memcpy(&d, t.data(), sizeof(d));
+        p.temperature = float32_temperature(d);
+        return;
+      }
+      default:
+        DETLOGP_FAIL("temperature must be " << forms << ", got " << given);
+    }
   }
   if (t.shape != std::vector<int64_t>{p.rows}) {
     const char* hint = t.element_count() == 1

@@ -88,4 +88,8 @@ NamedInputs inputs_from_npy(const std::map<std::string, std::string>& paths);
 // stay where the files are mapped; only one whose data is not aligned to its element size is copied.
 HostProblem problem_from_inputs(const NamedInputs& in);
 
+// A temperature given in double precision (--temperature, a 0-d F64 tensor) as float32, refused in
+// the Python faces' words where the rounding itself would make it 0 or inf.
+float float32_temperature(double t);
+
 }  // namespace detlogp::cli
