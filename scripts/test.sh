@@ -13,7 +13,15 @@ scripts/install_deps.sh
 if [ -d build/tools/bin ]; then export PATH="$PWD/build/tools/bin:$PATH"; fi
 scripts/check_format.sh
 scripts/check_layers.sh
-scripts/build.sh
+build_log="$(mktemp)"
+scripts/build.sh 2>&1 | tee "$build_log"
+# Each CUDA source gets one -std flag (C++20); two would mean CMake's CUDA standard and the
+# project's disagree again, and nvcc would silently compile the last one.
+if grep -q "incompatible redefinition for option 'std'" "$build_log"; then
+  echo "test.sh: FAIL: nvcc was given two -std flags (see the build output above)"
+  exit 1
+fi
+rm -f "$build_log"
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 1500
 
 # scripts/run.sh (the README's first command) reports the build and resolves relative paths from
