@@ -54,6 +54,7 @@ class Result(NamedTuple):
     lse: Any
     logits: Any  # None on the trainer entry
     report: dict  # which backend served the call, with its provenance
+    entropy: Any = None  # [N] f32 with return_entropy=True (docs/contract.md §10), else None
 
 
 class PartialsLayout(NamedTuple):
@@ -331,19 +332,24 @@ def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_sta
 
 def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                 return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
-                backend: Optional[str] = None, strict: Optional[bool] = None) -> Result:  # fmt: skip
+                backend: Optional[str] = None, strict: Optional[bool] = None,
+                return_entropy: bool = False) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
     int64, bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
     (docs/python.md, "Accepted inputs"). Returns
-    Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report)."""
+    Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report, entropy [N] f32 or None).
+    return_entropy: each row's entropy -sum p log p in the same pass (docs/contract.md §10); served
+    by the backends whose provenance names an entropy_id (the CPU backend today), refused by the
+    others."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
     logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
-    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0)
-    return Result(logp, lse, logits, report)
+    entropy = np.empty(rows, np.float32) if return_entropy else None
+    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy)
+    return Result(logp, lse, logits, report, entropy)
 
 
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
@@ -384,13 +390,16 @@ def _layout_tuple(partials):
     return None if layout is None else tuple(layout)
 
 
-def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = None, ignore_index: int = -100):
-    """The contract's reduction applied to float32 logits [N, V] from anywhere: (logp, lse)."""
+def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = None, ignore_index: int = -100,
+                  return_entropy: bool = False):  # fmt: skip
+    """The contract's reduction applied to float32 logits [N, V] from anywhere: (logp, lse), or
+    (logp, lse, entropy) with return_entropy=True (docs/contract.md §10)."""
     logits, targets = _host_array(logits, "logits"), _host_array(targets, "targets")
     rows = _leading(logits)
     temp, temp_rows = _split_temperature(temperature, rows)
     rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
-    _ext.reduce_logits(logits, targets, temp, temp_rows, rv, _int_arg(ignore_index, "ignore_index"), logp, lse)
-    return logp, lse
+    entropy = np.empty(rows, np.float32) if return_entropy else None
+    _ext.reduce_logits(logits, targets, temp, temp_rows, rv, _int_arg(ignore_index, "ignore_index"), logp, lse, entropy)
+    return (logp, lse, entropy) if return_entropy else (logp, lse)

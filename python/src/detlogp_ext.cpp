@@ -449,13 +449,15 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "linear_logp",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict, uintptr_t stream) {
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
         const detlogp::LinearLogpInputs in = inputs(problem);
-        const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         return reported([&] { return detlogp::linear_logp(in, out, opt); });
       },
-      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a);
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a,
+      "entropy"_a.none() = nb::none());
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry). Returns (report, layout).
@@ -551,7 +553,8 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "reduce_logits",
       [](nb::handle logits, nb::handle targets, nb::handle temperature, nb::handle temperature_rows,
-         nb::handle real_vocab, nb::handle ignore_index, const OutArray& logp, const OutArray& lse) {
+         nb::handle real_vocab, nb::handle ignore_index, const OutArray& logp, const OutArray& lse,
+         const std::optional<OutArray>& entropy) {
         detlogp::ReduceLogitsInputs in;
         in.logits = view_of(array_arg(logits, "logits"), "logits", 2, false);
         in.targets = view_of(array_arg(targets, "targets"), "targets", 1, false);
@@ -561,9 +564,10 @@ NB_MODULE(_detlogp, m) {
         in.real_vocab = int64_arg(real_vocab, "real_vocab");
         in.ignore_index = int64_arg(ignore_index, "ignore_index");
         const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
+        const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
         nb::gil_scoped_release release;
-        detlogp::reduce_logits(in, lp, ls);
+        detlogp::reduce_logits(in, lp, ls, h);
       },
       "logits"_a, "targets"_a, "temperature"_a, "temperature_rows"_a.none(), "real_vocab"_a, "ignore_index"_a, "logp"_a,
-      "lse"_a);
+      "lse"_a, "entropy"_a.none() = nb::none());
 }
