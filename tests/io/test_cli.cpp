@@ -591,6 +591,38 @@ TEST_F(Cli, FrozenConstantOverrideIsRefused) {
 
 // A weight that is not the whole vocabulary from id 0 has no logp/lse of its own: without
 // --partials the run is refused, naming the values; --partials needs the shard's place stated.
+// --entropy adds the rows' entropy [N] f32 after the other outputs: the library's bits for the same
+// problem, logp/lse unchanged; not with --partials (a usage error, exit 2).
+TEST_F(Cli, EntropyIsWrittenBesideUnchangedLogpAndLse) {
+  const fs::path dir = test_dir();
+  const FileProblem problem;
+  detlogp::io::write_safetensors(dir / "in.safetensors", problem.contents(true, true));
+  const std::string base =
+      "run --backend " + std::string(kCpu) + " --input '" + (dir / "in.safetensors").string() + "'";
+  const CliResult plain = run_cli(base + " --out '" + (dir / "plain.safetensors").string() + "'");
+  const CliResult with = run_cli(base + " --entropy --out '" + (dir / "with.safetensors").string() + "'");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(with.exit_code, 0) << with.err;
+  EXPECT_NE(with.out.find("sha256(logp|lse|entropy)"), std::string::npos) << with.out;
+  const SafetensorsContents a = detlogp::io::read_safetensors(dir / "plain.safetensors");
+  const SafetensorsContents b = detlogp::io::read_safetensors(dir / "with.safetensors");
+  expect_same_bits(values_of<float>(*a.find("logp")), values_of<float>(*b.find("logp")), "logp");
+  expect_same_bits(values_of<float>(*a.find("lse")), values_of<float>(*b.find("lse")), "lse");
+  ASSERT_NE(b.find("entropy"), nullptr);
+  std::vector<float> logp(problem.rows), lse(problem.rows), entropy(problem.rows);
+  detlogp::LinearLogpOutputs o{detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
+                               detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows),
+                               {},
+                               detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, problem.rows)};
+  detlogp::CallOptions opt;
+  opt.backend = kCpu;
+  detlogp::linear_logp(problem.inputs(true, true), o, opt);
+  expect_same_bits(values_of<float>(*b.find("entropy")), entropy, "entropy");
+  const CliResult partials = run_cli(base + " --entropy --partials --vocab-start 0 --real-vocab 300");
+  EXPECT_EQ(partials.exit_code, 2) << partials.out << partials.err;
+  EXPECT_NE(partials.err.find("--partials and --entropy exclude each other"), std::string::npos) << partials.err;
+}
+
 TEST_F(Cli, VocabShardNeedsPartials) {
   const fs::path dir = test_dir();
   const std::string shape = std::string("run --rows 4 --dim 8 --vocab 64 --backend ") + kCpu;

@@ -24,15 +24,16 @@ namespace {
 void run_help(std::ostream& os) {
   os << "usage: detlogp run [--input FILE.safetensors | --hidden A.npy --weight B.npy --targets C.npy]\n"
         "                   [options] [--out FILE.safetensors]\n\n"
-        "Computes logp and lse per row (and logits with --return-logits). Without an input it runs a\n"
-        "built-in synthetic problem (N=64, D=1024, V=32000 unless changed) from a fixed-seed generator,\n"
-        "so the same command prints the same SHA-256 on every machine with the same backend. A weight\n"
+        "Computes logp and lse per row (and logits with --return-logits, entropy with --entropy).\n"
+        "Without an input it runs a built-in synthetic problem (N=64, D=1024, V=32000 unless changed)\n"
+        "from a fixed-seed generator, so the same command prints the same SHA-256 on every machine\n"
+        "with the same backend. A weight\n"
         "that is a vocabulary shard (vocab_start > 0 or vocab_start + V_local < real_vocab) has no\n"
         "logp/lse of its own: it is refused unless --partials asks for its tensor-parallel partials,\n"
         "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8, written with\n"
         "their layout (vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
         "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
-        "order printed (logp|lse[|logits], or the partials).\n\n";
+        "order printed (logp|lse[|logits][|entropy], or the partials).\n\n";
   print_option_help(os, command_options("run"));
   os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
 }
@@ -42,6 +43,8 @@ Entry requested_entry(const Options& o) {
   if (!o.flag("partials")) return o.flag("return-logits") ? Entry::serving : Entry::trainer;
   if (o.flag("return-logits"))
     throw UsageError("--partials and --return-logits exclude each other (a shard's partials carry no logits)");
+  if (o.flag("entropy"))
+    throw UsageError("--partials and --entropy exclude each other (a shard's partials carry no entropy sums yet)");
   if (!o.has("vocab-start") || !o.has("real-vocab"))
     throw UsageError(
         "--partials needs --vocab-start (the global id of the weight's row 0) and --real-vocab (the whole "
@@ -149,7 +152,7 @@ int command_run(const Options& o) {
   std::string first_sha;
   for (int64_t r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    RunOutputs current = compute(p, entry, opt);
+    RunOutputs current = compute(p, entry, opt, o.flag("entropy"));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string sha = output_sha256(current);
     if (r == 0) {

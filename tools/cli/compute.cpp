@@ -51,7 +51,7 @@ bool is_vocab_shard(const HostProblem& p) {
 
 }  // namespace
 
-RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt) {
+RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy) {
   const LinearLogpInputs in = p.inputs();
   if (entry == Entry::partials) return compute_partials(p, in, opt);
   DETLOGP_CHECK(!is_vocab_shard(p), "real_vocab=" << p.effective_real_vocab() << " but the weight has V_local="
@@ -72,9 +72,15 @@ RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt) {
     logits = f32_tensor({p.rows, p.vocab_local});
     o.logits = mutable_matrix(logits.data(), DType::f32, p.rows, p.vocab_local);
   }
+  HostTensor entropy_rows;
+  if (entropy) {
+    entropy_rows = f32_tensor({p.rows});
+    o.entropy = mutable_vector(entropy_rows.data(), DType::f32, p.rows);
+  }
   out.report = linear_logp(in, o, opt);
   out.tensors = {{"logp", std::move(logp)}, {"lse", std::move(lse)}};
   if (return_logits) out.tensors.emplace_back("logits", std::move(logits));
+  if (entropy) out.tensors.emplace_back("entropy", std::move(entropy_rows));
   return out;
 }
 

@@ -30,7 +30,8 @@ struct RunOutputs {
 // whose rows are not the whole vocabulary from id 0: vocab_start != 0 or vocab_start + V_local <
 // real_vocab) with an error naming real_vocab, V_local and vocab_start that says to ask for
 // --partials.
-RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt);
+// entropy: also the rows' entropy [N] f32, after the other outputs (docs/contract.md §10).
+RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy = false);
 
 // The layout a partials file carries so shards can be checked before a merge (docs/cli.md): rows,
 // tiles, backend, contract and the library's PartialsLayout (vocab_start, vocab_local, real_vocab,

@@ -106,6 +106,8 @@ const OptionRow kOptionRows[] = {
     {"run", "temperature", true, "scalar temperature T (default 1; docs/contract.md gives the valid range)"},
     {"run", "ignore-index", true, "target id whose row gets logp = +0.0 (default -100)"},
     {"run", "return-logits", false, "serving entry: also output logits [N, V_local] f32"},
+    {"run", "entropy", false,
+     "also output each row's entropy [N] f32 (docs/contract.md section 10; backends without it refuse it)"},
     {"run", "backend", true, "backend id (default: env DETLOGP_BACKEND, else auto); see `detlogp info`"},
     {"run", "strict", false, "contract-bearing backends only, no fallback (also env DETLOGP_STRICT=1)"},
     {"run", "repeat", true, "run K times, check every run gives the same bits, report the best time (default 1)"},
