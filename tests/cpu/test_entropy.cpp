@@ -31,18 +31,8 @@ EntropyRun run_with_entropy(const Problem& p, bool with_logits = false) {
 }
 
 std::vector<float> reduce_entropy(const Problem& p, const std::vector<float>& logits) {
-  std::vector<float> logp(p.rows), lse(p.rows), entropy = poisoned(static_cast<size_t>(p.rows));
-  detlogp::ReduceLogitsInputs in;
-  in.logits = detlogp::TensorView::matrix(logits.data(), detlogp::DType::f32, p.rows, p.vocab);
-  in.targets = detlogp::TensorView::vector(p.targets.data(), detlogp::DType::i64, p.rows);
-  in.temperature = p.temperature;
-  if (!p.temperature_rows.empty())
-    in.temperature_rows = detlogp::TensorView::vector(p.temperature_rows.data(), detlogp::DType::f32, p.rows);
-  in.real_vocab = p.real_vocab;
-  in.ignore_index = p.ignore_index;
-  detlogp::reduce_logits(in, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, p.rows),
-                         detlogp::mutable_vector(lse.data(), detlogp::DType::f32, p.rows),
-                         detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, p.rows));
+  std::vector<float> entropy;
+  run_reduce_logits(p, logits, &entropy);
   return entropy;
 }
 

@@ -192,7 +192,9 @@ inline Outputs run_tensor_parallel(const Problem& p, int ranks,
   return out;
 }
 
-inline Outputs run_reduce_logits(const Problem& p, const std::vector<float>& logits) {
+// entropy, when given, receives the rows' entropy too (sized and poisoned here).
+inline Outputs run_reduce_logits(const Problem& p, const std::vector<float>& logits,
+                                 std::vector<float>* entropy = nullptr) {
   Outputs out(p.rows, p.vocab, false);
   detlogp::ReduceLogitsInputs in;
   in.logits = detlogp::TensorView::matrix(logits.data(), detlogp::DType::f32, p.rows, p.vocab);
@@ -204,7 +206,12 @@ inline Outputs run_reduce_logits(const Problem& p, const std::vector<float>& log
   in.ignore_index = p.ignore_index;
   auto logp = detlogp::mutable_vector(out.logp.data(), detlogp::DType::f32, p.rows);
   auto lse = detlogp::mutable_vector(out.lse.data(), detlogp::DType::f32, p.rows);
-  detlogp::reduce_logits(in, logp, lse);
+  detlogp::MutableTensorView entropy_view;
+  if (entropy) {
+    *entropy = poisoned(static_cast<size_t>(p.rows));
+    entropy_view = detlogp::mutable_vector(entropy->data(), detlogp::DType::f32, p.rows);
+  }
+  detlogp::reduce_logits(in, logp, lse, entropy_view);
   return out;
 }
 
