@@ -126,6 +126,13 @@ struct ReduceLogitsInputs {
 void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, const MutableTensorView& lse,
                    const MutableTensorView& entropy = {});
 
+// The value checks every entry runs on its rows, alone, for a caller that computes without the
+// library (detlogp.torch's plain lane): the scalar temperature, targets [N] i32/i64 each in
+// [0, real_vocab) or ignore_index, and optional temperature_rows [N] f32, in the entries' words.
+// Host memory.
+void check_row_values(const TensorView& targets, int64_t real_vocab, int64_t ignore_index, float temperature,
+                      const TensorView& temperature_rows = {});
+
 // In-process simulation of R tensor-parallel ranks (host): the weight is split into R shards of
 // ceil(V / R) rows rounded up to 64, each rank's partials computed, gathered in rank order, merged.
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,

@@ -550,6 +550,21 @@ NB_MODULE(_detlogp, m) {
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a, "rank"_a, "size"_a,
       "gather"_a);
 
+  // The library's row-value checks alone (detlogp.torch's plain lane computes without it).
+  m.def(
+      "check_row_values",
+      [](nb::handle targets, nb::handle real_vocab, nb::handle ignore_index, nb::handle temperature,
+         nb::handle temperature_rows) {
+        const detlogp::TensorView t = view_of(array_arg(targets, "targets"), "targets", 1, false);
+        const float temp = temperature_arg(temperature);
+        detlogp::TensorView rows;
+        if (auto r = opt_view(opt_array_arg(temperature_rows, "temperature_rows"), "temperature_rows", 1)) rows = *r;
+        const int64_t rv = int64_arg(real_vocab, "real_vocab"), ii = int64_arg(ignore_index, "ignore_index");
+        nb::gil_scoped_release release;
+        detlogp::check_row_values(t, rv, ii, temp, rows);
+      },
+      "targets"_a, "real_vocab"_a, "ignore_index"_a, "temperature"_a, "temperature_rows"_a.none());
+
   m.def(
       "reduce_logits",
       [](nb::handle logits, nb::handle targets, nb::handle temperature, nb::handle temperature_rows,

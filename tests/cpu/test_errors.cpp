@@ -656,3 +656,33 @@ TEST(Environment, ValidSm90KnobsLeaveTheCpuBitsAlone) {
   ScopedEnv cluster("DETLOGP_SM90_GRAD_CLUSTER", "1");
   expect_identical(run_linear_logp(p, true), ref, "with the SM90 knobs set");
 }
+
+// check_row_values runs the entries' row-value checks alone, with their messages.
+TEST(Errors, CheckRowValuesGivesTheEntriesMessages) {
+  const std::vector<int64_t> targets = {0, 5, -100, 16};
+  const auto t = detlogp::TensorView::vector(targets.data(), detlogp::DType::i64, 4);
+  EXPECT_NO_THROW(detlogp::check_row_values(t, 17, -100, 0.7f));
+  auto message = [&](auto&& call) {
+    try {
+      call();
+    } catch (const detlogp::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { detlogp::check_row_values(t, 16, -100, 1.0f); }).find("targets[3]=16 is >= real_vocab=16"),
+            std::string::npos);
+  EXPECT_NE(message([&] { detlogp::check_row_values(t, 17, -1, 1.0f); }).find("targets[2]=-100 is negative"),
+            std::string::npos);
+  EXPECT_NE(message([&] { detlogp::check_row_values(t, 17, -100, 1e-39f); }).find("temperature=1e-39 is outside"),
+            std::string::npos);
+  const std::vector<float> rows = {1.0f, 0.5f, 0.0f, 2.0f};
+  const auto r = detlogp::TensorView::vector(rows.data(), detlogp::DType::f32, 4);
+  EXPECT_NE(message([&] { detlogp::check_row_values(t, 17, -100, 1.0f, r); }).find("temperature_rows[2]=0 is outside"),
+            std::string::npos);
+  const auto short_rows = detlogp::TensorView::vector(rows.data(), detlogp::DType::f32, 3);
+  EXPECT_NE(message([&] {
+              detlogp::check_row_values(t, 17, -100, 1.0f, short_rows);
+            }).find("temperature_rows has 3 elements, expected 4"),
+            std::string::npos);
+}

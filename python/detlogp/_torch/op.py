@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from typing import Optional, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,9 +33,8 @@ def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Opt
     """The library's own value checks, for the plain-torch lane, which computes without the library:
     the scalar temperature (the extension's float32 rounding refusal, then the range of
     docs/contract.md 3.3), every target in [0, real_vocab) or ignore_index, every row temperature in
-    range, in the words every face gives. They run as a host grad_logits call over a chunk of one
-    zero logit column (hidden [N, 1], weight [1, 1]: N products), whose only possible refusals are
-    these values. A 0-d temperature tensor is checked as the scalar `temperature` (also at N = 0).
+    range, in the words every face gives (detlogp::check_row_values). A 0-d temperature tensor is
+    checked as the scalar `temperature` (also at N = 0).
     CUDA targets and temperatures are read back to the host for it (one copy of each: a sync);
     while the stream is capturing a CUDA graph there is no read and no check, as the SM90 backend
     skips its wait for the validation verdict (torch.compile is unaffected: the op is opaque)."""
@@ -48,10 +46,7 @@ def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Opt
     elif temperature_rows is not None:
         rows = temperature_rows.detach().to("cpu", torch.float32).contiguous().numpy()
     t = targets.detach().to("cpu").contiguous().numpy()
-    n = t.shape[0]
-    zeros = np.zeros((n, 1), np.uint16)  # bf16 bit patterns of +0
-    problem = (zeros, np.zeros((1, 1), np.uint16), t, None, temperature, rows, real_vocab, 0, ignore_index)
-    _ext.linear_logp_grad_logits(problem, np.zeros(n, np.float32), None, None, np.empty((n, 1), np.uint16), 0)
+    _ext.check_row_values(t, real_vocab, ignore_index, temperature, rows)
 
 
 def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab):
