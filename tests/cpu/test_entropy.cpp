@@ -17,16 +17,24 @@ using namespace detlogp_test;
 
 namespace {
 
+// Poisoned outputs with an entropy output of entropy_rows elements (N unless given).
 struct EntropyRun {
   Outputs out;
   std::vector<float> entropy;
+
+  explicit EntropyRun(const Problem& p, bool with_logits = false, int64_t entropy_rows = -1)
+      : out(p.rows, p.vocab, with_logits),
+        entropy(poisoned(static_cast<size_t>(entropy_rows < 0 ? p.rows : entropy_rows))) {}
+  detlogp::LinearLogpOutputs views() {
+    detlogp::LinearLogpOutputs o = out.views();
+    o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, static_cast<int64_t>(entropy.size()));
+    return o;
+  }
 };
 
 EntropyRun run_with_entropy(const Problem& p, bool with_logits = false) {
-  EntropyRun r{Outputs(p.rows, p.vocab, with_logits), poisoned(static_cast<size_t>(p.rows))};
-  detlogp::LinearLogpOutputs o = r.out.views();
-  o.entropy = detlogp::mutable_vector(r.entropy.data(), detlogp::DType::f32, p.rows);
-  detlogp::linear_logp(p.inputs(), o, cpu_backend_options());
+  EntropyRun r(p, with_logits);
+  detlogp::linear_logp(p.inputs(), r.views(), cpu_backend_options());
   return r;
 }
 
@@ -117,40 +125,32 @@ TEST(Entropy, MatchesFloat64WithinTheBound) {
 
 TEST(Entropy, BadOutputIsRefusedAndNothingIsWritten) {
   const Problem p = entropy_problem(123, 123, 3);
-  Outputs out(p.rows, p.vocab, false);
-  std::vector<float> entropy = poisoned(static_cast<size_t>(p.rows + 1));
-  detlogp::LinearLogpOutputs o = out.views();
-  o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, p.rows + 1);
-  EXPECT_THROW(detlogp::linear_logp(p.inputs(), o, cpu_backend_options()), detlogp::Error);
-  EXPECT_TRUE(out.untouched());
-  EXPECT_EQ(count_unpoisoned(entropy), 0);
+  EntropyRun r(p, false, p.rows + 1);
+  EXPECT_THROW(detlogp::linear_logp(p.inputs(), r.views(), cpu_backend_options()), detlogp::Error);
+  EXPECT_TRUE(r.out.untouched());
+  EXPECT_EQ(count_unpoisoned(r.entropy), 0);
 }
 
 TEST(Entropy, BackendsWithoutItRefuseIt) {
   const Problem p = entropy_problem(123, 123, 3);
-  Outputs out(p.rows, p.vocab, false);
-  std::vector<float> entropy = poisoned(static_cast<size_t>(p.rows));
-  detlogp::LinearLogpOutputs o = out.views();
-  o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, p.rows);
+  EntropyRun r(p);
   detlogp::CallOptions opt;
   opt.backend = "reference-materialized";
   try {
-    detlogp::linear_logp(p.inputs(), o, opt);
+    detlogp::linear_logp(p.inputs(), r.views(), opt);
     FAIL() << "the reference lane must refuse the entropy output";
   } catch (const detlogp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("entropy"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(out.untouched());
+  EXPECT_TRUE(r.out.untouched());
 }
 
 TEST(Entropy, TensorParallelRefusesItOnEveryRank) {
   const Problem p = entropy_problem(2053, 2053, 8);
-  Outputs out(p.rows, p.vocab, false);
-  std::vector<float> entropy = poisoned(static_cast<size_t>(p.rows));
-  detlogp::LinearLogpOutputs o = out.views();
-  o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, p.rows);
+  EntropyRun asked(p);
+  const detlogp::LinearLogpOutputs o = asked.views();
   EXPECT_THROW(detlogp::simulate_tensor_parallel(p.inputs(), 2, o, cpu_backend_options()), detlogp::Error);
-  EXPECT_TRUE(out.untouched());
+  EXPECT_TRUE(asked.out.untouched());
 
   // Only rank 1 asks for it: both ranks refuse with the same message, none waits forever.
   auto comms = detlogp::make_local_communicators(2, detlogp::Memory::host);
@@ -178,5 +178,5 @@ TEST(Entropy, TensorParallelRefusesItOnEveryRank) {
   EXPECT_NE(errors[0].find("entropy"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[0], errors[1]);
   EXPECT_TRUE(outs[0].untouched() && outs[1].untouched());
-  EXPECT_EQ(count_unpoisoned(entropy), 0);
+  EXPECT_EQ(count_unpoisoned(asked.entropy), 0);
 }
