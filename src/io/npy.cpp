@@ -105,7 +105,8 @@ ElementType descr_to_type(const std::string& descr, const std::string& source) {
   if (descr == "<i4") return ElementType::i32;
   if (descr == "<i8") return ElementType::i64;
   if (descr == "|u1" || descr == "<u1" || descr == "u1") return ElementType::u8;
-  if (descr == "<f2") return ElementType::f16;  // IEEE half, not bf16: refused by the tensor's reader
+  // IEEE half, not bf16: a 0-d temperature takes it, every other tensor refuses it.
+  if (descr == "<f2") return ElementType::f16;
   if (descr == "<f8") return ElementType::f64;
   if (descr == "|b1" || descr == "<b1" || descr == "b1") return ElementType::boolean;
   // bf16 convention: a 2-byte non-float element carries the bf16 bit pattern.
