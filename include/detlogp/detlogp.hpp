@@ -60,10 +60,14 @@ CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out,
 // no g_logp term. Host memory runs on the CPU, CUDA memory on the SM90 kernel (opt.cuda_stream);
 // CallOptions.backend is not consulted (the two implementations share the pinned formula; the
 // bits are those of the arch's own z, like the serving logits). Bad inputs throw and write nothing.
+// With g_entropy, dL/dy gains the entropy term -g_H * p * (y - lse + H) (docs/contract.md,
+// appendix A), from the forward's entropy H: one pass for a loss that mixes logp and entropy.
 struct GradLogitsArgs {
-  TensorView lse;     // [N] f32: the forward's lse
-  TensorView g_logp;  // optional [N] f32: dL/dlogp (absent = zeros)
-  TensorView g_lse;   // optional [N] f32: dL/dlse (absent = zeros)
+  TensorView lse;        // [N] f32: the forward's lse
+  TensorView g_logp;     // optional [N] f32: dL/dlogp (absent = zeros)
+  TensorView g_lse;      // optional [N] f32: dL/dlse (absent = zeros)
+  TensorView entropy;    // [N] f32, the forward's entropy: required with g_entropy, else not read
+  TensorView g_entropy;  // optional [N] f32: dL/dH (absent: no entropy term, the logp-only bits)
 };
 // dz: [N, C] bf16, row stride >= C.
 CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,

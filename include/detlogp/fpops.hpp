@@ -73,6 +73,9 @@ DETLOGP_HD float from_bits(uint32_t u) { return host_bit_cast<float>(u); }
 
 DETLOGP_HD bool is_nan(float x) { return x != x; }
 
+// -x exactly: the sign bit flipped (no rounding; a NaN stays NaN).
+DETLOGP_HD float neg(float x) { return from_bits(bits(x) ^ 0x80000000u); }
+
 DETLOGP_HD float canonical_nan() { return from_bits(kCanonicalNanBits); }
 
 DETLOGP_HD float neg_inf() { return from_bits(0xFF800000u); }

@@ -17,32 +17,44 @@ namespace detlogp {
 using fp::bf16_round;  // a NaN gradient is stored as the canonical kCanonicalNanBf16
 
 // Per-row operands of the logit gradient: gl = dL/dlogp (+0 for an ignored row, or when absent),
-// gs = dL/dlse (+0 when absent), inv_t = inverse_temperature(T_row), lse the forward's lse.
+// gs = dL/dlse (+0 when absent), inv_t = inverse_temperature(T_row), lse the forward's lse. With an
+// entropy term (a dL/dH input given): gh = dL/dH and h the forward's entropy H of the row.
 struct GradRow {
   float inv_t;
   float lse;
   float gl;
   float gs;
+  bool entropy_term = false;
+  float gh = 0.0f;
+  float h = 0.0f;
 };
 
 // dL/dz of one logit in fp32, in this exact order:
 //   padding (global id >= real_vocab): +0 exactly, no arithmetic (a target is never padding)
 //   y = fl(z * inv_t)                                (scale_logit)
-//   p = expc(fl(y - lse))
-//   d = fl(fl(gs - gl) * p);  d = fl(d + gl) at the target column only
+//   x = fl(y - lse);  p = expc(x)
+//   c = fl(gs - gl)
+//   entropy term only, and only where p != 0:  c = fma(-gh, fl(x + h), c)
+//   d = fl(c * p);  d = fl(d + gl) at the target column only
 //   g = fl(d * inv_t)
+// dH/dy_v = -p_v (log p_v + H) with log p_v = x, so the entropy term is one fma on the factor of p.
+// Where p == 0 it is skipped (x may be -inf there, and the term would be 0 * inf). Without the
+// entropy term the bits are those of the logp/lse-only gradient.
 // The two halves of grad_logit around its exponential, for a backend that evaluates many
 // exponentials at once (the SM90 epilogue: expc_normal where the argument allows, same bits).
 DETLOGP_HD float grad_exp_arg(float z, const GradRow& r) { return fp::sub(scale_logit(z, r.inv_t), r.lse); }
-DETLOGP_HD float grad_from_p(float p, const GradRow& r, bool is_target) {
-  float d = fp::mul(fp::sub(r.gs, r.gl), p);
+DETLOGP_HD float grad_from_p(float p, float x, const GradRow& r, bool is_target) {
+  float c = fp::sub(r.gs, r.gl);
+  if (r.entropy_term && p != 0.0f) c = fp::fma(fp::neg(r.gh), fp::add(x, r.h), c);
+  float d = fp::mul(c, p);
   if (is_target) d = fp::add(d, r.gl);
   return fp::mul(d, r.inv_t);
 }
 
 DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
   if (!real) return 0.0f;
-  return grad_from_p(expc(grad_exp_arg(z, r)), r, is_target);
+  const float x = grad_exp_arg(z, r);
+  return grad_from_p(expc(x), x, r, is_target);
 }
 
 // The stored gradient: bf16_round(grad_logit(...)).

@@ -27,6 +27,11 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
   p.lse = checked_vector(args.lse, "lse", p.rows, mem, dev);
   if (args.g_logp.present()) p.g_logp = checked_vector(args.g_logp, "g_logp", p.rows, mem, dev);
   if (args.g_lse.present()) p.g_lse = checked_vector(args.g_lse, "g_lse", p.rows, mem, dev);
+  if (args.g_entropy.present()) {
+    DETLOGP_CHECK(args.entropy.present(), "g_entropy needs entropy (the forward's [N] f32 entropy)");
+    p.g_entropy = checked_vector(args.g_entropy, "g_entropy", p.rows, mem, dev);
+    p.entropy = checked_vector(args.entropy, "entropy", p.rows, mem, dev);
+  }
 
   check_matrix(dz, "dz", DType::bf16);
   DETLOGP_CHECK(dz.rows == p.rows && dz.cols == p.cols,

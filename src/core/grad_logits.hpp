@@ -18,6 +18,8 @@ struct GradLogitsProblem : HeadOperands {
   const float* lse = nullptr;     // [rows]
   const float* g_logp = nullptr;  // [rows] or null (zeros)
   const float* g_lse = nullptr;   // [rows] or null (zeros)
+  const float* entropy = nullptr;    // [rows]: the forward's H (set exactly when g_entropy is)
+  const float* g_entropy = nullptr;  // [rows] or null: no entropy term
 
   uint16_t* dz = nullptr;  // bf16 bits [rows][dz_stride]
   int64_t dz_stride = 0;
@@ -36,6 +38,11 @@ struct GradLogitsProblem : HeadOperands {
     r.lse = lse[row];
     r.gl = (ignored || g_logp == nullptr) ? 0.0f : g_logp[row];
     r.gs = g_lse == nullptr ? 0.0f : g_lse[row];
+    if (g_entropy != nullptr) {
+      r.entropy_term = true;
+      r.gh = g_entropy[row];
+      r.h = entropy[row];
+    }
     const int64_t local = t - vocab_start;
     *target_col = (!ignored && local >= 0 && local < cols) ? local : -1;
     return r;

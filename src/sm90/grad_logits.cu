@@ -103,6 +103,10 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   check_alignment(p.lse, 4, "lse");
   if (p.g_logp) check_alignment(p.g_logp, 4, "g_logp");
   if (p.g_lse) check_alignment(p.g_lse, 4, "g_lse");
+  if (p.g_entropy) {
+    check_alignment(p.g_entropy, 4, "g_entropy");
+    check_alignment(p.entropy, 4, "entropy");
+  }
   check_alignment(p.dz, 2, "dz");
   const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
   const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
@@ -132,6 +136,8 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   g.lse = p.lse;
   g.g_logp = p.g_logp;
   g.g_lse = p.g_lse;
+  g.entropy = p.entropy;
+  g.g_entropy = p.g_entropy;
   g.dz = p.dz;
   g.dz_stride = p.dz_stride;
   g.status = status;

@@ -114,6 +114,8 @@ struct GradLogitsParams {
   const float* lse;               // [N]
   const float* g_logp;            // [N] or null (zeros)
   const float* g_lse;             // [N] or null (zeros)
+  const float* entropy;           // [N]: the forward's H, read where g_entropy is set
+  const float* g_entropy;         // [N] or null: no entropy term
   uint16_t* dz;                   // bf16 bits [N][dz_stride]
   int64_t dz_stride;
   const DeviceStatus* status;

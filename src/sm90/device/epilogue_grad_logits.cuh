@@ -41,7 +41,8 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_tile0 + 16 * warp + lane / 4 + 8 * h;
     row_ok[h] = row < p.rows;
-    r[h] = GradRow{1.0f, 0.0f, 0.0f, 0.0f};
+    r[h] = GradRow{};
+    r[h].inv_t = 1.0f;
     target[h] = -1;
     out[h] = nullptr;
     if (row_ok[h]) {
@@ -51,6 +52,11 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
       r[h].lse = p.lse[row];
       r[h].gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
       r[h].gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
+      if (p.g_entropy != nullptr) {
+        r[h].entropy_term = true;
+        r[h].gh = p.g_entropy[row];
+        r[h].h = p.entropy[row];
+      }
       const int64_t rel = tgt - p.vocab_start - col0;
       if (!ignored && rel >= 0 && rel < cols) target[h] = static_cast<int>(rel);
       out[h] = p.dz + row * p.dz_stride + col0;
@@ -108,8 +114,8 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
       for (int h = 0; h < 2; ++h) {
         if (!row_ok[h]) continue;
         // grad_logit: +0 exactly for padding (no arithmetic), else the pinned formula.
-        const float g0f = c < real ? grad_from_p(pe[jj][h][0], r[h], c == target[h]) : 0.0f;
-        const float g1f = c + 1 < real ? grad_from_p(pe[jj][h][1], r[h], c + 1 == target[h]) : 0.0f;
+        const float g0f = c < real ? grad_from_p(pe[jj][h][0], x[jj][h][0], r[h], c == target[h]) : 0.0f;
+        const float g1f = c + 1 < real ? grad_from_p(pe[jj][h][1], x[jj][h][1], r[h], c + 1 == target[h]) : 0.0f;
         const uint16_t g0 = bf16_round(g0f);
         const uint16_t g1 = bf16_round(g1f);
         if (vec2 && c + 1 < cols) {
