@@ -95,6 +95,8 @@ struct ShardPartials {
   TileSummary* summaries = nullptr;  // [rows][tiles]
   float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
   uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
+  float* usums = nullptr;            // optional [rows][tiles]: the tiles' entropy sums u_g (§10), for a
+                                     // merge that writes entropy; filled when non-null
   Memory memory = Memory::host;
   int device = 0;            // CUDA device of the buffers (memory == cuda)
   MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard

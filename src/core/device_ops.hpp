@@ -17,12 +17,15 @@ struct DeviceMergeRank {
   int64_t tiles = 0;
   const float* target_logit = nullptr;
   const uint8_t* owned = nullptr;
+  const float* usums = nullptr;  // [rows][tiles] entropy sums u_g: set on every rank when the merge writes entropy
 };
 
 // The owned merge on the device (the SM90 combine chain over rank-ordered segments), enqueued on
-// `stream`. Writes logp[0..rows) and lse[0..rows).
+// `stream`. Writes logp[0..rows) and lse[0..rows), and entropy[0..rows) when non-null (then every
+// rank's usums is set).
 void device_merge(const std::vector<DeviceMergeRank>& ranks_in_order, int64_t rows, const void* targets,
-                  bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream);
+                  bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream,
+                  float* entropy = nullptr);
 
 // Owning device allocation (cudaMalloc on `device`); throws naming `what` on failure.
 class DeviceAllocation {

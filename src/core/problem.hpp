@@ -50,6 +50,7 @@ struct LogpProblem : HeadOperands {
   TileSummary* summaries = nullptr;  // [rows][local_tiles()]
   float* target_logit = nullptr;
   uint8_t* target_owned = nullptr;
+  float* usums = nullptr;  // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
 
   int64_t local_tiles() const { return (vocab_local + kVocabTile - 1) / kVocabTile; }
   // Lanes of local tile j that are real: a prefix of the tile, 0..64.
