@@ -199,6 +199,7 @@ if has sanitizer; then
   else
     tp="$(find_bin test_sm90_tp)"
     grad="$(find_bin test_sm90_grad_logits)"
+    entropy="$(find_bin test_sm90_entropy)"
     # The combine's schedules over 19 chunks of a row (bits checked against each other): the
     # lanes schedule's stage hand-overs between warps, which the library tests' short rows do not
     # reach.
@@ -206,7 +207,7 @@ if has sanitizer; then
     for tool in memcheck racecheck synccheck; do
       combine_target=""
       [[ -n "$combine" ]] && combine_target="$combine --n 70 --tiles 2374 --reps 1"
-      for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"} \
+      for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"} ${entropy:+"$entropy --small"} \
         ${combine_target:+"$combine_target"}; do
         echo "== compute-sanitizer --tool $tool $target" >>"$OUT/sanitizer.log"
         # shellcheck disable=SC2086

@@ -146,6 +146,19 @@ DETLOGP_HD float entropy_chain_step(float running_usum, TileSummary tile, float 
   return fp::fma(fp::fma(tile.sum, d, tile_usum), factor, running_usum);
 }
 
+// entropy_chain_step with its inner fma and its skip folded into the operands, for a serial loop of
+// one fma per tile beside chain_fma (the factor is chain_factor_or_skip's, 0 for a skipped tile):
+// a skipped tile (s_g == 0, or a factor of 0) gets the term -0, and fma(-0, 0, U) == U exactly for
+// every U (-0 + U is U, for U = +0 and -0 too). Otherwise the term is fma(s_g, d, u_g). Same bits
+// as entropy_chain_step.
+DETLOGP_HD float entropy_chain_term_or_skip(TileSummary tile, float tile_usum, float global_max, float factor_or_skip) {
+  if (factor_or_skip == 0.0f) return -0.0f;
+  return fp::fma(tile.sum, fp::sub(tile.max, global_max), tile_usum);
+}
+DETLOGP_HD float entropy_chain_fma(float running_usum, float term_or_skip, float factor_or_skip) {
+  return fp::fma(term_or_skip, factor_or_skip, running_usum);
+}
+
 // H = fl(logc(S) - fl(U / S)) = -sum p log p: logc(S) >= 0 and -U / S >= 0, so the subtraction
 // adds two non-negative terms and cannot cancel (a peaked row has both near 0, each accurate to
 // its own ulps). S == 0 (no real lane above -inf) and any NaN give the canonical NaN.

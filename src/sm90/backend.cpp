@@ -35,7 +35,7 @@ using detail::DeviceAllocation;
 
 class Sm90Backend final : public detail::CudaLaneBackend {
  public:
-  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, false), true) { probe(); }
+  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, true), true) { probe(); }
 
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;
@@ -82,12 +82,14 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   if (p.partial_mode()) {
     check_alignment(p.summaries, 8, "summaries");
     check_alignment(p.target_logit, 4, "target_logit");
+    if (p.usums) check_alignment(p.usums, 4, "usums");
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && p.vocab_local >= p.real_vocab,
                   "full mode needs the whole real vocabulary (vocab_start="
                       << p.vocab_start << ", V_local=" << p.vocab_local << ", real_vocab=" << p.real_vocab << ")");
     check_alignment(p.logp, 4, "logp");
     check_alignment(p.lse, 4, "lse");
+    if (p.entropy) check_alignment(p.entropy, 4, "entropy");
   }
 
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
@@ -173,23 +175,27 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
                          stream);
     FusedParams& q = launches[0].params;
     q.summaries = p.summaries;
+    q.usums = p.usums;
     q.target_logit = p.target_logit;
     q.status = status;
     launch_fused(launches[0].bucket, launches[0].map_h, launches[0].map_w, q, vec2, sms, stream);
   } else {
     auto* summaries = reinterpret_cast<TileSummary*>(ws.get() + lay.summaries_offset);
     auto* target_logit = reinterpret_cast<float*>(ws.get() + lay.target_offset);
+    auto* usums = p.entropy ? reinterpret_cast<float*>(ws.get() + lay.usums_offset) : nullptr;
     for (size_t i = 0; i < launches.size(); ++i) {
       ChunkLaunch& l = launches[i];
       FusedParams& q = l.params;
       q.summaries = summaries;
+      q.usums = usums;
       q.target_logit = target_logit;
       q.status = status;
       q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
       q.validate = validate;
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
       launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
-                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, status},
+                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy,
+                                   status},
                      stream, /*programmatic=*/true);
     }
   }
@@ -240,7 +246,7 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
         cudaMemcpy(temps.get(), hp.temperature_rows, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
     p.temperature_rows = static_cast<float*>(temps.get());
   }
-  DeviceAllocation logp, lse, logits, summaries, target_logit, owned;
+  DeviceAllocation logp, lse, logits, summaries, target_logit, owned, usums, entropy;
   if (hp.partial_mode()) {
     summaries = DeviceAllocation(static_cast<size_t>(n * tiles) * sizeof(TileSummary), device, "summaries");
     target_logit = DeviceAllocation(static_cast<size_t>(n) * 4, device, "target_logit");
@@ -248,6 +254,10 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     p.summaries = static_cast<TileSummary*>(summaries.get());
     p.target_logit = static_cast<float*>(target_logit.get());
     p.target_owned = static_cast<uint8_t*>(owned.get());
+    if (hp.usums) {
+      usums = DeviceAllocation(static_cast<size_t>(n * tiles) * 4, device, "usums");
+      p.usums = static_cast<float*>(usums.get());
+    }
     if (hp.logits) {
       logits = DeviceAllocation(static_cast<size_t>(n * v) * 4, device, "logits");
       p.logits = static_cast<float*>(logits.get());
@@ -257,6 +267,10 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     lse = DeviceAllocation(static_cast<size_t>(n) * 4, device, "lse");
     p.logp = static_cast<float*>(logp.get());
     p.lse = static_cast<float*>(lse.get());
+    if (hp.entropy) {
+      entropy = DeviceAllocation(static_cast<size_t>(n) * 4, device, "entropy");
+      p.entropy = static_cast<float*>(entropy.get());
+    }
     if (hp.logits) {
       logits = DeviceAllocation(static_cast<size_t>(n * v) * 4, device, "logits");
       p.logits = static_cast<float*>(logits.get());
@@ -268,11 +282,15 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
                                   cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n), cudaMemcpyDeviceToHost));
+    if (hp.usums)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.usums, p.usums, static_cast<size_t>(n * tiles) * 4, cudaMemcpyDeviceToHost));
     if (hp.logits)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
   } else {
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logp, p.logp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.lse, p.lse, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    if (hp.entropy)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.entropy, p.entropy, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     if (hp.logits)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
   }

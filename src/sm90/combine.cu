@@ -39,25 +39,30 @@ __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const
   chain_rows_lanes<kRows>(p);
 }
 
-// The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency).
+// The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency;
+// and every row count with the entropy chain beside, kEntropy).
+template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   prefetch_rows_l2(p, blockIdx.x, 1);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
-  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_cta_held(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                     p.lse);
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
+  chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,
+                                               p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
 }
 
 // The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
 // 32-register chunked form for many (more CTAs resident).
 static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB kernel parameter space");
+template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_held_kernel(const __grid_constant__ MergeParams p) {
-  chain_row_cta_held(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                     p.lse);
+  chain_row_cta_held<kHeldTiles, 16, kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64,
+                                               p.ignore_index, p.logp, p.lse, p.entropy);
 }
+template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
-  chain_row_cta(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp, p.lse);
+  chain_row_cta<kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
+                          p.logp, p.lse, p.entropy);
 }
 
 // Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
@@ -126,12 +131,15 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
     config.dynamicSmemBytes = programmatic ? spread_dynamic_smem(reinterpret_cast<const void*>(kernel), grid) : 0;
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
   };
-  if (p.rows > 2048)
+  // With the entropy output: a CTA per row at every N (the held schedule with the U chain beside S).
+  if (p.entropy != nullptr)
+    launch(combine_rows_cta_kernel<true>, p.rows, kCombineCtaThreads);
+  else if (p.rows > 2048)
     launch(combine_rows_lanes_kernel<8>, (p.rows + 7) / 8, kLanesThreads);
   else if (p.rows > kCombineHeldMaxRows)
     launch(combine_rows_lanes_kernel<4>, (p.rows + 3) / 4, kLanesThreads);
   else
-    launch(combine_rows_cta_kernel, p.rows, kCombineCtaThreads);
+    launch(combine_rows_cta_kernel<false>, p.rows, kCombineCtaThreads);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
@@ -140,10 +148,18 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.count >= 1 && p.count <= kMaxMergeSegments,
                 "the device merge takes 1.." << kMaxMergeSegments << " ranks, got " << p.count);
   if (p.rows == 0) return;
-  if (p.rows <= kCombineHeldMaxRows)
-    merge_rows_held_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
-  else
-    merge_rows_kernel<<<static_cast<unsigned>(p.rows), kCombineCtaThreads, 0, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  const bool held = p.rows <= kCombineHeldMaxRows;
+  if (p.entropy != nullptr) {
+    if (held)
+      merge_rows_held_kernel<true><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+    else
+      merge_rows_kernel<true><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+  } else if (held) {
+    merge_rows_held_kernel<false><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+  } else {
+    merge_rows_kernel<false><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+  }
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
@@ -158,7 +174,7 @@ void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream) {
 namespace detlogp::detail {
 
 void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const void* targets, bool targets_i64,
-                  int64_t ignore_index, float* logp, float* lse, int device, void* stream) {
+                  int64_t ignore_index, float* logp, float* lse, int device, void* stream, float* entropy) {
   DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
                 "the device merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
   if (rows == 0) return;
@@ -166,13 +182,18 @@ void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const
   sm90::MergeParams p{};
   p.rows = rows;
   p.count = static_cast<int32_t>(ranks.size());
-  for (size_t r = 0; r < ranks.size(); ++r)
-    p.segments[r] = sm90::MergeSegment{ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned};
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    DETLOGP_CHECK(entropy == nullptr || ranks[r].usums != nullptr,
+                  "the entropy merge needs every rank's entropy sums; rank " << r << " has none");
+    p.segments[r] =
+        sm90::MergeSegment{ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned, ranks[r].usums};
+  }
   p.targets = targets;
   p.targets_i64 = targets_i64 ? 1 : 0;
   p.ignore_index = ignore_index;
   p.logp = logp;
   p.lse = lse;
+  p.entropy = entropy;
   sm90::launch_merge(p, static_cast<cudaStream_t>(stream));
 }
 

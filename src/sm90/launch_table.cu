@@ -1,5 +1,5 @@
-// The launch table's rows instantiated: each bucket's kernels (with and without bias/logits) and
-// its host-side description, both from DETLOGP_SM90_LAUNCH_TABLE.
+// The launch table's rows instantiated: each bucket's kernels (with and without bias/logits, with
+// and without the entropy sums) and its host-side description, both from DETLOGP_SM90_LAUNCH_TABLE.
 #include "sm90/device/configs.cuh"
 #include "sm90/kernels.cuh"
 #include "sm90/launch_persistent.cuh"
@@ -8,29 +8,37 @@
 namespace detlogp::sm90 {
 namespace {
 
-template <template <class, bool> class Kernel>
+template <template <class, bool, bool> class Kernel>
 struct Schedule {
+  template <class Cfg, bool kEntropy>
+  static void launch_features(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, int64_t units,
+                              int v, int sms, cudaStream_t stream) {
+    // The plain instantiation (neither bias nor logits output) is the trainer entry's.
+    if (p.bias == nullptr && p.logits == nullptr)
+      launch_persistent<Kernel<Cfg, true, kEntropy>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    else
+      launch_persistent<Kernel<Cfg, false, kEntropy>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+  }
   template <class Cfg>
   static void launch(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
                      cudaStream_t stream) {
     const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
     const int64_t units = m_units * p.n_tiles;
     const int v = vec2 ? 1 : 0;
-    // The plain instantiation (neither bias nor logits output) is the trainer entry's.
-    if (p.bias == nullptr && p.logits == nullptr)
-      launch_persistent<Kernel<Cfg, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    if (p.usums != nullptr)
+      launch_features<Cfg, true>(mh, mw, p, units, v, sms, stream);
     else
-      launch_persistent<Kernel<Cfg, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+      launch_features<Cfg, false>(mh, mw, p, units, v, sms, stream);
   }
 };
 
-template <class Cfg, bool kPlain>
+template <class Cfg, bool kPlain, bool kEntropy>
 struct PingpongKernel {
-  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain>;
+  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain, kEntropy>;
 };
-template <class Cfg, bool kPlain>
+template <class Cfg, bool kPlain, bool kEntropy>
 struct CooperativeKernel {
-  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain>;
+  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain, kEntropy>;
 };
 using pingpong = Schedule<PingpongKernel>;
 using cooperative = Schedule<CooperativeKernel>;

@@ -35,6 +35,7 @@ struct FusedParams {
   const float* temperature_rows;  // [N] or null
   float* logits;                  // [N][V_local] unscaled z, or null (trainer entry)
   TileSummary* summaries;         // [row - row_begin][local_tiles]
+  float* usums;                   // [row - row_begin][local_tiles] entropy sums u_g (entropy launches), or null
   int64_t local_tiles;
   int64_t whole_tiles;  // local tiles [0, whole_tiles) have all 64 lanes real (whole_local_tiles)
   float* target_logit;  // [row - row_begin]: y_t written by its single owner
@@ -57,6 +58,8 @@ struct CombineParams {
   int64_t ignore_index;
   float* logp;  // [N]
   float* lse;   // [N]
+  const float* usums;  // [rows][tiles] entropy sums, with entropy
+  float* entropy;      // [N] or null
   const DeviceStatus* status;
 };
 
@@ -67,6 +70,7 @@ struct MergeSegment {
   int64_t tiles;
   const float* target_logit;
   const uint8_t* owned;
+  const float* usums;  // [rows][tiles] entropy sums: set on every segment when the merge writes entropy
 };
 
 // The owned merge over rank-ordered partials, segments in ascending tile order. They travel in
@@ -79,8 +83,9 @@ struct MergeParams {
   const void* targets;  // [rows]
   int32_t targets_i64;
   int64_t ignore_index;
-  float* logp;  // [rows]
-  float* lse;   // [rows]
+  float* logp;     // [rows]
+  float* lse;      // [rows]
+  float* entropy;  // [rows] or null
 };
 
 struct PartialOwnerParams {

@@ -1,5 +1,5 @@
 // The device workspace of a full-mode call: the status word, then the tile summaries and target
-// logits of one row chunk. N is walked in chunks so the workspace stays bounded (a free axis).
+// logits (and with entropy the tiles' entropy sums) of one row chunk. N is walked in chunks so the workspace stays bounded (a free axis).
 #pragma once
 
 #include <cstddef>
@@ -16,12 +16,14 @@ struct WorkspaceLayout {
   int64_t chunk = 0;  // rows per launch chunk (0 in partial mode: no chunking)
   size_t summaries_offset = 0;
   size_t target_offset = 0;
+  size_t usums_offset = 0;  // the chunk's entropy sums, when the call writes entropy
   size_t bytes = 0;
 };
 WorkspaceLayout workspace_layout(const detail::LogpProblem& p);
 
-// Rows per launch chunk of the full mode (bit-neutral: rows are independent).
-int64_t chunk_rows(int64_t rows, int64_t local_tiles);
+// Rows per launch chunk of the full mode (bit-neutral: rows are independent); entropy: the chunk
+// also holds each row's entropy sums.
+int64_t chunk_rows(int64_t rows, int64_t local_tiles, bool entropy = false);
 // Device bytes a call allocates besides its outputs (status word, summaries, target logits).
 int64_t workspace_bytes(const detail::LogpProblem& p);
 

@@ -155,6 +155,33 @@ TEST(EntropyCore, ChainSkipsTilesFarBelowTheMaximumExactly) {
   EXPECT_EQ(bits(detlogp::entropy_chain_step(-0.25f, empty, 0.0f, 1.0f)), bits(-0.25f));
 }
 
+TEST(EntropyCore, FoldedChainStepHasTheStepsBits) {
+  // The device combine's form (term and skip folded into the operands, one fma per tile) against
+  // entropy_chain_step, over tiles that take every branch: skipped (s_g == 0, factor 0), NaN, the
+  // maximum's own tile (d = 0), and ordinary ones, from every kind of running U.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<TileSummary> tiles = {{0.0f, 1.0f},     {-3.0e38f, 1.0f}, {-kInf, 0.0f},  {-1.5f, 3.25f},
+                                          {-100.0f, 64.0f}, {nan, 2.0f},      {-0.0f, 1.0f},  {-87.5f, 1.0f},
+                                          {-20.0f, 1e-30f}, {-1e-6f, 63.5f}};
+  const std::vector<float> usums = {0.0f, -2.0f, 0.0f, -1.0f, -50.0f, nan, -0.0f, -3.0f, -1e-30f, -0.75f};
+  const std::vector<float> running = {0.0f, -0.0f, -0.5f, -1e30f, -kInf, nan, -1e-45f};
+  for (float global_max : {0.0f, 3.0e38f, 1e-6f}) {
+    for (size_t g = 0; g < tiles.size(); ++g) {
+      const float f = detlogp::chain_factor_or_skip(tiles[g], global_max);
+      const float a = detlogp::entropy_chain_term_or_skip(tiles[g], usums[g], global_max, f);
+      for (float u : running) {
+        const float step = detlogp::entropy_chain_step(u, tiles[g], usums[g], global_max);
+        const float folded = detlogp::entropy_chain_fma(u, a, f);
+        if (step != step) {
+          EXPECT_NE(folded, folded) << "tile " << g << " U " << u;
+        } else {
+          EXPECT_EQ(bits(folded), bits(step)) << "tile " << g << " U " << u << " M " << global_max;
+        }
+      }
+    }
+  }
+}
+
 TEST(EntropyCore, MeetsTheAccuracyBoundOnRandomPeakedFlatAndLargeRows) {
   detlogp_test::Rng rng(2026);
   for (int64_t v : {17, 123, 2053, 151936}) {

@@ -8,6 +8,9 @@
 //   chain_rows_lanes:   kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
 //                       chains per fma instruction) fed through two shared stages by four factor
 //                       warps (the full-mode combine above 256 rows).
+// With kEntropy the two CTA-per-row schedules also run the entropy chain U beside S (§10; its term
+// fma(s_g, d_g, u_g) formed off the serial path with the factor, one more fma per tile on it) and
+// write the entropy; chain_rows_lanes serves logp/lse alone.
 // Shared by combine.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
@@ -33,11 +36,13 @@ __device__ __forceinline__ float cta_row_max(float m, float (&warp_max)[kCombine
   return m;
 }
 
-// Row r's logp and lse from its maximum and chain sum; y_t from the segment that owns the target
-// (no read for an ignored row).
+// Row r's logp and lse from its maximum and chain sum (and its entropy from S and U, where
+// entropy is non-null); y_t from the segment that owns the target (no read for an ignored row).
 __device__ __forceinline__ void finish_segmented_row(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                      const void* targets, int targets_i64, int64_t ignore_index,
-                                                     float global_max, float sum, float* logp, float* lse) {
+                                                     float global_max, float sum, float usum, float* logp, float* lse,
+                                                     float* entropy) {
+  if (entropy != nullptr) entropy[row] = finalize_entropy(sum, usum);
   const int64_t t = load_target(targets, targets_i64, row);
   const bool ignored = t == ignore_index;
   float y_t = 0.0f;
@@ -55,12 +60,14 @@ __device__ __forceinline__ void finish_segmented_row(const MergeSegment* segment
 // The row's tiles are the concatenation of `count` segments in ascending global tile order (one
 // per tensor-parallel rank in the merge); y_t comes from the segment that owns the target
 // (owned == null: the segment owns every non-ignored row).
+template <bool kEntropy = false>
 __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                               const void* targets, int targets_i64, int64_t ignore_index, float* logp,
-                                              float* lse) {
+                                              float* lse, float* entropy = nullptr) {
   __shared__ float warp_max[kCombineCtaThreads / 32];
   __shared__ alignas(16) float chunk_sum[kChainChunk];
   __shared__ alignas(16) float chunk_scale[kChainChunk];
+  __shared__ alignas(16) float chunk_term[kEntropy ? kChainChunk : 1];
   const int tid = threadIdx.x;
 
   float global_max = fp::neg_inf();
@@ -72,7 +79,7 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   }
   global_max = cta_row_max(global_max, warp_max);
 
-  float sum = 0.0f;
+  float sum = 0.0f, usum = 0.0f;
   for (int s = 0; s < count; ++s) {
     const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
     for (int64_t base = 0; base < segments[s].tiles; base += kChainChunk) {
@@ -81,18 +88,31 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
       for (int i = tid; i < n; i += kCombineCtaThreads) {
         const TileSummary ts = tiles[base + i];
         chunk_sum[i] = ts.sum;
-        chunk_scale[i] = chain_factor_or_skip(ts, global_max);  // off the serial path
+        const float factor = chain_factor_or_skip(ts, global_max);  // off the serial path
+        chunk_scale[i] = factor;
+        if constexpr (kEntropy)
+          chunk_term[i] = entropy_chain_term_or_skip(ts, segments[s].usums[r * segments[s].tiles + base + i],
+                                                     global_max, factor);
       }
       __syncthreads();
       if (tid == 0) {  // the serial path: one dependent fma per tile (a plain loop keeps 32 registers)
+        if constexpr (kEntropy) {
 #pragma unroll 16
-        for (int i = 0; i < n; ++i) sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
+          for (int i = 0; i < n; ++i) {
+            sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
+            usum = entropy_chain_fma(usum, chunk_term[i], chunk_scale[i]);
+          }
+        } else {
+#pragma unroll 16
+          for (int i = 0; i < n; ++i) sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
+        }
       }
       __syncthreads();
     }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, logp, lse);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, logp, lse,
+                         kEntropy ? entropy : nullptr);
 }
 
 // ---- chain_rows_lanes ------------------------------------------------------------------------
@@ -154,6 +174,42 @@ __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, in
   return sum;
 }
 
+// chain_fma_rounds with the entropy chain beside: t[i] the tiles' entropy terms (or -0 to skip),
+// the same factors. Both chains advance in the same loop; neither waits for the other.
+template <int kRound = 16>
+__device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, const float2* v, const float* t, int n) {
+  const int rounds = n / kRound;
+  float2 a[kRound], b[kRound];
+  float ta[kRound], tb[kRound];
+  auto load = [&](float2(&dst)[kRound], float(&dt)[kRound], int q) {
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      dst[k] = v[q * kRound + k];
+      dt[k] = t[q * kRound + k];
+    }
+  };
+  auto run = [&](const float2(&src)[kRound], const float(&st)[kRound]) {
+#pragma unroll
+    for (int k = 0; k < kRound; ++k) {
+      sum = chain_fma(sum, src[k].x, src[k].y);
+      usum = entropy_chain_fma(usum, st[k], src[k].y);
+    }
+  };
+  if (rounds > 0) load(a, ta, 0);
+  int q = 0;
+  for (; q + 1 < rounds; q += 2) {
+    load(b, tb, q + 1);
+    run(a, ta);
+    if (q + 2 < rounds) load(a, ta, q + 2);
+    run(b, tb);
+  }
+  if (q < rounds) run(a, ta);
+  for (int i = kRound * rounds; i < n; ++i) {
+    sum = chain_fma(sum, v[i].x, v[i].y);
+    usum = entropy_chain_fma(usum, t[i], v[i].y);
+  }
+}
+
 // One CTA (kCombineCtaThreads) per row, latency first (the combine of up to a few hundred rows is
 // about one CTA's latency after the fused kernel): each thread loads its tiles
 // g = tid + kCombineCtaThreads k, k < kHeld, into registers, all loads in flight together, and
@@ -166,14 +222,15 @@ __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, in
 // copying the tiles to shared memory first (fewer registers, several rows per CTA) was slower: the
 // loads then go in rounds.
 inline constexpr int kHeldTiles = 12;  // 3072 tiles a chunk: Qwen3-8B's 2374 in one
-template <int kHeld = kHeldTiles, int kRound = 16>
+template <int kHeld = kHeldTiles, int kRound = 16, bool kEntropy = false>
 __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                    const void* targets, int targets_i64, int64_t ignore_index,
-                                                   float* logp, float* lse) {
+                                                   float* logp, float* lse, float* entropy = nullptr) {
   constexpr int kChunk = kCombineCtaThreads * kHeld;
   __shared__ float warp_max[kCombineCtaThreads / 32];
   __shared__ alignas(16) float2 pairs[kChunk];
-  static_assert(sizeof(pairs) + sizeof(warp_max) <= 48 * 1024, "static shared memory");
+  __shared__ alignas(16) float terms[kEntropy ? kChunk : 1];
+  static_assert(sizeof(pairs) + sizeof(terms) + sizeof(warp_max) <= 48 * 1024, "static shared memory");
   const int tid = threadIdx.x;
   int64_t total = 0;
   for (int s = 0; s < count; ++s) total += segments[s].tiles;
@@ -182,12 +239,19 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
     while (s + 1 < count && g >= segments[s].tiles) g -= segments[s++].tiles;
     return segments[s].summaries[r * segments[s].tiles + g];
   };
+  auto usum_at = [&](int64_t g) {  // its entropy sum
+    int s = 0;
+    while (s + 1 < count && g >= segments[s].tiles) g -= segments[s++].tiles;
+    return segments[s].usums[r * segments[s].tiles + g];
+  };
 
   TileSummary held[kHeld];
+  float held_usum[kEntropy ? kHeld : 1];
 #pragma unroll
   for (int k = 0; k < kHeld; ++k) {
     const int64_t g = tid + int64_t{kCombineCtaThreads} * k;
     held[k] = g < total ? tile_at(g) : TileSummary{fp::neg_inf(), 0.0f};
+    if constexpr (kEntropy) held_usum[k] = g < total ? usum_at(g) : 0.0f;
   }
   float global_max = fp::neg_inf();
 #pragma unroll
@@ -195,7 +259,7 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
   for (int64_t g = kChunk + tid; g < total; g += kCombineCtaThreads) global_max = chain_max(global_max, tile_at(g).max);
   global_max = cta_row_max(global_max, warp_max);
 
-  float sum = 0.0f;
+  float sum = 0.0f, usum = 0.0f;
   for (int64_t base = 0; base < total; base += kChunk) {
     const int n = static_cast<int>(total - base < kChunk ? total - base : kChunk);
     if (base > 0) __syncthreads();  // the chain thread is done with the previous chunk
@@ -204,14 +268,23 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
       const int i = tid + kCombineCtaThreads * k;
       if (i < n) {
         const TileSummary ts = base == 0 ? held[k] : tile_at(base + i);
-        pairs[i] = float2{ts.sum, chain_factor_or_skip(ts, global_max)};  // off the serial path
+        const float factor = chain_factor_or_skip(ts, global_max);  // off the serial path
+        pairs[i] = float2{ts.sum, factor};
+        if constexpr (kEntropy)
+          terms[i] = entropy_chain_term_or_skip(ts, base == 0 ? held_usum[k] : usum_at(base + i), global_max, factor);
       }
     }
     __syncthreads();
-    if (tid == 0) sum = chain_fma_rounds<kRound>(sum, pairs, n);  // the serial path
+    if (tid == 0) {  // the serial path
+      if constexpr (kEntropy)
+        chain_fma_rounds_entropy<kRound>(sum, usum, pairs, terms, n);
+      else
+        sum = chain_fma_rounds<kRound>(sum, pairs, n);
+    }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, logp, lse);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, logp, lse,
+                         kEntropy ? entropy : nullptr);
 }
 
 // Probe: called at fixed points by one thread each, with a value the point waits for

@@ -149,7 +149,10 @@ __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, cons
 // and the exponentials take expc lane by lane (same bits; this form runs once per row and shard).
 // kPrepared: the rows come prepared in *prepared (prepare_wide_rows, the same fragment); otherwise
 // they are set up here, from `rows`, by the same operations.
-template <int BlockN, bool kPlain, bool kPrepared, bool kEdge>
+// kEntropy: also each tile's entropy sum u_g (docs/contract.md §10) into p.usums, by a second tree
+// over the lane terms e * x that takes the e tree's pairs at every level (same lanes, same shuffles),
+// so u_g is reduce.hpp's tile_tree_sum of entropy_lane_term; without it the code is unchanged.
+template <int BlockN, bool kPlain, bool kPrepared, bool kEdge, bool kEntropy>
 __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, const WideRows* prepared,
                                                         int64_t row_tile0, int64_t row_limit, int64_t col0,
@@ -351,11 +354,34 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
   // the vote failed (an argument below -87 or a NaN somewhere in the warp's fragment), expc with its
   // range branches through a local copy (a rolled loop keeps the rare path's code small), 0 for a
   // lane that is not real.
-  auto level1 = [&](auto fast_path, int tt, int h, float(&lv)[8]) {
+  // kEntropy: level 1 of the entropy terms too, into wv.
+  auto level1 = [&](auto fast_path, int tt, int h, float(&lv)[8], float(&wv)[kEntropy ? 8 : 1]) {
     if constexpr (decltype(fast_path)::value) {
+      if constexpr (kEntropy) {
+        // e > 0 on expc_normal's domain (its results are normal), so entropy_lane_term is the product.
 #pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
-        lv[jj] = tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
+        for (int jj = 0; jj < 8; ++jj) {
+          const float x0 = acc[at(tt, h, 2 * jj)], x1 = acc[at(tt, h, 2 * jj + 1)];
+          const float e0 = expc_normal(x0), e1 = expc_normal(x1);
+          lv[jj] = tree_add(e0, e1);
+          wv[jj] = tree_add(fp::mul(e0, x0), fp::mul(e1, x1));
+        }
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+          lv[jj] = tree_add(expc_normal(acc[at(tt, h, 2 * jj)]), expc_normal(acc[at(tt, h, 2 * jj + 1)]));
+      }
+    } else if constexpr (kEntropy) {
+      float xs[16], es[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) xs[i] = acc[at(tt, h, i)];
+#pragma unroll 1
+      for (int i = 0; i < 16; ++i) es[i] = !kEdge || 8 * (i / 2) + 2 * q + i % 2 < real[tt] ? expc(xs[i]) : 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        lv[jj] = tree_add(es[2 * jj], es[2 * jj + 1]);
+        wv[jj] = tree_add(entropy_lane_term(es[2 * jj], xs[2 * jj]), entropy_lane_term(es[2 * jj + 1], xs[2 * jj + 1]));
+      }
     } else {
       float xs[16];
 #pragma unroll
@@ -387,18 +413,46 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
       out[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
     }
   };
+  // Levels 2-3 of a closed group of four slices (see groups below): level 2 pairs slices (0, 1) and
+  // (2, 3), level 3 (lanes q, q ^ 2) scatters again over those two pairs.
+  auto level23 = [&](const auto& lv, float(&l3)[8]) {
+    float l2a[8], l2b[8];
+    level2(lv[0], lv[1], l2a);
+    level2(lv[2], lv[3], l2b);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const float keep = b1 ? l2b[jj] : l2a[jj];
+      const float send = b1 ? l2a[jj] : l2b[jj];
+      l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+    }
+  };
+  // Levels 2-3 of one vocab tile's two slices: level 2 as above, level 3 a plain exchange (both
+  // lanes hold the same bits).
+  auto level23_exchange = [&](const auto& lv, float(&l3)[8]) {
+    float l2[8];
+    level2(lv[0], lv[1], l2);
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) l3[jj] = tree_add(l2[jj], __shfl_xor_sync(0xFFFFFFFFu, l2[jj], 2));
+  };
   // Slice 2 s + b0 is vocab tile s, row half b0.
   const int64_t row_h = b0 ? row[1] : row[0];
   const bool row_ok_h = b0 ? row_ok[1] : row_ok[0];
-  // Levels 4-6 of one slice held by this lane, +0 when its max is -inf, and its summary.
-  auto finish = [&](const float(&l)[8], float mx, int tt, bool store) {
+  // Levels 4-6 of one slice held by this lane, +0 when its max is -inf, and its summary (kEntropy:
+  // and its entropy sum from lw, the same way).
+  auto levels456 = [](const float(&l)[8]) {
     const float l4a = tree_add(l[0], l[1]), l4b = tree_add(l[2], l[3]);
     const float l4c = tree_add(l[4], l[5]), l4d = tree_add(l[6], l[7]);
-    float sum = tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+    return tree_add(tree_add(l4a, l4b), tree_add(l4c, l4d));
+  };
+  auto finish = [&](const float(&l)[8], const float(&lw)[kEntropy ? 8 : 1], float mx, int tt, bool store) {
+    float sum = levels456(l);
     if (mx == fp::neg_inf()) sum = 0.0f;  // all lanes -inf
     const int64_t local_tile = col0 / kVocabTile + tt;
-    if (store && row_ok_h && (!kEdge || local_tile < p.local_tiles))
-      p.summaries[(row_h - p.row_begin) * p.local_tiles + local_tile] = TileSummary{mx, sum};
+    if (store && row_ok_h && (!kEdge || local_tile < p.local_tiles)) {
+      const int64_t slot = (row_h - p.row_begin) * p.local_tiles + local_tile;
+      p.summaries[slot] = TileSummary{mx, sum};
+      if constexpr (kEntropy) p.usums[slot] = mx == fp::neg_inf() ? 0.0f : levels456(lw);
+    }
   };
   // The groups below, with the exponentials of the vote's outcome (one branch for the fragment, so
   // each path is straight-line code the scheduler can interleave).
@@ -411,35 +465,28 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
       // shuffle rounds can overlap the next group's exponentials (same operations, same bits).
 #pragma unroll
       for (int u = 0; u < kS2 / 2; ++u) {
-        float lv[4][8];
+        float lv[4][8], wv[4][kEntropy ? 8 : 1];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) level1(fast_path, 2 * u + k / 2, k % 2, lv[k]);
-        float l2a[8], l2b[8], l3[8];
-        level2(lv[0], lv[1], l2a);
-        level2(lv[2], lv[3], l2b);
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const float keep = b1 ? l2b[jj] : l2a[jj];
-          const float send = b1 ? l2a[jj] : l2b[jj];
-          l3[jj] = tree_add(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
-        }
+        for (int k = 0; k < 4; ++k) level1(fast_path, 2 * u + k / 2, k % 2, lv[k], wv[k]);
+        float l3[8], w3[kEntropy ? 8 : 1];
+        level23(lv, l3);
+        if constexpr (kEntropy) level23(wv, w3);
         const float m_lo = b0 ? m[4 * u + 1] : m[4 * u];
         const float m_hi = b0 ? m[4 * u + 3] : m[4 * u + 2];
-        finish(l3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
+        finish(l3, w3, b1 ? m_hi : m_lo, 2 * u + (b1 ? 1 : 0), true);
       }
     } else {
       // An odd number of slice pairs (BlockN = 192): per vocab tile, level 2 as above and level 3 as
       // a plain exchange (both lanes hold the same bits), stored by the lane with b1 = 0.
 #pragma unroll
       for (int s = 0; s < kS2; ++s) {
-        float lv[2][8];
-        level1(fast_path, s, 0, lv[0]);
-        level1(fast_path, s, 1, lv[1]);
-        float l2[8], l3[8];
-        level2(lv[0], lv[1], l2);
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) l3[jj] = tree_add(l2[jj], __shfl_xor_sync(0xFFFFFFFFu, l2[jj], 2));
-        finish(l3, b0 ? m[2 * s + 1] : m[2 * s], s, !b1);
+        float lv[2][8], wv[2][kEntropy ? 8 : 1];
+        level1(fast_path, s, 0, lv[0], wv[0]);
+        level1(fast_path, s, 1, lv[1], wv[1]);
+        float l3[8], w3[kEntropy ? 8 : 1];
+        level23_exchange(lv, l3);
+        if constexpr (kEntropy) level23_exchange(wv, w3);
+        finish(l3, w3, b0 ? m[2 * s + 1] : m[2 * s], s, !b1);
       }
     }
   };
@@ -457,7 +504,7 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
 // thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
 // acc is consumed in place. kPlain: the launch has neither bias nor logits output (the trainer
 // entry without bias). kPrepared: the rows come prepared in *prepared (prepare_wide_rows).
-template <int BlockN, bool kPlain = false, bool kPrepared = false>
+template <int BlockN, bool kPlain = false, bool kPrepared = false, bool kEntropy = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
                                                         int64_t col0, bool logits_vec2,
@@ -465,11 +512,12 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false>(acc, p, rows, prepared, row_tile0, row_limit, col0,
-                                                                     logits_vec2);
+    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false, kEntropy>(acc, p, rows, prepared, row_tile0,
+                                                                               row_limit, col0, logits_vec2);
   // The edge sets its rows up from `rows` even where they come prepared: that form of the
   // cooperative kernel measured up to 0.6 % faster than the one reading *prepared (docs/perf.md).
-  fragment_tile_summaries<BlockN, kPlain, false, true>(acc, p, rows, prepared, row_tile0, row_limit, col0, logits_vec2);
+  fragment_tile_summaries<BlockN, kPlain, false, true, kEntropy>(acc, p, rows, prepared, row_tile0, row_limit, col0,
+                                                                 logits_vec2);
 }
 
 }  // namespace detlogp::sm90
