@@ -1,6 +1,6 @@
 """detlogp.torch: the PyTorch operator, with autograd.
 
-linear_logp(hidden, weight, targets, ...) -> (logp, lse[, logits]) runs the contract-bearing
+linear_logp(hidden, weight, targets, ...) -> (logp, lse[, entropy][, logits]) runs the contract-bearing
 backends (SM90 on CUDA tensors, the CPU backend on CPU tensors) through the C++ library on the
 caller's current CUDA stream. It is a torch custom op (``detlogp::linear_logp``) with a fake
 implementation, so it traces under torch.compile and replays inside CUDA graphs.
@@ -60,6 +60,7 @@ def linear_logp(
     tp_group=None,
     strict: Optional[bool] = None,
     backend: Optional[str] = None,
+    return_entropy: bool = False,
 ):
     """Per-token log-probabilities: logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T.
 
@@ -67,8 +68,11 @@ def linear_logp(
     targets [...] int32/int64 (global ids), bias [V_local] fp32, temperature a float, a 0-d floating
     tensor (every row's, expanded inside the graph) or an fp32 tensor shaped like targets
     (docs/python.md, "Accepted inputs"). Returns (logp, lse) fp32 shaped like targets, plus logits
-    [..., V_local] fp32 (unscaled z, the serving entry) when return_logits. Differentiable in
-    hidden, weight, bias and a temperature tensor (0-d or per row). backend: None (DETLOGP_BACKEND,
+    [..., V_local] fp32 (unscaled z, the serving entry) when return_logits. return_entropy: each
+    row's entropy H = -sum p log p (docs/contract.md §10) from the same call, returned after lse:
+    (logp, lse, entropy[, logits]); served by the backends whose provenance names an entropy_id,
+    refused by the others. Differentiable in hidden, weight, bias and a temperature tensor (0-d or
+    per row), through every output, in one backward pass. backend: None (DETLOGP_BACKEND,
     else auto), a C++ backend id, or TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every
     non-contract lane. detlogp.torch.last_report() says which backend served the call and which
     operands were copied ("copies": a CUDA view the SM90 backend cannot read in place is copied
@@ -126,21 +130,25 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + v_local}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        logp, lse, logits = _linear_logp_op(
-            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on
-        )
+        logp, lse, logits, entropy = _linear_logp_op(
+            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on,
+            bool(return_entropy),
+        )  # fmt: skip
     else:
+        if return_entropy:
+            raise InputError("return_entropy with tp_group is not supported yet")
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
         logp, lse, logits = _TensorParallelLinearLogp.apply(
             h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
             strict_on, tp_group,
         )  # fmt: skip
-    logp = logp.reshape(batch_shape)
-    lse = lse.reshape(batch_shape)
+    out = (logp.reshape(batch_shape), lse.reshape(batch_shape))
+    if return_entropy:
+        out += (entropy.reshape(batch_shape),)
     if return_logits:
-        return logp, lse, logits.reshape(tuple(batch_shape) + (v_local,))
-    return logp, lse
+        out += (logits.reshape(tuple(batch_shape) + (v_local,)),)
+    return out
 
 
 def _forwarded(name: str) -> property:

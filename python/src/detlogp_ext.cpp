@@ -477,20 +477,25 @@ NB_MODULE(_detlogp, m) {
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
+  // g_entropy (dL/dH) adds the entropy term and needs entropy, the forward's H.
   m.def(
       "linear_logp_grad_logits",
       [](const Problem& problem, const InArray& lse, const std::optional<InArray>& g_logp,
-         const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream) {
+         const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream,
+         const std::optional<InArray>& entropy, const std::optional<InArray>& g_entropy) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::GradLogitsArgs args;
         args.lse = view_of(lse, "lse", 1, false);
         if (auto g = opt_view(g_logp, "g_logp", 1)) args.g_logp = *g;
         if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
+        if (auto h = opt_view(entropy, "entropy", 1)) args.entropy = *h;
+        if (auto g = opt_view(g_entropy, "g_entropy", 1)) args.g_entropy = *g;
         const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
         const detlogp::CallOptions opt = options("", false, stream);
         return reported([&] { return detlogp::linear_logp_grad_logits(in, args, out, opt); });
       },
-      "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a);
+      "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a, "entropy"_a.none() = nb::none(),
+      "g_entropy"_a.none() = nb::none());
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
   // layout | None)]; the library checks the layouts.

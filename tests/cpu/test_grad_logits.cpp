@@ -1,7 +1,9 @@
 // linear_logp_grad_logits on the CPU: the bf16 rounding helper, the op against a float64 formula
 // on odd shapes (bias, per-row temperatures, ignored rows, padding columns, chunks at vocab_start
 // > 0, strided dz), bitwise equality with the pinned formula applied to the CPU backend's own
-// serving logits, thread-count invariance, and the error cases (nothing written).
+// serving logits, thread-count invariance, and the error cases (nothing written). The entropy
+// term (g_entropy with the forward's entropy): the same checks against the float64 gradient of a
+// loss mixing logp, lse and entropy, and the logp-only bits whenever g_entropy is absent.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,8 +32,10 @@ struct GradCase {
   Problem full;
   int64_t vocab_start = 0, cols = 0, dz_stride = 0;
   std::vector<float> lse, g_logp, g_lse;
+  std::vector<float> entropy, g_entropy;  // filled by with_entropy_term
   std::vector<uint16_t> dz;
   bool with_g_logp = true, with_g_lse = true;
+  bool pass_entropy = false, pass_g_entropy = false;
 
   GradCase(const Problem& p, int64_t start, int64_t c, int64_t stride_pad = 0, uint64_t seed = 3)
       : full(p), vocab_start(start), cols(c), dz_stride(c + stride_pad) {
@@ -43,6 +47,20 @@ struct GradCase {
     for (auto& g : g_logp) g = static_cast<float>(rng.uniform() * 2.0 - 0.5);
     for (auto& g : g_lse) g = static_cast<float>(rng.uniform() - 0.5);
     dz.assign(static_cast<size_t>(full.rows * dz_stride), kPoison16);
+  }
+  // The forward's entropy (CPU backend, beside the same lse bits) and a dL/dH per row; both are
+  // passed from here on.
+  GradCase& with_entropy_term(uint64_t seed = 17) {
+    Outputs out(full.rows, full.vocab, false);
+    entropy = poisoned(static_cast<size_t>(full.rows));
+    detlogp::LinearLogpOutputs views = out.views();
+    views.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, full.rows);
+    detlogp::linear_logp(full.inputs(), views, cpu_backend_options());
+    Rng rng(seed);
+    g_entropy.resize(static_cast<size_t>(full.rows));
+    for (auto& g : g_entropy) g = static_cast<float>(rng.uniform() * 1.5 - 0.75);
+    pass_entropy = pass_g_entropy = true;
+    return *this;
   }
   detlogp::LinearLogpInputs inputs() const {
     detlogp::LinearLogpInputs in = full.inputs();
@@ -60,6 +78,8 @@ struct GradCase {
     a.lse = detlogp::TensorView::vector(lse.data(), detlogp::DType::f32, full.rows);
     if (with_g_logp) a.g_logp = detlogp::TensorView::vector(g_logp.data(), detlogp::DType::f32, full.rows);
     if (with_g_lse) a.g_lse = detlogp::TensorView::vector(g_lse.data(), detlogp::DType::f32, full.rows);
+    if (pass_entropy) a.entropy = detlogp::TensorView::vector(entropy.data(), detlogp::DType::f32, full.rows);
+    if (pass_g_entropy) a.g_entropy = detlogp::TensorView::vector(g_entropy.data(), detlogp::DType::f32, full.rows);
     return a;
   }
   detlogp::MutableTensorView dz_view() {
@@ -266,6 +286,227 @@ TEST(CpuGradLogits, RowsAreIndependentOfTheBatch) {
     for (int64_t c = 0; c < s.cols; ++c) ASSERT_EQ(part.at(i, c), all.at(picks[i], c)) << "row " << picks[i];
 }
 
+namespace {
+
+// The float64 gradient of the mixed loss L = sum_n g_logp[n] logp_n + g_lse[n] lse_n + g_entropy[n] H_n
+// from the same bf16 inputs, lse and H in float64 too: for the chunk's column v of row n,
+//   dL/dz_v = [onehot(t)_v gl + p_v ((gs - gl) - gh (log p_v + H))] / T,
+// and the row's scale for the tolerance (the error of the fp32 pipeline is about ulps of each term).
+struct EntropyRef {
+  std::vector<double> dz;     // [cols]
+  std::vector<double> slack;  // [cols]: per-column absolute error allowed beside bf16 rounding
+};
+
+EntropyRef entropy_reference_row(const GradCase& g, int64_t n) {
+  const Problem& p = g.full;
+  const double inv_t = 1.0 / static_cast<double>(p.temperature_of(n));
+  std::vector<double> y(static_cast<size_t>(p.real_vocab));
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < p.real_vocab; ++v) {
+    double z = 0;
+    for (int64_t k = 0; k < p.dim; ++k) z += static_cast<double>(p.h(n, k)) * static_cast<double>(p.w(v, k));
+    if (!p.bias.empty()) z += static_cast<double>(p.bias[v]);
+    y[v] = z * inv_t;
+    m = std::max(m, y[v]);
+  }
+  double s = 0, u = 0;
+  for (double yv : y) {
+    s += std::exp(yv - m);
+    u += std::exp(yv - m) * (yv - m);
+  }
+  const double lse = m + std::log(s);
+  const double h = std::log(s) - u / s;
+  const bool ignored = p.targets[n] == p.ignore_index;
+  const double gl = (ignored || !g.with_g_logp) ? 0.0 : g.g_logp[n];
+  const double gs = g.with_g_lse ? g.g_lse[n] : 0.0;
+  const double gh = g.g_entropy[n];
+  EntropyRef r;
+  r.dz.assign(static_cast<size_t>(g.cols), 0.0);
+  r.slack.assign(static_cast<size_t>(g.cols), 0.0);
+  for (int64_t c = 0; c < g.cols; ++c) {
+    const int64_t v = g.vocab_start + c;
+    if (v >= p.real_vocab) continue;  // padding: exactly +0, checked bitwise
+    const double x = y[v] - lse;
+    const double prob = std::exp(x);
+    double d = prob * ((gs - gl) - gh * (x + h));
+    if (!ignored && p.targets[n] == v) d += gl;
+    r.dz[c] = d * inv_t;
+    // fp32 y, x, lse and H carry ~1e-6 relative error of their own magnitudes; the factor of p is
+    // their sum scaled by gh (it may cancel, so the error is absolute), plus a floor for p's underflow.
+    r.slack[c] = inv_t * (1e-5 * prob * (std::fabs(gs - gl) + std::fabs(gh) * (std::fabs(x) + h + 1.0)) +
+                          1e-6 * (std::fabs(gl) + std::fabs(gs) + std::fabs(gh)));
+  }
+  return r;
+}
+
+void expect_entropy_term_matches_float64(const GradCase& g, const std::string& what) {
+  const Problem& p = g.full;
+  int64_t bad = 0;
+  for (int64_t n = 0; n < p.rows; ++n) {
+    const EntropyRef ref = entropy_reference_row(g, n);
+    for (int64_t c = 0; c < g.cols; ++c) {
+      const double got = bf16_to_float(g.at(n, c));
+      const double want = ref.dz[static_cast<size_t>(c)];
+      const double tol = 0x1p-8 * std::fabs(want) + ref.slack[static_cast<size_t>(c)];
+      if (!(std::fabs(got - want) <= tol) && bad++ < 5)
+        ADD_FAILURE() << what << ": dz[" << n << "][" << c << "] = " << got << ", float64 " << want << " (tol " << tol
+                      << ")";
+      if (g.vocab_start + c >= p.real_vocab) {
+        EXPECT_EQ(g.at(n, c), 0) << what << ": padding column " << c << " of row " << n << " is not +0";
+      }
+    }
+    for (int64_t c = g.cols; c < g.dz_stride; ++c)
+      EXPECT_EQ(g.at(n, c), kPoison16) << what << ": dz[" << n << "][" << c << "] past C was written";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the tolerance";
+}
+
+int64_t count_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int64_t* first) {
+  int64_t diff = 0;
+  *first = -1;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) {
+      if (*first < 0) *first = static_cast<int64_t>(i);
+      ++diff;
+    }
+  return diff;
+}
+
+}  // namespace
+
+TEST(GradLogit, EntropyTermPinnedOrderOfOperations) {
+  detlogp::GradRow r{detlogp::inverse_temperature(0.7f), 3.25f, 0.75f, -0.125f};
+  r.entropy_term = true;
+  r.gh = -0.375f;
+  r.h = 2.125f;
+  const float z = 2.5f;
+  const float y = z * r.inv_t;
+  const float x = y - r.lse;
+  const float p = detlogp::expc(x);
+  const float c = std::fma(-r.gh, x + r.h, r.gs - r.gl);
+  const float d = c * p;
+  EXPECT_EQ(bc::float_bits(detlogp::grad_logit(z, r, true, false)), bc::float_bits(d * r.inv_t));
+  EXPECT_EQ(bc::float_bits(detlogp::grad_logit(z, r, true, true)), bc::float_bits((d + r.gl) * r.inv_t));
+  EXPECT_EQ(bc::float_bits(detlogp::grad_logit(z, r, false, false)), 0u);  // padding: exactly +0
+  // Where p == 0 the term is skipped: x = -inf (a -inf logit) gives no 0 * inf NaN.
+  const float ninf = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(detlogp::grad_logit_bf16(ninf, r, true, false), detlogp::bf16_round((r.gs - r.gl) * 0.0f * r.inv_t));
+  EXPECT_FALSE(std::isnan(detlogp::grad_logit(ninf, r, true, true)));
+  EXPECT_EQ(bc::float_bits(detlogp::grad_from_p(0.0f, ninf, r, true)), bc::float_bits((0.0f + r.gl) * r.inv_t));
+  // Without the term the bits are the logp/lse-only ones, whatever gh and h hold.
+  detlogp::GradRow off = r;
+  off.entropy_term = false;
+  const detlogp::GradRow plain{r.inv_t, r.lse, r.gl, r.gs};
+  EXPECT_EQ(bc::float_bits(detlogp::grad_logit(z, off, true, false)),
+            bc::float_bits(detlogp::grad_logit(z, plain, true, false)));
+  EXPECT_EQ(bc::float_bits(detlogp::grad_logit(z, plain, true, false)), bc::float_bits((r.gs - r.gl) * p * r.inv_t));
+}
+
+TEST(CpuGradLogits, EntropyTermMatchesFloat64OnOddShapes) {
+  uint64_t seed = 31;
+  for (const Shape& s : kShapes) {
+    GradCase g(shaped_problem(s, seed), s.vocab_start, s.cols, s.stride_pad, seed);
+    g.with_entropy_term(seed);
+    ++seed;
+    g.run();
+    expect_entropy_term_matches_float64(g, "entropy term N=" + std::to_string(s.rows) + " C=" + std::to_string(s.cols) +
+                                               " start=" + std::to_string(s.vocab_start));
+  }
+  // The entropy term alone (no g_logp, no g_lse), and beside g_logp only.
+  const Shape& s = kShapes[1];
+  GradCase only(shaped_problem(s, 6), s.vocab_start, s.cols, s.stride_pad, 6);
+  only.with_entropy_term(6);
+  only.with_g_logp = only.with_g_lse = false;
+  only.run();
+  expect_entropy_term_matches_float64(only, "g_entropy alone");
+  GradCase logp(shaped_problem(s, 7), s.vocab_start, s.cols, s.stride_pad, 7);
+  logp.with_entropy_term(7);
+  logp.with_g_lse = false;
+  logp.run();
+  expect_entropy_term_matches_float64(logp, "g_logp and g_entropy");
+}
+
+TEST(CpuGradLogits, EntropyTermOnPeakedRowsWhereProbabilitiesUnderflow) {
+  // Logits spread far at a low temperature: most lanes have p == 0 (x below expc's range), where the
+  // entropy term is skipped; nothing turns NaN and the rest still matches float64.
+  Problem p = make_problem(ProblemSpec{
+      .rows = 19, .dim = 64, .vocab = 517, .real_vocab = 500, .bias = true, .logit_stddev = 40.0, .seed = 9});
+  p.temperature = 0.25f;
+  p.targets[4] = p.ignore_index;
+  GradCase g(p, 0, 517, 0, 9);
+  g.with_entropy_term(9);
+  g.run();
+  int64_t zeros = 0;
+  for (int64_t n = 0; n < p.rows; ++n)
+    for (int64_t c = 0; c < g.cols; ++c) {
+      ASSERT_FALSE(std::isnan(bf16_to_float(g.at(n, c)))) << "dz[" << n << "][" << c << "] is NaN";
+      zeros += g.at(n, c) == 0 || g.at(n, c) == 0x8000;
+    }
+  EXPECT_GT(zeros, p.rows * 400) << "the problem should underflow most probabilities";
+  expect_entropy_term_matches_float64(g, "peaked rows");
+}
+
+TEST(CpuGradLogits, EntropyTermBitsEqualThePinnedFormulaOnTheCpuServingLogits) {
+  uint64_t seed = 41;
+  for (const Shape& s : kShapes) {
+    GradCase g(shaped_problem(s, seed), s.vocab_start, s.cols, s.stride_pad, seed);
+    g.with_entropy_term(seed);
+    ++seed;
+    g.run();
+    const std::vector<uint16_t> ref = formula_on_cpu_logits(g);
+    int64_t first = -1;
+    const int64_t diff = count_diff(ref, g.dz, &first);
+    EXPECT_EQ(diff, 0) << "N=" << s.rows << " C=" << s.cols << ": " << diff << " bf16 elements differ, first at flat "
+                       << first;
+  }
+}
+
+TEST(CpuGradLogits, WithoutGEntropyTheBitsAreTheLogpOnlyOnes) {
+  uint64_t seed = 21;  // the seeds of BitsEqualThePinnedFormulaOnTheCpuServingLogits
+  for (const Shape& s : kShapes) {
+    GradCase plain(shaped_problem(s, seed), s.vocab_start, s.cols, s.stride_pad, seed);
+    plain.run();
+    // The forward's entropy handed over without g_entropy is not read: even NaN leaves the bits alone.
+    GradCase given(shaped_problem(s, seed), s.vocab_start, s.cols, s.stride_pad, seed);
+    given.with_entropy_term(seed);
+    given.pass_g_entropy = false;
+    for (auto& h : given.entropy) h = std::numeric_limits<float>::quiet_NaN();
+    given.run();
+    ++seed;
+    int64_t first = -1;
+    EXPECT_EQ(count_diff(plain.dz, given.dz, &first), 0) << "N=" << s.rows << " C=" << s.cols << ", first at " << first;
+    EXPECT_EQ(formula_on_cpu_logits(plain), plain.dz) << "N=" << s.rows << " C=" << s.cols;
+  }
+}
+
+TEST(CpuGradLogits, EntropyTermReachesIgnoredRowsWithoutTheirLogpTerm) {
+  // An ignored row has no g_logp term but keeps its entropy term (H does not depend on the target):
+  // its dz equals the same row's with g_logp zeroed, and is not zero.
+  const Shape& s = kShapes[4];
+  GradCase g(shaped_problem(s, 12), s.vocab_start, s.cols, s.stride_pad, 12);
+  g.with_entropy_term(12);
+  g.run();
+  GradCase zeroed(shaped_problem(s, 12), s.vocab_start, s.cols, s.stride_pad, 12);
+  zeroed.with_entropy_term(12);
+  int64_t ignored_rows = 0;
+  for (int64_t n = 0; n < g.full.rows; ++n)
+    if (g.full.targets[n] == g.full.ignore_index) {
+      zeroed.g_logp[n] = 0.0f;
+      ++ignored_rows;
+    }
+  zeroed.run();
+  ASSERT_GT(ignored_rows, 0);
+  for (int64_t n = 0; n < g.full.rows; ++n) {
+    if (g.full.targets[n] != g.full.ignore_index) continue;
+    int64_t nonzero = 0;
+    for (int64_t c = 0; c < g.cols; ++c) {
+      ASSERT_EQ(g.at(n, c), zeroed.at(n, c)) << "ignored row " << n << " col " << c;
+      nonzero += (g.at(n, c) & 0x7FFF) != 0;
+    }
+    EXPECT_GT(nonzero, 0) << "ignored row " << n << " lost its entropy term";
+  }
+}
+
 TEST(CpuGradLogits, EmptyBatchReturnsAtOnce) {
   Problem p = make_problem(ProblemSpec{.rows = 0, .dim = 16, .vocab = 70});
   GradCase g(p, 0, 70);
@@ -416,5 +657,38 @@ TEST(CpuGradLogits, BadInputsAreRefusedByNameAndWriteNothing) {
                      detlogp::linear_logp_grad_logits(in, g.args(), g.dz_view());
                    },
                    {"weight has D=31 columns but hidden has D=32"});
+  }
+  {
+    GradCase g = fresh();
+    g.with_entropy_term();
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.entropy = {};
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"g_entropy needs entropy"});
+  }
+  {
+    GradCase g = fresh();
+    g.with_entropy_term();
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.g_entropy.rows = 8;
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"g_entropy has 8 elements, expected 9"});
+  }
+  {
+    GradCase g = fresh();
+    g.with_entropy_term();
+    expect_refused(g,
+                   [&] {
+                     auto a = g.args();
+                     a.entropy.dtype = detlogp::DType::i32;
+                     detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
+                   },
+                   {"entropy must be f32, got i32"});
   }
 }

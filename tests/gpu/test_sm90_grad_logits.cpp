@@ -5,7 +5,9 @@
 // D in {64, 200, 4096}, with bias, per-row temperatures, ignored rows, padding columns,
 // vocab_start > 0 (also not a multiple of 64), strided and 2-byte-offset dz, i32/i64 targets and
 // absent upstream gradients. Also: close to the CPU implementation, deterministic across runs,
-// columns past C never written, and a bad target or temperature refused with nothing written.
+// columns past C never written, and a bad target or temperature refused with nothing written. With
+// the entropy term (g_entropy and the rows' entropy H, the CPU reduce_logits of the same SM90
+// logits): bit-identical to the pinned formula on SM90 logits, and the logp-only bits without it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +58,9 @@ struct GradCase {
   DevBuf<int64_t> t64;
   std::vector<float> temps, g_logp, g_lse;
   DevBuf<float> d_temps, d_g_logp, d_g_lse;
+  bool entropy_term = false;              // with_entropy_term: entropy and g_entropy are passed
+  std::vector<float> entropy, g_entropy;  // [n]
+  DevBuf<float> d_entropy, d_g_entropy;
   Outputs fwd;  // logp, lse, logits [n][vocab]
   int64_t dz_stride = 0;
   DevBuf<uint16_t> dz;  // [n * dz_stride + 1]
@@ -105,6 +110,31 @@ struct GradCase {
     dz = DevBuf<uint16_t>(static_cast<size_t>(s.n * dz_stride + 1));
     dz.poison();
   }
+  // The rows' entropy H from the CPU reduce_logits of the forward's SM90 serving logits (the bits
+  // the SM90 forward's entropy output has by the contract, §10) and a dL/dH per row, on the device.
+  void with_entropy_term(uint64_t seed) {
+    const std::vector<float> logits = fwd.logits.to_host();
+    ReduceLogitsInputs ri;
+    ri.logits = TensorView::matrix(logits.data(), DType::f32, s.n, s.vocab);
+    ri.targets = TensorView::vector(targets.data(), DType::i64, s.n);
+    if (s.temp_rows)
+      ri.temperature_rows = TensorView::vector(temps.data(), DType::f32, s.n);
+    else
+      ri.temperature = 0.8f;
+    ri.real_vocab = s.real_vocab;
+    std::vector<float> logp(static_cast<size_t>(s.n)), lse(static_cast<size_t>(s.n));
+    entropy.assign(static_cast<size_t>(s.n), 0.0f);
+    reduce_logits(ri, mutable_vector(logp.data(), DType::f32, s.n), mutable_vector(lse.data(), DType::f32, s.n),
+                  mutable_vector(entropy.data(), DType::f32, s.n));
+    detlogp_test::Rng rng(seed ^ 0xE7ull);
+    g_entropy.resize(static_cast<size_t>(s.n));
+    for (auto& g : g_entropy) g = static_cast<float>(rng.below(1501)) / 1000.0f - 0.75f;
+    d_entropy = DevBuf<float>(entropy.size());
+    d_entropy.from_host(entropy);
+    d_g_entropy = DevBuf<float>(g_entropy.size());
+    d_g_entropy.from_host(g_entropy);
+    entropy_term = true;
+  }
   void set_targets(const std::vector<int64_t>& t) {
     if (s.i64) {
       t64 = DevBuf<int64_t>(t.size());
@@ -144,6 +174,10 @@ struct GradCase {
     a.lse = TensorView::vector(fwd.lse.get(), DType::f32, s.n, Memory::cuda);
     if (s.g_logp) a.g_logp = TensorView::vector(d_g_logp.get(), DType::f32, s.n, Memory::cuda);
     if (s.g_lse) a.g_lse = TensorView::vector(d_g_lse.get(), DType::f32, s.n, Memory::cuda);
+    if (entropy_term) {
+      a.entropy = TensorView::vector(d_entropy.get(), DType::f32, s.n, Memory::cuda);
+      a.g_entropy = TensorView::vector(d_g_entropy.get(), DType::f32, s.n, Memory::cuda);
+    }
     return a;
   }
   uint16_t* dz_base() const { return dz.get() + (s.offset_dz ? 1 : 0); }
@@ -180,6 +214,8 @@ struct GradCase {
     p.lse = lse.data();
     p.g_logp = s.g_logp ? g_logp.data() : nullptr;
     p.g_lse = s.g_lse ? g_lse.data() : nullptr;
+    p.entropy = entropy_term ? entropy.data() : nullptr;
+    p.g_entropy = entropy_term ? g_entropy.data() : nullptr;
     p.dz = out.data();
     p.dz_stride = dz_stride;
     detail::grad_logits_from_logits(p, logits.data() + s.vocab_start, s.vocab);
@@ -302,6 +338,70 @@ TEST_F(Sm90GradLogits, ShapeGridMatchesThePinnedFormulaOnSm90LogitsBitForBit) {
         ++idx;
       }
   std::printf("   %d shapes checked (each also with DETLOGP_SM90_GRAD_CLUSTER=1: same bits)\n", idx);
+}
+
+TEST_F(Sm90GradLogits, EntropyTermMatchesThePinnedFormulaOnSm90LogitsBitForBit) {
+  // Odd shapes with the entropy term: bias, per-row temperatures, padding, vocab_start not a
+  // multiple of 64, strided and offset dz, absent g_logp / g_lse; D = 4096 left out with --small.
+  const Spec specs[] = {
+      {1, 17, 64, 0, 17, 17, false, false, true, true, false, false, 0},
+      {77, 123, 200, 64, 64 + 123 - 41, 64 + 123 + 64, true, true, true, true, true, false, 7},
+      {300, 2053, 64, 296, 296 + 2053 + 100, 296 + 2053 + 100, true, false, false, true, false, true, 0},
+      {77, 4096, 200, 1000, 1000 + 4096, 1000 + 4096, false, true, true, false, true, false, 0},
+      {33, 123, 64, 37, 37 + 123, 37 + 123, true, true, false, false, false, true, 3},  // g_entropy alone
+      {300, 2053, 4096, 0, 2053 - 684, 2053 + 64, true, true, true, true, false, false, 0},
+  };
+  int idx = 0;
+  for (const Spec& s : specs) {
+    if (options().small && s.d > 200) continue;
+    GradCase g(s, 2000 + idx);
+    // Without g_entropy first: the logp-only bits, which the entropy term must not disturb.
+    g.run();
+    const std::vector<uint16_t> plain = g.dz_host();
+    expect_bits(g.reference(), plain, s, g.dz_stride, "SM90 dz (no entropy term) vs the pinned formula");
+    g.with_entropy_term(2000 + idx);
+    g.dz.poison();
+    const CallReport r = g.run();
+    EXPECT_EQ(r.provenance.backend_id, kId) << describe(s);
+    const std::vector<uint16_t> got = g.dz_host();
+    expect_bits(g.reference(), got, s, g.dz_stride, "SM90 dz with the entropy term vs the pinned formula");
+    {
+      ScopedEnv env("DETLOGP_SM90_GRAD_CLUSTER", "1");
+      g.dz.poison();
+      g.run();
+      expect_bits(got, g.dz_host(), s, g.dz_stride, "entropy term, DETLOGP_SM90_GRAD_CLUSTER=1 vs the default 2");
+    }
+    if (s.offset_dz) {
+      EXPECT_EQ(g.dz.to_host()[0], kPoison) << "the element before dz was written " << describe(s);
+    }
+    // The forward's entropy handed over without g_entropy is not read: the logp-only bits again.
+    GradLogitsArgs a = g.args();
+    a.g_entropy = {};
+    g.dz.poison();
+    CallOptions o;
+    o.strict = true;
+    linear_logp_grad_logits(g.chunk_inputs(), a, g.dz_view(), o);
+    expect_bits(plain, g.dz_host(), s, g.dz_stride, "entropy without g_entropy vs the logp-only bits");
+    ++idx;
+  }
+  std::printf("   %d shapes checked with the entropy term\n", idx);
+}
+
+TEST_F(Sm90GradLogits, GEntropyWithoutEntropyIsRefusedWithNothingWritten) {
+  Spec s{77, 123, 64, 0, 123, 123, true, true, true, true, false, false, 0};
+  GradCase g(s, 13);
+  g.with_entropy_term(13);
+  GradLogitsArgs a = g.args();
+  a.entropy = {};
+  g.dz.poison();
+  try {
+    linear_logp_grad_logits(g.chunk_inputs(), a, g.dz_view());
+    ADD_FAILURE() << "g_entropy without entropy was not refused";
+  } catch (const detlogp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("g_entropy needs entropy"), std::string::npos) << "message: " << e.what();
+  }
+  EXPECT_EQ(count_poison(reinterpret_cast<const float*>(g.dz.get()), (s.n * s.c + 1) / 2), (s.n * s.c + 1) / 2)
+      << "dz was written despite the error";
 }
 
 TEST_F(Sm90GradLogits, ABadClusterKnobIsRefusedByName) {

@@ -467,3 +467,170 @@ def test_gpu_refusals_are_detlogp_errors():
         dt.linear_logp(h, w, t, ignore_index=2**64)
     with pytest.raises(detlogp.InputError, match="temperature is on meta"):
         dt.linear_logp(h, w, t, temperature=torch.tensor(1.0, device="meta"))
+
+
+# --- the entropy output (return_entropy) and its gradient on the GPU -----------------------------
+
+
+def _need_sm90_entropy():
+    sm90 = next(b for b in detlogp.backends() if b["id"] == SM90)
+    if not sm90["provenance"]["entropy_id"]:
+        pytest.skip("the SM90 backend does not serve the entropy output (its provenance names no entropy_id)")
+
+
+def _float64_mixed_grads(h, w, b, t, temp, coef, real_vocab=None):
+    """float64 autograd of sum(a logp + b lse + c H), log_softmax over the real vocabulary."""
+    ref = [x.detach().double().requires_grad_() for x in (h, w, b)]
+    y = (ref[0] @ ref[1].T + ref[2]) / (temp.double()[:, None] if isinstance(temp, torch.Tensor) else temp)
+    y = y[:, : real_vocab or w.shape[0]]
+    logsm = torch.log_softmax(y, 1)
+    lp64 = torch.where(t == -100, 0.0, logsm.gather(1, t.clamp(min=0)[:, None])[:, 0])
+    h64 = -(logsm.exp() * logsm).sum(1)
+    a, bb, c = (x.double() for x in coef)
+    (a * lp64 + bb * torch.logsumexp(y, 1) + c * h64).sum().backward()
+    return h64.detach(), [x.grad for x in ref]
+
+
+def _coef(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(n, generator=g) * s + lo).cuda() for s, lo in ((2.0, -0.5), (1.0, -0.5), (1.5, -0.75))]
+
+
+def test_entropy_forward_on_sm90_equals_reduce_logits():
+    _need_sm90_entropy()
+    h, w, b, t, temp = problem(300, 512, 2053, seed=21, scale=0.2)
+    logp, lse, entropy, z = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_entropy=True, return_logits=True)
+    rep = dt.last_report()
+    assert rep["backend_id"] == SM90 and rep["provenance"]["entropy_id"] == detlogp.contract()["entropy_id"]
+    assert entropy.is_cuda and entropy.dtype == torch.float32 and entropy.shape == (300,)
+    # The contract: the backend's own fp32 logits, re-reduced on the host, give the same entropy bits.
+    r_logp, r_lse, r_entropy = detlogp.reduce_logits(z.cpu().numpy(), t.cpu().numpy(), temperature=temp.cpu().numpy(),
+                                                     return_entropy=True)  # fmt: skip
+    assert torch.equal(i32(torch.from_numpy(r_entropy)), i32(entropy.cpu()))
+    assert torch.equal(i32(torch.from_numpy(r_logp)), i32(logp.cpu()))
+    # Serving = trainer, and asking for it leaves logp/lse alone.
+    trainer = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_entropy=True)
+    plain = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    assert torch.equal(i32(trainer[2]), i32(entropy))
+    assert torch.equal(i32(plain[0]), i32(logp)) and torch.equal(i32(plain[1]), i32(lse))
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 1024])
+def test_fused_backward_with_entropy_matches_float64(monkeypatch, chunk_rows):
+    _need_sm90_entropy()
+    n, d, v, real_vocab = 300, 512, 5000, 4900
+    if chunk_rows:  # several chunks, the last one partial and ending in padding rows
+        monkeypatch.setattr(dt, "BACKWARD_FUSED_CHUNK_BYTES", n * 2 * chunk_rows)
+    h, w, b, t, temp = problem(n, d, v, seed=22, scale=0.2)
+    t = torch.where(t >= real_vocab, t - 200, t)
+    coef = _coef(n, 22)
+    args = [x.clone().requires_grad_() for x in (h, w, b)]
+    logp, lse, entropy = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=temp, real_vocab=real_vocab,
+                                        return_entropy=True)  # fmt: skip
+    (coef[0] * logp + coef[1] * lse + coef[2] * entropy).sum().backward()
+    assert dt.last_backward_path() == "fused"
+    h64, ref = _float64_mixed_grads(h, w, b, t, temp, coef, real_vocab)
+    assert (entropy.double() - h64).abs().max().item() < 1e-3
+    for name, a, r in zip(("hidden", "weight", "bias"), args, ref):
+        err = ((a.grad.double() - r).abs().max() / r.abs().max()).item()
+        print(f"fused with entropy {name}: max relative error vs float64 {err:.2e}")
+        assert err < 2e-2, name
+    assert torch.count_nonzero(args[1].grad[real_vocab:]) == 0 and torch.count_nonzero(args[2].grad[real_vocab:]) == 0
+
+
+def test_fused_and_torch_loop_agree_with_entropy(monkeypatch):
+    _need_sm90_entropy()
+    h, w, b, t, temp = problem(512, 1024, 16384, seed=23, scale=0.1)
+    coef = _coef(512, 23)
+    out = {}
+    for knob in ("1", "0"):
+        monkeypatch.setenv("DETLOGP_TORCH_FUSED_BACKWARD", knob)
+        args = [x.clone().requires_grad_() for x in (h, w, b)]
+        logp, lse, entropy = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=0.7, return_entropy=True)
+        (coef[0] * logp + coef[1] * lse + coef[2] * entropy).sum().backward()
+        out[dt.last_backward_path()] = [a.grad.float() for a in args]
+    assert set(out) == {"fused", "torch"}
+    for a, r in zip(out["fused"], out["torch"]):
+        assert ((a - r).abs().max() / r.abs().max()).item() < 1e-2
+
+
+def test_entropy_unused_keeps_the_fused_bits_and_a_temperature_gradient_the_torch_loop(monkeypatch):
+    _need_sm90_entropy()
+    h, w, b, t, temp = problem(128, 256, 3000, seed=24, scale=0.2)
+    runs = []
+    for return_entropy in (False, True):
+        args = [x.clone().requires_grad_() for x in (h, w, b)]
+        out = dt.linear_logp(args[0], args[1], t, bias=args[2], temperature=temp, return_entropy=return_entropy)
+        (out[0].sum() + 0.25 * out[1].sum()).backward()
+        assert dt.last_backward_path() == "fused"
+        runs.append([a.grad for a in args])
+    assert torch.equal(i16(runs[0][0]), i16(runs[1][0])) and torch.equal(i16(runs[0][1]), i16(runs[1][1]))
+    assert torch.equal(i32(runs[0][2]), i32(runs[1][2]))
+    tt = temp.clone().requires_grad_()
+    hh = h.clone().requires_grad_()
+    _, _, entropy = dt.linear_logp(hh, w, t, temperature=tt, return_entropy=True)
+    entropy.sum().backward()
+    assert dt.last_backward_path() == "torch" and tt.grad is not None and torch.isfinite(tt.grad).all()
+
+
+def test_entropy_under_torch_compile_and_in_a_cuda_graph():
+    _need_sm90_entropy()
+    h, w, b, t, temp = problem(256, 512, 4099, seed=25)
+
+    def loss(h, w, b):
+        logp, lse, entropy = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_entropy=True)
+        return logp.sum() + 0.1 * lse.sum() - 0.2 * entropy.sum(), entropy
+
+    eager = [x.clone().requires_grad_() for x in (h, w, b)]
+    comp = [x.clone().requires_grad_() for x in (h, w, b)]
+    l1, e1 = loss(*eager)
+    l1.backward()
+    l2, e2 = torch.compile(loss, fullgraph=True)(*comp)
+    l2.backward()
+    assert torch.equal(i32(e1), i32(e2))
+    for a, c in zip(eager, comp):
+        err = ((c.grad.float() - a.grad.float()).abs().max() / a.grad.float().abs().max()).item()
+        assert err < 1e-2
+    static_h = h.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            dt.linear_logp(static_h, w, t, bias=b, temperature=temp, return_entropy=True)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out = dt.linear_logp(static_h, w, t, bias=b, temperature=temp, return_entropy=True)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(i32(g_out[2]), i32(e1))
+
+
+def test_grad_logits_op_gpu_with_entropy_close_to_cpu():
+    """The SM90 kernel's entropy term (the bits: tests/gpu/test_sm90_grad_logits.cpp) close to the CPU
+    op's, with H from reduce_logits of the SM90 serving logits (no entropy forward needed)."""
+    h, w, b, t, temp = problem(77, 256, 2053, seed=26, scale=0.2)
+    t = torch.where(t >= 2000, t - 100, t)  # every target real under real_vocab=2000
+    _, lse, z = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True)
+    _, _, ent = detlogp.reduce_logits(z.cpu().numpy(), t.cpu().numpy(), temperature=temp.cpu().numpy(),
+                                      return_entropy=True)  # fmt: skip
+    entropy = torch.from_numpy(ent).cuda()
+    g_logp = torch.rand(77, device="cuda")
+    g_lse = torch.rand(77, device="cuda") - 0.5
+    g_entropy = torch.rand(77, device="cuda") * 1.5 - 0.75
+    wc, bc = w[64:2053], b[64:2053]
+    kw = dict(vocab_start=64, real_vocab=2000)
+    gpu = dt.grad_logits(h, wc, t, lse, g_logp, g_lse, bias=bc, temperature=temp, entropy=entropy, g_entropy=g_entropy,
+                         **kw)  # fmt: skip
+    cpu = dt.grad_logits(*(x.cpu() for x in (h, wc, t, lse, g_logp, g_lse)), bias=bc.cpu(), temperature=temp.cpu(),
+                         entropy=entropy.cpu(), g_entropy=g_entropy.cpu(), **kw)  # fmt: skip
+    scale = ((g_logp.abs() + g_lse.abs() + 20 * g_entropy.abs()) / temp).cpu()[:, None]
+    diff = (gpu.cpu().double() - cpu.double()).abs()
+    assert torch.all(diff <= 2**-7 * cpu.double().abs() + 1e-5 * scale)  # the z of each arch, then bf16
+    assert torch.all(gpu[:, 2000 - 64 :].view(torch.int16) == 0)
+    plain = dt.grad_logits(h, wc, t, lse, g_logp, g_lse, bias=bc, temperature=temp, **kw)
+    alone = dt.grad_logits(h, wc, t, lse, g_logp, g_lse, bias=bc, temperature=temp, entropy=entropy, **kw)
+    assert torch.equal(i16(plain), i16(alone))  # no g_entropy: the logp-only bits
+    with pytest.raises(ValueError, match="g_entropy needs entropy"):
+        dt.grad_logits(h, wc, t, lse, g_logp, g_lse, bias=bc, temperature=temp, g_entropy=g_entropy, **kw)

@@ -5,8 +5,9 @@ For CUDA bf16 tensors served by the SM90 backend it is fused: one kernel per chu
 recomputes the chunk's logits and writes the bf16 logit gradient dz directly, then two GEMMs (dz @
 W_c into an fp32 hidden gradient, dz^T @ h for the weight chunk). Elsewhere (CPU, other dtypes, a
 temperature gradient, a gradient through the returned logits, or DETLOGP_TORCH_FUSED_BACKWARD=0)
-the chunk loop is written in torch with BACKWARD_VOCAB_CHUNK rows per chunk. Gradients are not part
-of the numeric contract (only logp/lse are).
+the chunk loop is written in torch with BACKWARD_VOCAB_CHUNK rows per chunk. A gradient through the
+entropy output joins the same pass (the kernel's entropy term, or its torch form in the chunk loop).
+Gradients are not part of the numeric contract (only logp/lse are).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import _detlogp as _ext
+from .._errors import InputError
 from .grad_logits import grad_logits_op
 from .tensors import SM90_BACKEND_ID, aligned_copy, tma_misalignment
 
@@ -92,11 +94,13 @@ def fused_chunk_rows(n: int, v: int) -> int:
 
 
 def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse,
-                         vocab_start, real_vocab, ignore_index, need):  # fmt: skip
+                         vocab_start, real_vocab, ignore_index, need, entropy=None, g_entropy=None):  # fmt: skip
     """The fused backward of a vocabulary shard: per chunk, the SM90 kernel writes dz [N, C] bf16,
     then grad_hidden += dz @ W_c (fp32 accumulation across chunks, fixed order), grad_weight chunk
-    = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32."""
+    = dz^T @ h (bf16), grad_bias chunk = sum_n dz in fp32. g_entropy (dL/dH, with entropy the
+    forward's H): the kernel adds the entropy term (docs/contract.md, appendix A)."""
     need_h, need_w, need_b, _ = need
+    _check_entropy_pair(entropy, g_entropy)
     # The kernel's TMA loads read hidden and weight in place: a view they cannot read is copied once,
     # as the forward did, and the GEMMs take the same aligned copies.
     hidden = aligned_copy(hidden) if tma_misalignment(hidden) is not None else hidden
@@ -111,13 +115,15 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
     lse = lse.float()
     g_logp = None if g_logp is None else g_logp.float()
     g_lse = None if g_lse is None else g_lse.float()
+    h_rows = None if g_entropy is None else entropy.float()
+    g_entropy = None if g_entropy is None else g_entropy.float()
     t_rows = None if temperature_rows is None else temperature_rows.float()
     for c0 in range(0, v, c_max):
         c1 = min(v, c0 + c_max)
         w_c = weight[c0:c1]
         dz = grad_logits_op(
             hidden, w_c, targets, None if bias is None else bias[c0:c1], float(temperature), t_rows, int(real_vocab),
-            int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse,
+            int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse, h_rows, g_entropy,
         )  # fmt: skip
         if need_h:
             grad_h += _mm_fp32(dz, w_c)
@@ -146,16 +152,22 @@ def chunked_grads(
     need: Tuple[bool, bool, bool, bool],
     temperature: float = 1.0,
     temperature_rows: Optional[Tensor] = None,
+    entropy: Optional[Tensor] = None,
+    g_entropy: Optional[Tensor] = None,
 ):
     """Gradients of this vocabulary shard: (grad_hidden partial in the compute dtype, grad_weight,
     grad_bias, sum_v grad_y * y per row for the temperature). y = z * inv_t, p = exp(y - lse),
     dlogp/dy = onehot(t) - p, dlse/dy = p, dz = dy * inv_t; ignored rows carry no logp gradient.
-    CUDA bf16 on SM90 (no temperature gradient, no logits gradient): the fused path."""
+    g_entropy (dL/dH per row, with entropy the forward's H; None: no term, the logp-only bits):
+    dH/dy = -p (x + H) with x = y - lse, taken as 0 where p == 0, in every row (H does not
+    depend on the target). CUDA bf16 on SM90 (no temperature gradient, no logits gradient): the
+    fused path."""
     need_h, need_w, need_b, need_t = need
+    _check_entropy_pair(entropy, g_entropy)
     if _fused_backward_ok(hidden, weight, need_t, g_logits):
         return _fused_chunked_grads(
             hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse, vocab_start, real_vocab,
-            ignore_index, need,
+            ignore_index, need, entropy=entropy, g_entropy=g_entropy,
         )  # fmt: skip
     last_backward["path"] = "torch"
     n, d = hidden.shape
@@ -167,6 +179,10 @@ def chunked_grads(
     gs = torch.zeros(n, dtype=cd, device=dev) if g_lse is None else g_lse.to(cd)
     coef_z = (gs - gl)[:, None] * inv_t
     gl_z = gl[:, None] * inv_t
+    with_entropy = g_entropy is not None
+    if with_entropy:
+        neg_gh_z = -g_entropy.to(cd)[:, None] * inv_t
+        h_col = entropy.to(cd)[:, None]
     neg_lse = -lse.to(cd)[:, None]
     t_local = torch.where(ignored, -1, targets.long() - vocab_start)[:, None]
     grad_h = torch.zeros((n, d), dtype=cd, device=dev) if need_h else None
@@ -183,11 +199,22 @@ def chunked_grads(
         z_keep = z.clone() if need_t else None
         # Few passes over the [N, C] chunk, in place: p = exp(z * inv_t - lse), then
         # dz = p * (g_lse - g_logp) * inv_t, plus g_logp * inv_t at the target column.
-        p = torch.addcmul(neg_lse, z, inv_t, out=z).exp_()
         pad_from = real_vocab - vocab_start - c0  # padding rows (global id >= real_vocab) get p = 0
-        if pad_from < c1 - c0:
-            p[:, max(pad_from, 0) :] = 0.0
-        gz = p.mul_(coef_z)
+        if with_entropy:
+            # x = y - lse kept beside p: p's factor gains -g_H (x + H), and is 0 where p == 0 (x may
+            # be -inf there, where the product would be 0 * inf).
+            x = torch.addcmul(neg_lse, z, inv_t, out=z)
+            p = x.exp()
+            if pad_from < c1 - c0:
+                p[:, max(pad_from, 0) :] = 0.0
+            factor = x.add_(h_col).mul_(neg_gh_z).add_(coef_z).masked_fill_(p == 0, 0.0)
+            gz = p.mul_(factor)
+            del x, factor
+        else:
+            p = torch.addcmul(neg_lse, z, inv_t, out=z).exp_()
+            if pad_from < c1 - c0:
+                p[:, max(pad_from, 0) :] = 0.0
+            gz = p.mul_(coef_z)
         # The target term: at most one column per row, so a gather/scatter pair writes each
         # element once (deterministic, O(N) extra memory; rows without a target here add +0).
         in_chunk = (t_local >= c0) & (t_local < c1)
@@ -207,6 +234,11 @@ def chunked_grads(
             grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
         del z, p, gz, gz_op, z_keep  # free this chunk before the next one is allocated
     return grad_h, grad_w, grad_b, grad_ty
+
+
+def _check_entropy_pair(entropy: Optional[Tensor], g_entropy: Optional[Tensor]) -> None:
+    if g_entropy is not None and entropy is None:
+        raise InputError("g_entropy needs entropy (the forward's [N] entropy)")
 
 
 def inverse_temperature(temperature: float, temperature_rows: Optional[Tensor], n: int, cd, device) -> Tensor:

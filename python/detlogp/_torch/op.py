@@ -49,8 +49,10 @@ def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Opt
     _ext.check_row_values(t, real_vocab, ignore_index, temperature, rows)
 
 
-def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab):
-    """The plain, non-contract lane: F.linear + log_softmax in fp32 (fp64 for fp64 inputs)."""
+def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
+                return_entropy):  # fmt: skip
+    """The plain, non-contract lane: F.linear + log_softmax in fp32 (fp64 for fp64 inputs); the
+    entropy -sum p log p in torch too (not the contract's bits), 0 * log 0 taken as 0."""
     cd = out_dtype(hidden)
     if temperature_rows is not None and temperature_rows.dim() == 0:
         temperature_rows = temperature_rows.expand(hidden.shape[0])
@@ -64,7 +66,12 @@ def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ig
     y_t = y.gather(1, torch.where(ignored, 0, targets).long()[:, None])[:, 0]
     logp = torch.where(ignored, torch.zeros_like(lse), y_t - lse)
     logits = z if return_logits else z.new_empty((0,))
-    return logp, lse, logits
+    entropy = lse.new_empty((0,))
+    if return_entropy:
+        x = y - lse[:, None]
+        p = x.exp()
+        entropy = -torch.where(p == 0, 0.0, p * x).sum(1)
+    return logp, lse, logits, entropy
 
 
 @torch.library.custom_op("detlogp::linear_logp", mutates_args=())
@@ -80,13 +87,17 @@ def linear_logp_op(
     real_vocab: int,
     backend: str,
     strict: bool,
-) -> Tuple[Tensor, Tensor, Tensor]:
+    return_entropy: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(logp, lse, logits, entropy); logits [N, V_local] with return_logits, entropy [N] with
+    return_entropy (docs/contract.md §10), each of shape (0,) otherwise."""
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
         check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
         out = _torch_lane(
-            hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab
-        )
+            hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
+            return_entropy,
+        )  # fmt: skip
         set_report(
             {
                 "requested_backend": backend,
@@ -104,6 +115,7 @@ def linear_logp_op(
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
+    entropy = hidden.new_empty((n,) if return_entropy else (0,), dtype=torch.float32)
     # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
     # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
     hidden, weight, copies = aligned_operands(hidden, weight, backend)
@@ -116,29 +128,39 @@ def linear_logp_op(
             temperature = temperature_rows.item()
         temperature_rows = temperature_rows.expand(n)
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
-    report = _ext.linear_logp(problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden))
+    report = _ext.linear_logp(
+        problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden),
+        entropy if return_entropy else None,
+    )  # fmt: skip
     set_report(dict(report, copies=copies))
-    return logp, lse, logits
+    return logp, lse, logits, entropy
 
 
 @linear_logp_op.register_fake
-def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict):
+def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict,
+      return_entropy):  # fmt: skip
     n, v = rows_of(hidden), rows_of(weight)
     dt = out_dtype(hidden) if backend == TORCH_BACKEND_ID else torch.float32
     logits_shape = (n, v) if return_logits else (0,)
-    return hidden.new_empty((n,), dtype=dt), hidden.new_empty((n,), dtype=dt), hidden.new_empty(logits_shape, dtype=dt)
+    return (
+        hidden.new_empty((n,), dtype=dt), hidden.new_empty((n,), dtype=dt), hidden.new_empty(logits_shape, dtype=dt),
+        hidden.new_empty((n,) if return_entropy else (0,), dtype=dt),
+    )  # fmt: skip
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s = inputs
-    ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1])
+    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s, _re = inputs
+    ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1], output[3])
     ctx.temperature = temperature
     ctx.ignore_index = ignore_index
     ctx.real_vocab = real_vocab
+    # An output the loss does not use gets None, not zeros: an unused entropy adds no term, so the
+    # gradient has the logp-only bits (zeros for logp, lse or logits give the same as None).
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, g_logp, g_lse, g_logits):
-    hidden, weight, targets, bias, temperature_rows, lse = ctx.saved_tensors
+def _backward(ctx, g_logp, g_lse, g_logits, g_entropy):
+    hidden, weight, targets, bias, temperature_rows, lse, entropy = ctx.saved_tensors
     need = (
         ctx.needs_input_grad[0],
         ctx.needs_input_grad[1],
@@ -150,15 +172,17 @@ def _backward(ctx, g_logp, g_lse, g_logits):
     if shared:  # a 0-d temperature: the rows it was expanded to, whose gradients sum into it
         temperature_rows = temperature_rows.expand(n)
     inv_t = backward.inverse_temperature(ctx.temperature, temperature_rows, n, cd, hidden.device)
+    if g_entropy is not None and g_entropy.numel() == 0:  # no entropy output (return_entropy=False)
+        g_entropy = None
     gh, gw, gb, gty = backward.chunked_grads(
         hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need,
-        ctx.temperature, temperature_rows,
+        ctx.temperature, temperature_rows, entropy=None if g_entropy is None else entropy, g_entropy=g_entropy,
     )  # fmt: skip
     g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
     if g_temp is not None and shared:
         g_temp = g_temp.sum()
     return (
-        None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None,
+        None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None, None,
     )  # fmt: skip
 
 
