@@ -220,7 +220,8 @@ int main(int argc, char** argv) {
       std::vector<CombineParams> params(schedules.size());
       for (size_t k = 0; k < schedules.size(); ++k) {
         CombineParams& p = params[k];
-        p = CombineParams{0, n, tiles, sums, y_t, targets, 0, -100, logp + k * n, lse + k * n, nullptr, nullptr, status};
+        p = CombineParams{0,           n,       tiles,   sums,  y_t, targets, 0, -100, logp + k * n,
+                          lse + k * n, nullptr, nullptr, status};
         const Schedule& s = schedules[k];
         const unsigned grid = static_cast<unsigned>((n + s.rows_per_cta - 1) / s.rows_per_cta);
         fns.push_back([&, k, grid] {

@@ -15,9 +15,9 @@ namespace detlogp::detail {
 struct GradLogitsProblem : HeadOperands {
   int64_t cols = 0;  // C: columns of the chunk (weight rows)
 
-  const float* lse = nullptr;     // [rows]
-  const float* g_logp = nullptr;  // [rows] or null (zeros)
-  const float* g_lse = nullptr;   // [rows] or null (zeros)
+  const float* lse = nullptr;        // [rows]
+  const float* g_logp = nullptr;     // [rows] or null (zeros)
+  const float* g_lse = nullptr;      // [rows] or null (zeros)
   const float* entropy = nullptr;    // [rows]: the forward's H (set exactly when g_entropy is)
   const float* g_entropy = nullptr;  // [rows] or null: no entropy term
 

@@ -193,10 +193,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
       q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
       q.validate = validate;
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
-      launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
-                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy,
-                                   status},
-                     stream, /*programmatic=*/true);
+      launch_combine(
+          CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit, p.targets,
+                        p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy, status},
+          stream, /*programmatic=*/true);
     }
   }
 

@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_held_kernel(con
 }
 template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
-  chain_row_cta<kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
-                          p.logp, p.lse, p.entropy);
+  chain_row_cta<kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                          p.lse, p.entropy);
 }
 
 // Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own

@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
 #pragma unroll
                                for (int f = 0; f < Cfg::kFragments; ++f)
-                                 epilogue_tile_summaries<Cfg::kBlockN, kPlain, false, kEntropy>(acc[f], p, rows[f], row0 + 64 * f,
-                                                                               row_limit, col0, logits_vec2 != 0);
+                                 epilogue_tile_summaries<Cfg::kBlockN, kPlain, false, kEntropy>(
+                                     acc[f], p, rows[f], row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
                              });
                        });
 #endif
@@ -80,46 +80,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   // Every consuming warp of both warpgroups, of every cluster CTA, releases each stage.
   const auto ring = persistent_prologue<Cfg>(smem_raw, &map_hidden, &map_weight, 8 * Cfg::kClusterM);
-  warp_specialize<Cfg>(
-      [&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
-      [&](int c) {
-        const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
-        // A tile's coordinates and its rows' temperature and target are taken one tile ahead, while
-        // the previous tile's last wgmma group runs: the walk's integer divisions issue where the
-        // warps would wait anyway, and the loads' latency hides behind that tile's epilogue.
-        auto tile_rows = [&](int unit, int& m_tile, int& n_tile, FragmentRows& rows) {
-          walk.coords(unit, m_tile, n_tile);
-          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-          rows = load_fragment_rows(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
-        };
-        int m_tile = 0, n_tile = 0;
-        FragmentRows rows{};
-        if (walk.first < walk.count) tile_rows(walk.first, m_tile, n_tile, rows);
-        uint32_t it0 = 0;
-        for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
-          const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
-          const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
-          const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
-          const int64_t frag0 = row0 + 64 * c;  // this warpgroup's first row
-          float acc[Cfg::kAccRegs];
-          int next_m = 0, next_n = 0;
-          FragmentRows next_rows{};
-          WideRows wide_rows;
-          // While the last wgmma group runs: this fragment's epilogue rows, the next tile's rows.
-          auto before_wait = [&] {
-            wide_rows = prepare_wide_rows<Cfg::kBlockN>(p, rows, frag0, row_limit, col0);
-            if (unit + walk.stride < walk.count) tile_rows(unit + walk.stride, next_m, next_n, next_rows);
-          };
-          const uint8_t* smem_a = ring.a + c * Cfg::kAHalfBytes;  // this warpgroup's 64 rows; B is shared
-          coop_consume<Cfg>(acc, smem_a, ring.b, ring.full, ring.empty, p.k_blocks, it0, before_wait);
-          it0 += static_cast<uint32_t>(p.k_blocks);
-          const bool vec2 = logits_vec2 != 0;
-          epilogue_tile_summaries<Cfg::kBlockN, kPlain, true, kEntropy>(acc, p, rows, frag0, row_limit, col0, vec2, &wide_rows);
-          m_tile = next_m;
-          n_tile = next_n;
-          rows = next_rows;
-        }
-      });
+  warp_specialize<Cfg>([&] { produce_persistent<Cfg>(p, &map_hidden, &map_weight, ring); },
+                       [&](int c) {
+                         const TileWalk walk = make_tile_walk<Cfg>(p.m_tiles, p.n_tiles, p.group_m);
+                         // A tile's coordinates and its rows' temperature and target are taken one tile ahead, while
+                         // the previous tile's last wgmma group runs: the walk's integer divisions issue where the
+                         // warps would wait anyway, and the loads' latency hides behind that tile's epilogue.
+                         auto tile_rows = [&](int unit, int& m_tile, int& n_tile, FragmentRows& rows) {
+                           walk.coords(unit, m_tile, n_tile);
+                           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+                           rows = load_fragment_rows(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
+                         };
+                         int m_tile = 0, n_tile = 0;
+                         FragmentRows rows{};
+                         if (walk.first < walk.count) tile_rows(walk.first, m_tile, n_tile, rows);
+                         uint32_t it0 = 0;
+                         for (int unit = walk.first; unit < walk.count; unit += walk.stride) {
+                           const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
+                           const int64_t row_limit = min(p.row_end, row0 + Cfg::kTileRows);
+                           const int64_t col0 = int64_t{n_tile} * Cfg::kBlockN;
+                           const int64_t frag0 = row0 + 64 * c;  // this warpgroup's first row
+                           float acc[Cfg::kAccRegs];
+                           int next_m = 0, next_n = 0;
+                           FragmentRows next_rows{};
+                           WideRows wide_rows;
+                           // While the last wgmma group runs: this fragment's epilogue rows, the next tile's rows.
+                           auto before_wait = [&] {
+                             wide_rows = prepare_wide_rows<Cfg::kBlockN>(p, rows, frag0, row_limit, col0);
+                             if (unit + walk.stride < walk.count)
+                               tile_rows(unit + walk.stride, next_m, next_n, next_rows);
+                           };
+                           const uint8_t* smem_a =
+                               ring.a + c * Cfg::kAHalfBytes;  // this warpgroup's 64 rows; B is shared
+                           coop_consume<Cfg>(acc, smem_a, ring.b, ring.full, ring.empty, p.k_blocks, it0, before_wait);
+                           it0 += static_cast<uint32_t>(p.k_blocks);
+                           const bool vec2 = logits_vec2 != 0;
+                           epilogue_tile_summaries<Cfg::kBlockN, kPlain, true, kEntropy>(acc, p, rows, frag0, row_limit,
+                                                                                         col0, vec2, &wide_rows);
+                           m_tile = next_m;
+                           n_tile = next_n;
+                           rows = next_rows;
+                         }
+                       });
 #endif
 }
 

@@ -11,8 +11,8 @@ namespace {
 template <template <class, bool, bool> class Kernel>
 struct Schedule {
   template <class Cfg, bool kEntropy>
-  static void launch_features(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, int64_t units,
-                              int v, int sms, cudaStream_t stream) {
+  static void launch_features(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, int64_t units, int v,
+                              int sms, cudaStream_t stream) {
     // The plain instantiation (neither bias nor logits output) is the trainer entry's.
     if (p.bias == nullptr && p.logits == nullptr)
       launch_persistent<Kernel<Cfg, true, kEntropy>::value, Cfg>(units, sms, stream, mh, mw, p, v);

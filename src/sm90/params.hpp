@@ -56,8 +56,8 @@ struct CombineParams {
   const void* targets;
   int32_t targets_i64;
   int64_t ignore_index;
-  float* logp;  // [N]
-  float* lse;   // [N]
+  float* logp;         // [N]
+  float* lse;          // [N]
   const float* usums;  // [rows][tiles] entropy sums, with entropy
   float* entropy;      // [N] or null
   const DeviceStatus* status;

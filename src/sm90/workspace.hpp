@@ -1,5 +1,6 @@
 // The device workspace of a full-mode call: the status word, then the tile summaries and target
-// logits (and with entropy the tiles' entropy sums) of one row chunk. N is walked in chunks so the workspace stays bounded (a free axis).
+// logits (and with entropy the tiles' entropy sums) of one row chunk. N is walked in chunks so the workspace stays
+// bounded (a free axis).
 #pragma once
 
 #include <cstddef>

@@ -160,8 +160,8 @@ TEST(EntropyCore, FoldedChainStepHasTheStepsBits) {
   // entropy_chain_step, over tiles that take every branch: skipped (s_g == 0, factor 0), NaN, the
   // maximum's own tile (d = 0), and ordinary ones, from every kind of running U.
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<TileSummary> tiles = {{0.0f, 1.0f},     {-3.0e38f, 1.0f}, {-kInf, 0.0f},  {-1.5f, 3.25f},
-                                          {-100.0f, 64.0f}, {nan, 2.0f},      {-0.0f, 1.0f},  {-87.5f, 1.0f},
+  const std::vector<TileSummary> tiles = {{0.0f, 1.0f},     {-3.0e38f, 1.0f}, {-kInf, 0.0f}, {-1.5f, 3.25f},
+                                          {-100.0f, 64.0f}, {nan, 2.0f},      {-0.0f, 1.0f}, {-87.5f, 1.0f},
                                           {-20.0f, 1e-30f}, {-1e-6f, 63.5f}};
   const std::vector<float> usums = {0.0f, -2.0f, 0.0f, -1.0f, -50.0f, nan, -0.0f, -3.0f, -1e-30f, -0.75f};
   const std::vector<float> running = {0.0f, -0.0f, -0.5f, -1e30f, -kInf, nan, -1e-45f};

@@ -160,7 +160,8 @@ TEST_F(Sm90Entropy, SpecialRowsStayInTheirRow) {
       const CpuReduced cpu = cpu_reduce(serving.out.logits.to_host(), t, n, v, v, {});
       const auto se = serving.entropy.to_host(), te = trainer.entropy.to_host(), re = reference.entropy.to_host();
       auto a = detlogp::bitcmp::compare(cpu.entropy, se), b = detlogp::bitcmp::compare(cpu.entropy, te);
-      EXPECT_TRUE(a.identical() && b.identical()) << what << ": " << a.describe("serving") << "; " << b.describe("trainer");
+      EXPECT_TRUE(a.identical() && b.identical())
+          << what << ": " << a.describe("serving") << "; " << b.describe("trainer");
       EXPECT_EQ(detlogp::fp::bits(te[kNanRow]), detlogp::kCanonicalNanBits) << what << ": the NaN row's entropy";
       if (!with_bias) {
         EXPECT_EQ(detlogp::fp::bits(te[kZeroRow]), detlogp::fp::bits(detlogp::logc(static_cast<float>(v))))
@@ -375,12 +376,14 @@ TEST_F(Sm90Entropy, MeetsTheAccuracyBoundAtTheQwen3Head) {
     worst[kind] = std::max(worst[kind], err);
     worst_e2e[kind] = std::max(worst_e2e[kind], e2e);
     EXPECT_LE(err, 1e-4) << kinds[kind] << " row " << i << ": H = " << e[i] << ", fp64 of its logits " << same;
-    std::printf("INFO entropy accuracy %-6s row %2lld: H %.7g logp %.3g | fp64 of the SM90 logits %.9g rel err %.2e | "
-                "fp64 GEMM %.9g rel err %.2e\n",
-                kinds[kind], static_cast<long long>(i), e[i], lp[i], same, err, exact, e2e);
+    std::printf(
+        "INFO entropy accuracy %-6s row %2lld: H %.7g logp %.3g | fp64 of the SM90 logits %.9g rel err %.2e | "
+        "fp64 GEMM %.9g rel err %.2e\n",
+        kinds[kind], static_cast<long long>(i), e[i], lp[i], same, err, exact, e2e);
   }
   for (int k = 0; k < 4; ++k)
-    std::printf("INFO entropy accuracy at D=4096 V=151936, %s rows: worst |H - H_fp64| / max(1, H) %.2e (reduction), "
-                "%.2e (end to end)\n",
-                kinds[k], worst[k], worst_e2e[k]);
+    std::printf(
+        "INFO entropy accuracy at D=4096 V=151936, %s rows: worst |H - H_fp64| / max(1, H) %.2e (reduction), "
+        "%.2e (end to end)\n",
+        kinds[k], worst[k], worst_e2e[k]);
 }

@@ -91,8 +91,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
         const float factor = chain_factor_or_skip(ts, global_max);  // off the serial path
         chunk_scale[i] = factor;
         if constexpr (kEntropy)
-          chunk_term[i] = entropy_chain_term_or_skip(ts, segments[s].usums[r * segments[s].tiles + base + i],
-                                                     global_max, factor);
+          chunk_term[i] =
+              entropy_chain_term_or_skip(ts, segments[s].usums[r * segments[s].tiles + base + i], global_max, factor);
       }
       __syncthreads();
       if (tid == 0) {  // the serial path: one dependent fma per tile (a plain loop keeps 32 registers)
@@ -177,7 +177,8 @@ __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, in
 // chain_fma_rounds with the entropy chain beside: t[i] the tiles' entropy terms (or -0 to skip),
 // the same factors. Both chains advance in the same loop; neither waits for the other.
 template <int kRound = 16>
-__device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, const float2* v, const float* t, int n) {
+__device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, const float2* v, const float* t,
+                                                         int n) {
   const int rounds = n / kRound;
   float2 a[kRound], b[kRound];
   float ta[kRound], tb[kRound];
