@@ -103,7 +103,8 @@ struct ShardPartials {
   PartialsLayout layout;     // written by linear_logp_partials, with the buffers
 };
 int64_t shard_tiles(int64_t vocab_local);
-// Fills out's buffers and out.layout (nothing on error). For CUDA memory the targets (and
+// Fills out's buffers and out.layout (nothing on error); out.usums, when non-null, with the tiles'
+// entropy sums (served by backends that compute the entropy output, refused by the others). For CUDA memory the targets (and
 // temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4)
 // bytes and a wait for the work already on opt.cuda_stream, before the partials are enqueued.
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt = {});
@@ -117,6 +118,13 @@ CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, 
 // for their digest (a wait on opt.cuda_stream), then runs the SM90 combine kernel on that stream.
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt = {});
+// The same merge with the entropy output (docs/contract.md §10): entropy [N] f32 in the partials'
+// memory, from every rank's usums (each rank's partials must carry them, else it throws naming the
+// rank, before writing anything); the bits are linear_logp's entropy at TP = 1. An absent entropy
+// view is the merge above.
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
+                    const CallOptions& opt = {});
 
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
@@ -141,6 +149,7 @@ void check_row_values(const TensorView& targets, int64_t real_vocab, int64_t ign
 
 // In-process simulation of R tensor-parallel ranks (host): the weight is split into R shards of
 // ceil(V / R) rows rounded up to 64, each rank's partials computed, gathered in rank order, merged.
+// out.entropy, when present, gets the TP = 1 entropy bits (the partials then carry usums).
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt = {});
 

@@ -77,6 +77,7 @@ class Partials(NamedTuple):
     logits: Any  # [N, V_local] float32 on the serving entry, else None
     report: dict
     layout: PartialsLayout
+    usums: Any = None  # [N, tiles] float32 with return_entropy=True: the tiles' entropy sums u_g, else None
 
 
 def contract() -> dict:
@@ -354,34 +355,47 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
 
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                          return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
-                         backend: Optional[str] = None, strict: Optional[bool] = None) -> Partials:  # fmt: skip
+                         backend: Optional[str] = None, strict: Optional[bool] = None,
+                         return_entropy: bool = False) -> Partials:  # fmt: skip
     """One vocabulary shard's partials (tensor parallelism): weight is rows
-    [vocab_start, vocab_start + V_local) of the lm_head, real_vocab the global real vocabulary."""
+    [vocab_start, vocab_start + V_local) of the lm_head, real_vocab the global real vocabulary.
+    return_entropy: the partials also carry usums [N, tiles] f32, the tiles' entropy sums, which
+    merge_partials(..., return_entropy=True) needs from every rank (docs/contract.md §10); served by
+    the backends that compute the entropy output, refused by the others."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     tiles = shard_tiles(int(weight.shape[0]))
     summaries = np.zeros((rows, tiles, 2), np.float32)
     target_logit = np.zeros(rows, np.float32)
     target_owned = np.zeros(rows, np.uint8)
     logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
+    usums = np.zeros((rows, tiles), np.float32) if return_entropy else None
     report, layout = _ext.linear_logp_partials(
-        problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0
-    )
-    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout))
+        problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0,
+        usums,
+    )  # fmt: skip
+    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums)
 
 
-def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100):
+def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100,
+                   return_entropy: bool = False):  # fmt: skip
     """The owned merge over every rank's partials in rank (= ascending vocabulary) order: returns
-    (logp, lse), the bits of the whole-vocabulary call. The library first checks the layouts: rank
-    order, contiguous shards covering real_vocab, one backend, and that targets and ignore_index
-    are those the partials were computed with (docs/tensor-parallel.md)."""
+    (logp, lse), the bits of the whole-vocabulary call, or (logp, lse, entropy) with
+    return_entropy=True (every rank's partials must then carry usums: linear_logp_partials with
+    return_entropy=True). The library first checks the layouts: rank order, contiguous shards
+    covering real_vocab, one backend, and that targets and ignore_index are those the partials were
+    computed with (docs/tensor-parallel.md)."""
     targets = _host_array(targets, "targets")
     ignore_index = _int_arg(ignore_index, "ignore_index")
     rows = _leading(targets)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
-    parts = [(p.summaries, p.target_logit, p.target_owned, _layout_tuple(p)) for p in ranks_in_order]
-    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0)
-    return logp, lse
+    entropy = np.empty(rows, np.float32) if return_entropy else None
+    parts = [
+        (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None))
+        for p in ranks_in_order
+    ]
+    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy)
+    return (logp, lse, entropy) if return_entropy else (logp, lse)
 
 
 def _layout_tuple(partials):

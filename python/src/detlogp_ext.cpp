@@ -291,6 +291,22 @@ detlogp::ShardPartials partials_of(const A& s, const A& tl, const A& own, const 
   return p;
 }
 
+// The optional entropy sums of partials `p`: usums [N, tiles] f32, contiguous, in p's memory.
+template <class A>
+void set_usums(detlogp::ShardPartials& p, const std::optional<A>& usums, const std::string& at) {
+  if (!usums) return;
+  const A& u = *usums;
+  if (u.ndim() != 2 || u.dtype() != nb::dtype<float>() || static_cast<int64_t>(u.shape(0)) != p.rows ||
+      static_cast<int64_t>(u.shape(1)) != p.tiles)
+    value_error(at + "usums must be [N=" + std::to_string(p.rows) + ", tiles=" + std::to_string(p.tiles) +
+                "] float32");
+  if (p.rows * p.tiles > 0 && (u.stride(1) != 1 || (p.rows > 1 && u.stride(0) != p.tiles)))
+    value_error(at + "usums must be contiguous");
+  const Placement q = placement_of(u.device_type(), u.device_id(), "usums");
+  if (q.memory != p.memory || q.device != p.device) value_error(at + "partials must all live in one memory");
+  p.usums = static_cast<float*>(const_cast<void*>(static_cast<const void*>(u.data())));
+}
+
 // A PartialsLayout as Python holds it (detlogp.PartialsLayout): (vocab_start, vocab_local,
 // real_vocab, ignore_index, targets_digest, temperature_digest, backend_digest).
 using Layout = std::tuple<int64_t, int64_t, int64_t, int64_t, uint64_t, uint64_t, uint64_t>;
@@ -460,20 +476,23 @@ NB_MODULE(_detlogp, m) {
       "entropy"_a.none() = nb::none());
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
-  // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry). Returns (report, layout).
+  // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry), optional usums
+  // [N, tiles] f32 (the tiles' entropy sums, for a merge with entropy). Returns (report, layout).
   m.def(
       "linear_logp_partials",
       [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
-         const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream) {
+         const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream,
+         const std::optional<OutArray>& usums) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
+        set_usums(p, usums, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::dict report = reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
         return std::make_tuple(report, layout_tuple(p.layout));
       },
       "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
-      "stream"_a);
+      "stream"_a, "usums"_a.none() = nb::none());
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
@@ -498,25 +517,30 @@ NB_MODULE(_detlogp, m) {
       "g_entropy"_a.none() = nb::none());
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
-  // layout | None)]; the library checks the layouts.
+  // layout | None, usums | None)]; the library checks the layouts, and with `entropy` that every
+  // rank carries usums.
   m.def(
       "merge_partials",
-      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>>>& ranks, const InArray& targets,
-         int64_t ignore_index, const OutArray& logp, const OutArray& lse, const std::string& backend, bool strict,
-         uintptr_t stream) {
+      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>>>& ranks,
+         const InArray& targets, int64_t ignore_index, const OutArray& logp, const OutArray& lse,
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
-          const auto& [s, tl, own, layout] = ranks[r];
-          parts.push_back(partials_of(s, tl, own, "rank " + std::to_string(r) + " "));
+          const auto& [s, tl, own, layout, usums] = ranks[r];
+          const std::string at = "rank " + std::to_string(r) + " ";
+          parts.push_back(partials_of(s, tl, own, at));
+          set_usums(parts.back(), usums, at);
           parts.back().layout = layout_of(layout);
         }
         const detlogp::TensorView t = view_of(targets, "targets", 1, false);
         const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
+        const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::gil_scoped_release release;
-        detlogp::merge_partials(parts, t, ignore_index, lp, ls, opt);
+        detlogp::merge_partials(parts, t, ignore_index, lp, ls, h, opt);
       },
-      "ranks"_a, "targets"_a, "ignore_index"_a, "logp"_a, "lse"_a, "backend"_a, "strict"_a, "stream"_a);
+      "ranks"_a, "targets"_a, "ignore_index"_a, "logp"_a, "lse"_a, "backend"_a, "strict"_a, "stream"_a,
+      "entropy"_a.none() = nb::none());
 
   // What one rank of a tensor-parallel call checks before any collective: the arrays (this
   // binding's checks), then a zero-row partials call with the rank's shard, whose report names
@@ -524,9 +548,10 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "tensor_parallel_local_check",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict) {
+         const std::string& backend, bool strict, const std::optional<OutArray>& entropy) {
         detlogp::LinearLogpInputs in = inputs(problem);
         const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        if (entropy) out_view(*entropy, "entropy", 1);  // this binding's checks of the array
         in.hidden = first_rows(in.hidden, 0);
         in.targets = first_rows(in.targets, 0);
         in.temperature_rows = first_rows(in.temperature_rows, 0);
@@ -535,25 +560,30 @@ NB_MODULE(_detlogp, m) {
         none.memory = in.hidden.memory;
         none.device = in.hidden.device;
         none.logits = {first_rows(out.logits, 0)};
+        // Zero rows: never written, but non-null so the backend is asked for the entropy sums too.
+        static float no_usums;
+        if (entropy) none.usums = &no_usums;
         const detlogp::CallOptions opt = options(backend, strict, 0);
         return reported([&] { return detlogp::linear_logp_partials(in, none, opt); });
       },
-      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a);
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "entropy"_a.none() = nb::none());
 
   // The C++ tensor-parallel operator (docs/tensor-parallel.md) over a Python all-gather:
   // gather(send, recv) as CallbackCommunicator describes; rank and size of this rank's group.
   m.def(
       "linear_logp_tensor_parallel",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict, uintptr_t stream, int rank, int size, nb::callable gather) {
+         const std::string& backend, bool strict, uintptr_t stream, int rank, int size, nb::callable gather,
+         const std::optional<OutArray>& entropy) {
         const detlogp::LinearLogpInputs in = inputs(problem);
-        const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
+        if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         CallbackCommunicator comm(rank, size, {in.hidden.memory, in.hidden.device}, std::move(gather));
         return reported([&] { return detlogp::linear_logp_tensor_parallel(in, out, comm, opt); });
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a, "rank"_a, "size"_a,
-      "gather"_a);
+      "gather"_a, "entropy"_a.none() = nb::none());
 
   // The library's row-value checks alone (detlogp.torch's plain lane computes without it).
   m.def(

@@ -20,8 +20,8 @@ namespace {
 class RegistryPartials final : public tp::PartialsBackend {
  public:
   explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
-  void select(Memory memory, CallReport& report) override {
-    backend_ = &detail::select_backend(opt_, memory, true, false, report);
+  void select(Memory memory, bool entropy, CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, memory, true, entropy, report);
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -40,7 +40,8 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, false, report);
+  const detail::Backend& backend =
+      detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report);
   detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
   problem.stream = opt.cuda_stream;
   // The digests read the values the backend reads. In CUDA memory that is one copy to the host,
@@ -62,16 +63,19 @@ CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, 
 
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const CallOptions& opt) {
+  merge_partials(ranks_in_order, targets, ignore_index, logp, lse, MutableTensorView{}, opt);
+}
+
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
+                    const CallOptions& opt) {
   detail::check_environment();
-  tp::merge_partials_checked(ranks_in_order, targets, ignore_index, logp, lse, opt.cuda_stream);
+  tp::merge_partials_checked(ranks_in_order, targets, ignore_index, logp, lse, entropy, opt.cuda_stream);
 }
 
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt) {
   DETLOGP_CHECK(ranks >= 1, "ranks=" << ranks << " must be >= 1");
-  DETLOGP_CHECK(!out.entropy.present(),
-                "the entropy output is not served under tensor parallelism yet; compute it with linear_logp "
-                "on the whole vocabulary");
   DETLOGP_CHECK(in.hidden.memory == Memory::host, "simulate_tensor_parallel runs on host tensors");
   DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
   DETLOGP_CHECK(in.vocab_start == 0,
@@ -86,7 +90,9 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
     std::vector<TileSummary> summaries;
     std::vector<float> target_logit;
     std::vector<uint8_t> owned;
+    std::vector<float> usums;  // with the entropy output only
   };
+  const bool entropy = out.entropy.present();
   std::vector<RankBuffers> buffers(static_cast<size_t>(ranks));
   std::vector<ShardPartials> partials;
   CallReport report;
@@ -112,6 +118,10 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
     p.summaries = b.summaries.data();
     p.target_logit = b.target_logit.data();
     p.target_owned = b.owned.data();
+    if (entropy) {
+      b.usums.resize(static_cast<size_t>(rows * p.tiles));
+      p.usums = b.usums.data();
+    }
     report = linear_logp_partials(shard_in, p, opt);
     partials.push_back(p);
   }
@@ -120,7 +130,7 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
                 "logp and lse must be [N=" << rows << "]");
   DETLOGP_CHECK(!out.logits.present(),
                 "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
-  merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse);
+  merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse, out.entropy);
   return report;
 }
 

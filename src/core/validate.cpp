@@ -180,6 +180,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     p.summaries = partials->summaries;
     p.target_logit = partials->target_logit;
     p.target_owned = partials->target_owned;
+    p.usums = partials->usums;
     if (partials->logits.present()) p.logits = checked_logits(partials->logits, p, mem, dev);
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,

@@ -75,7 +75,7 @@ class CpuContractBackend final : public CpuBackend {
     if (p.partial_mode()) {
       std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
       std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
-      compute_tile_summaries(p, 0, p.rows, {p.summaries, nullptr, p.target_logit, p.target_owned});
+      compute_tile_summaries(p, 0, p.rows, {p.summaries, p.usums, p.target_logit, p.target_owned});
       return;
     }
     const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));

@@ -16,9 +16,10 @@ std::string hex(uint64_t v) {
   return os.str();
 }
 
-// The partials' buffers and rows, and targets/logp/lse beside them: what every merge checks.
+// The partials' buffers and rows, and targets/logp/lse (and entropy) beside them: what every merge
+// checks, before anything is written.
 void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& targets, const MutableTensorView& logp,
-                    const MutableTensorView& lse) {
+                    const MutableTensorView& lse, const MutableTensorView& entropy) {
   DETLOGP_CHECK(!ranks.empty(), "merge_partials needs at least one rank's partials");
   const int64_t rows = ranks.front().rows;
   const Memory memory = ranks.front().memory;
@@ -30,33 +31,48 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
     DETLOGP_CHECK(
         rows == 0 || ranks[r].tiles == 0 || (ranks[r].summaries && ranks[r].target_logit && ranks[r].target_owned),
         "rank " << r << " partials have a null buffer");
+    // The entropy needs every tile's u_g: a rank without them would silently drop its tiles' terms.
+    DETLOGP_CHECK(!entropy.present() || rows == 0 || ranks[r].tiles == 0 || ranks[r].usums,
+                  "the entropy output needs every rank's usums, but rank "
+                      << r << " partials carry none (usums is null): compute every rank's partials with "
+                         "ShardPartials::usums set (linear_logp_partials fills them)");
   }
   DETLOGP_CHECK(
       targets.ndim == 1 && targets.rows == rows && (targets.dtype == DType::i32 || targets.dtype == DType::i64),
       "targets must be [N=" << rows << "] i32 or i64");
   DETLOGP_CHECK(logp.ndim == 1 && logp.rows == rows && logp.dtype == DType::f32, "logp must be [N=" << rows << "] f32");
   DETLOGP_CHECK(lse.ndim == 1 && lse.rows == rows && lse.dtype == DType::f32, "lse must be [N=" << rows << "] f32");
+  if (entropy.present()) {
+    DETLOGP_CHECK(entropy.ndim == 1 && entropy.rows == rows && entropy.dtype == DType::f32,
+                  "entropy must be [N=" << rows << "] f32");
+    DETLOGP_CHECK(rows == 0 || entropy.data != nullptr, "entropy data pointer is null");
+  }
   for (const TensorView* t : {&targets, static_cast<const TensorView*>(&logp), static_cast<const TensorView*>(&lse)})
     DETLOGP_CHECK(t->memory == memory && (memory == Memory::host || t->device == device),
                   "targets, logp and lse must be in the partials' memory");
+  DETLOGP_CHECK(!entropy.present() || (entropy.memory == memory && (memory == Memory::host || entropy.device == device)),
+                "entropy must be in the partials' memory");
   DETLOGP_CHECK(rows == 0 || targets.data != nullptr, "targets data pointer is null");
 }
 
 // The merge itself, after check_operands.
 void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
-                const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
+                const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
+                void* stream) {
   const int64_t rows = ranks.front().rows;
   if (rows == 0) return;
   const bool i64 = targets.dtype == DType::i64;
+  float* entropy_out = entropy.present() ? static_cast<float*>(entropy.mutable_data()) : nullptr;
   if (ranks.front().memory == Memory::cuda) {
     // Ownership lives on the device: exactly one rank's target_owned is 1 per non-ignored row
     // because the shards are contiguous and cover real_vocab, and every rank flagged the same
     // targets (the protocol's header exchange, or merge_partials' layout checks).
     std::vector<detail::DeviceMergeRank> views;
     for (const auto& r : ranks)
-      if (r.tiles > 0) views.push_back({r.summaries, r.tiles, r.target_logit, r.target_owned});
+      if (r.tiles > 0)
+        views.push_back({r.summaries, r.tiles, r.target_logit, r.target_owned, entropy_out ? r.usums : nullptr});
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
-                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream);
+                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out);
     return;
   }
   auto target_of = [&](int64_t n) {
@@ -76,14 +92,21 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     float global_max = fp::neg_inf();
     for (const auto& r : ranks)
       for (int64_t g = 0; g < r.tiles; ++g) global_max = chain_max(global_max, r.summaries[n * r.tiles + g].max);
-    float sum = 0.0f, y_t = 0.0f;
+    // Rank order is ascending global tile order: the same chain steps, in the same order, as
+    // reduce_row_summaries and entropy_row_summaries run over one shard's tiles.
+    float sum = 0.0f, usum = 0.0f, y_t = 0.0f;
     for (const auto& r : ranks) {
-      for (int64_t g = 0; g < r.tiles; ++g) sum = chain_step(sum, r.summaries[n * r.tiles + g], global_max);
+      for (int64_t g = 0; g < r.tiles; ++g) {
+        const TileSummary& tile = r.summaries[n * r.tiles + g];
+        sum = chain_step(sum, tile, global_max);
+        if (entropy_out) usum = entropy_chain_step(usum, tile, r.usums[n * r.tiles + g], global_max);
+      }
       if (r.tiles > 0 && r.target_owned[n]) y_t = r.target_logit[n];
     }
     const RowResult res = finalize_row(global_max, sum, y_t, target_of(n) == ignore_index);
     logp_out[n] = res.logp;
     lse_out[n] = res.lse;
+    if (entropy_out) entropy_out[n] = finalize_entropy(sum, usum);
   }
 }
 
@@ -196,14 +219,16 @@ void check_layouts(const std::vector<PartialsLayout>& ls) {
 }
 
 void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
-                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
-  check_operands(ranks, targets, logp, lse);
-  merge_rows(ranks, targets, ignore_index, logp, lse, stream);
+                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream,
+                 const MutableTensorView& entropy) {
+  check_operands(ranks, targets, logp, lse, entropy);
+  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, stream);
 }
 
 void merge_partials_checked(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
-                            const MutableTensorView& logp, const MutableTensorView& lse, void* stream) {
-  check_operands(ranks, targets, logp, lse);
+                            const MutableTensorView& logp, const MutableTensorView& lse,
+                            const MutableTensorView& entropy, void* stream) {
+  check_operands(ranks, targets, logp, lse, entropy);
   std::vector<PartialsLayout> layouts;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const PartialsLayout& l = ranks[r].layout;
@@ -229,7 +254,7 @@ void merge_partials_checked(const std::vector<ShardPartials>& ranks, const Tenso
                 "targets differ from those the partials were computed with (targets digest "
                     << hex(digest) << ", the partials' " << hex(computed.targets_digest)
                     << "): pass merge_partials the targets given to linear_logp_partials");
-  merge_rows(ranks, targets, ignore_index, logp, lse, stream);
+  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, stream);
 }
 
 }  // namespace detlogp::tp

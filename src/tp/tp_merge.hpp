@@ -56,14 +56,17 @@ void check_ranks_agree(const std::vector<int64_t>& values, const char* name);
 
 // The merge of checked layouts (the protocol's): host memory on the CPU, CUDA memory with the
 // device merge on `stream`. Checks the buffers and tensors, and on the host that every non-ignored
-// target has exactly one owner.
+// target has exactly one owner. `entropy`, when present ([N] f32 in the partials' memory), gets
+// each row's entropy from the ranks' usums (every rank must carry them): the entropy chain of
+// docs/contract.md §10 runs beside the S chain over the same rank-ordered tiles.
 void merge_owned(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
-                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream);
+                 const MutableTensorView& logp, const MutableTensorView& lse, void* stream,
+                 const MutableTensorView& entropy = {});
 
 // merge_partials (include/detlogp/detlogp.hpp): check_layouts, then that `targets` and
 // `ignore_index` are those the partials were computed with, then merge_owned.
 void merge_partials_checked(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets,
                             int64_t ignore_index, const MutableTensorView& logp, const MutableTensorView& lse,
-                            void* stream);
+                            const MutableTensorView& entropy, void* stream);
 
 }  // namespace detlogp::tp

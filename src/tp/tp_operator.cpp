@@ -17,7 +17,7 @@
 namespace detlogp::tp {
 namespace {
 
-constexpr uint64_t kHeaderMagic = 0x31305054504C4444ull;  // "DDLPTP01"
+constexpr uint64_t kHeaderMagic = 0x32305054504C4444ull;  // "DDLPTP02"
 constexpr size_t kMessageBytes = 448;
 
 // What every rank tells every other rank before any data moves. Fixed size, trivially copyable.
@@ -29,11 +29,14 @@ struct RankHeader {
   int64_t dim = 0;
   PartialsLayout layout;  // this rank's partials as linear_logp_partials would record them
   uint32_t serving = 0;   // logits requested
+  uint32_t entropy = 0;   // the entropy output requested: the partials carry usums
   int32_t error = 0;      // 1: this rank's local validation failed, see message
+  int32_t reserved = 0;   // keeps the header free of padding bytes
   char message[kMessageBytes] = {};
 };
 static_assert(std::is_trivially_copyable_v<RankHeader>);
 static_assert(sizeof(RankHeader) % 8 == 0);
+static_assert(sizeof(RankHeader) == 32 + sizeof(PartialsLayout) + 16 + kMessageBytes, "no padding bytes");
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -42,15 +45,20 @@ struct SlotLayout {
   size_t summaries = 0;  // offset of [chunk][tiles_r] summaries
   size_t target_logit = 0;
   size_t owned = 0;
+  size_t usums = 0;  // offset of [chunk][tiles_r] entropy sums, with the entropy output
   size_t bytes = 0;
 };
-SlotLayout slot_layout(int64_t chunk, int64_t max_tiles) {
+SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, bool entropy) {
   SlotLayout s;
   s.bytes = round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(TileSummary), 256);
   s.target_logit = s.bytes;
   s.bytes += round_up(static_cast<size_t>(chunk) * sizeof(float), 256);
   s.owned = s.bytes;
   s.bytes += round_up(static_cast<size_t>(chunk), 256);
+  if (entropy) {
+    s.usums = s.bytes;
+    s.bytes += round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(float), 256);
+  }
   return s;
 }
 
@@ -80,6 +88,7 @@ void decide(const std::vector<RankHeader>& hs) {
   check_ranks_agree(field([](const RankHeader& h) { return h.rows; }), "N (hidden rows)");
   check_ranks_agree(field([](const RankHeader& h) { return h.dim; }), "D (hidden size)");
   check_ranks_agree(field([](const RankHeader& h) { return h.serving; }), "the entry (serving: logits requested)");
+  check_ranks_agree(field([](const RankHeader& h) { return h.entropy; }), "the entropy output (1: requested)");
   std::vector<PartialsLayout> layouts;
   for (const RankHeader& h : hs) layouts.push_back(h.layout);
   check_layouts(layouts);
@@ -139,6 +148,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   mine.layout.vocab_local = in.weight.rows;
   mine.layout.ignore_index = in.ignore_index;
   mine.serving = out.logits.present() ? 1 : 0;
+  mine.entropy = out.entropy.present() ? 1 : 0;
   CallReport report;
   try {
     DETLOGP_CHECK(in.hidden.memory == memory, "hidden is in "
@@ -147,7 +157,8 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
                                                   << (memory == Memory::host ? "host" : "CUDA") << " memory");
     DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
                   "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
-    backend.select(memory, report);
+    // A backend that cannot compute the entropy sums refuses here, so every rank refuses together.
+    backend.select(memory, mine.entropy != 0, report);
     // Validation only: the partial buffers come per chunk below; make_problem never reads them.
     static TileSummary validation_summary;
     static float validation_float;
@@ -173,11 +184,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     };
     check_out(out.logp, "logp");
     check_out(out.lse, "lse");
-    // A local refusal like any other, so every rank refuses together (the partials carry no
-    // entropy sums yet).
-    DETLOGP_CHECK(!out.entropy.present(),
-                  "the entropy output is not served under tensor parallelism yet; compute it with linear_logp "
-                  "on the whole vocabulary");
+    if (out.entropy.present()) check_out(out.entropy, "entropy");
 
     // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so every
     // rank validates the same values and digests them for the consistency check.
@@ -207,10 +214,12 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   if (rows == 0) return report;
   int64_t max_tiles = 1;
   for (const RankHeader& h : headers) max_tiles = std::max(max_tiles, shard_tiles(h.layout.vocab_local));
-  const int64_t per_row_bytes = ranks * (max_tiles * static_cast<int64_t>(sizeof(TileSummary)) + 5);
+  const bool entropy = mine.entropy != 0;  // the same on every rank (decide)
+  const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (entropy ? sizeof(float) : 0));
+  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + 5);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
-  const SlotLayout slot = slot_layout(chunk, max_tiles);
+  const SlotLayout slot = slot_layout(chunk, max_tiles, entropy);
   const size_t gather_bytes = slot.bytes * static_cast<size_t>(ranks);
 
   // The gather buffer can fail to allocate on one rank only: agree on that too before gathering.
@@ -245,6 +254,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     part.summaries = byte_offset<TileSummary>(my_slot, slot.summaries);
     part.target_logit = byte_offset<float>(my_slot, slot.target_logit);
     part.target_owned = byte_offset<uint8_t>(my_slot, slot.owned);
+    if (entropy) part.usums = byte_offset<float>(my_slot, slot.usums);
     part.memory = memory;
     part.device = device;
     if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
@@ -255,6 +265,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     comm.all_gather(my_slot, gather, slot.bytes, stream);
 
     const MutableTensorView logp = row_slice(out.logp, row0, n), lse = row_slice(out.lse, row0, n);
+    const MutableTensorView entropy_rows = row_slice(out.entropy, row0, n);
     if (memory == Memory::host) {
       std::vector<ShardPartials> views(static_cast<size_t>(ranks));
       for (int r = 0; r < ranks; ++r) {
@@ -264,18 +275,20 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
         views[r].summaries = byte_offset<TileSummary>(s, slot.summaries);
         views[r].target_logit = byte_offset<float>(s, slot.target_logit);
         views[r].target_owned = byte_offset<uint8_t>(s, slot.owned);
+        if (entropy) views[r].usums = byte_offset<float>(s, slot.usums);
       }
-      merge_owned(views, part_in.targets, in.ignore_index, logp, lse, nullptr);
+      merge_owned(views, part_in.targets, in.ignore_index, logp, lse, nullptr, entropy_rows);
     } else {
       std::vector<detail::DeviceMergeRank> views(static_cast<size_t>(ranks));
       for (int r = 0; r < ranks; ++r) {
         void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
         views[r] = {byte_offset<TileSummary>(s, slot.summaries), shard_tiles(headers[r].layout.vocab_local),
-                    byte_offset<float>(s, slot.target_logit), byte_offset<uint8_t>(s, slot.owned)};
+                    byte_offset<float>(s, slot.target_logit), byte_offset<uint8_t>(s, slot.owned),
+                    entropy ? byte_offset<float>(s, slot.usums) : nullptr};
       }
       detail::device_merge(views, n, part_in.targets.data, part_in.targets.dtype == DType::i64, in.ignore_index,
                            static_cast<float*>(logp.mutable_data()), static_cast<float*>(lse.mutable_data()), device,
-                           stream);
+                           stream, entropy ? static_cast<float*>(entropy_rows.mutable_data()) : nullptr);
     }
   }
   // The gather buffer is freed on return: finish the merge first (cudaFree would also wait).

@@ -1,16 +1,15 @@
 // The entropy output of the CPU backend through the public API (docs/contract.md §10): logp/lse
 // bits unchanged by asking for it, serving == trainer, reduce_logits of the serving logits gives
-// the same bits, batch and position invariance, ignored rows, padding, accuracy, errors.
+// the same bits, batch and position invariance, ignored rows, padding, accuracy, errors, and the
+// TP = 1 bits under tensor parallelism.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
-#include "detlogp/dist.hpp"
 #include "test_util.hpp"
 
 using namespace detlogp_test;
@@ -145,38 +144,13 @@ TEST(Entropy, BackendsWithoutItRefuseIt) {
   EXPECT_TRUE(r.out.untouched());
 }
 
-TEST(Entropy, TensorParallelRefusesItOnEveryRank) {
+// Under tensor parallelism the entropy keeps the TP = 1 bits (tests/cpu/test_tp_entropy.cpp covers
+// the shard layouts, the operator and the refusals).
+TEST(Entropy, TensorParallelGivesTheSingleShardBits) {
   const Problem p = entropy_problem(2053, 2053, 8);
-  EntropyRun asked(p);
-  const detlogp::LinearLogpOutputs o = asked.views();
-  EXPECT_THROW(detlogp::simulate_tensor_parallel(p.inputs(), 2, o, cpu_backend_options()), detlogp::Error);
-  EXPECT_TRUE(asked.out.untouched());
-
-  // Only rank 1 asks for it: both ranks refuse with the same message, none waits forever.
-  auto comms = detlogp::make_local_communicators(2, detlogp::Memory::host);
-  const int64_t split = 1024;
-  std::vector<Outputs> outs = {Outputs(p.rows, split, false), Outputs(p.rows, p.vocab - split, false)};
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      detlogp::LinearLogpInputs in = p.inputs();
-      const int64_t start = r == 0 ? 0 : split, count = r == 0 ? split : p.vocab - split;
-      in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
-      in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
-      in.vocab_start = start;
-      detlogp::LinearLogpOutputs views = outs[r].views();
-      if (r == 1) views.entropy = o.entropy;
-      try {
-        detlogp::linear_logp_tensor_parallel(in, views, *comms[r], cpu_backend_options());
-      } catch (const detlogp::Error& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_NE(errors[0].find("entropy"), std::string::npos) << errors[0];
-  EXPECT_EQ(errors[0], errors[1]);
-  EXPECT_TRUE(outs[0].untouched() && outs[1].untouched());
-  EXPECT_EQ(count_unpoisoned(asked.entropy), 0);
+  const EntropyRun one = run_with_entropy(p);
+  EntropyRun tp(p);
+  detlogp::simulate_tensor_parallel(p.inputs(), 2, tp.views(), cpu_backend_options());
+  expect_identical(tp.out, one.out, "TP=2");
+  expect_same_bits(tp.entropy, one.entropy, "TP=2");
 }

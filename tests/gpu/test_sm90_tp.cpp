@@ -1,7 +1,8 @@
 // Tensor parallel on the SM90 backend.
 //   one-GPU simulation: TP in {1, 2, 4, 8} ranks as threads on one device (in-process CUDA
 //     communicators), Qwen3-8B lm_head shape padded 152064 / real 151936, trainer and serving;
-//   linear_logp_partials + merge_partials on CUDA memory: the layout recorded and checked;
+//   linear_logp_partials + merge_partials on CUDA memory: the layout recorded and checked; the
+//     merge's entropy output from usums on the device equals the host merge's bits;
 //   real NCCL (when built with NCCL and >= 2 GPUs are visible): TP in {2, 4, 8} up to the GPU
 //     count, one GPU per rank; every rank's logp/lse equal the TP = 1 bits; an invalid target
 //     makes every rank throw the same error (no hang); the usual logsumexp-of-logsumexps merge
@@ -16,6 +17,7 @@
 
 #include "detlogp/dist.hpp"
 #include "gpu_test_util.hpp"
+#include "test_random.hpp"
 #ifdef DETLOGP_WITH_NCCL
 #include "detlogp/nccl.hpp"
 #endif
@@ -331,6 +333,146 @@ TEST_F(Sm90Tp, CudaPartialsCarryTheirLayoutAndTheMergeChecksIt) {
   expect_refused(merge({parts[0].p, parts[1].p}, ranks[0].targets.get(), -1),
                  "ignore_index=-1 differs from ignore_index=-100 the partials were computed with",
                  "another ignore_index");
+}
+
+// merge_partials' entropy output on CUDA memory: the CPU backend's partials with their usums (host
+// memory, one problem with padding, bias, per-row temperatures, an ignored row and a NaN row),
+// copied to the device, merge there (the device merge's entropy chain) to the bits of the same
+// merge on the host; a rank without usums is refused naming it, with nothing written. Independent
+// of which backend computes partials on the device.
+namespace {
+
+// One case of the test below: n_rows rows.
+void merge_with_entropy_case(int64_t n_rows) {
+  constexpr int64_t kDimE = 64, kVocabE = 2112, kRealE = 2053;
+  const std::vector<int64_t> bounds = {0, 704, 1408, 2112};
+  detlogp_test::Rng rng(2026);
+  std::vector<uint16_t> h(n_rows * kDimE), w(kVocabE * kDimE);
+  for (auto& x : h) x = detlogp::fp::bf16_round(static_cast<float>(rng.normal()));
+  for (auto& x : w) x = detlogp::fp::bf16_round(static_cast<float>(rng.normal() * 3.0 / 8.0));
+  h[6 * kDimE + 3] = 0x7FC0;  // row 6: a NaN row
+  std::vector<float> b(kVocabE), temps(n_rows);
+  for (auto& x : b) x = static_cast<float>(rng.normal() * 0.5);
+  std::vector<int32_t> t(n_rows);
+  for (int64_t n = 0; n < n_rows; ++n) {
+    t[n] = static_cast<int32_t>(rng.below(kRealE));
+    temps[n] = 0.5f + 0.125f * static_cast<float>(n % 9);
+  }
+  t[2] = -100;
+  struct Shard {
+    std::vector<detlogp::TileSummary> summaries;
+    std::vector<float> target_logit, usums;
+    std::vector<uint8_t> owned;
+    detlogp::ShardPartials host;
+    DevBuf<detlogp::TileSummary> d_summaries;
+    DevBuf<float> d_target_logit, d_usums;
+    DevBuf<uint8_t> d_owned;
+    detlogp::ShardPartials dev;
+  };
+  std::vector<Shard> shards(bounds.size() - 1);
+  detlogp::CallOptions cpu;
+  cpu.backend = "cpu-linear-logp-contract-v1";
+  for (size_t r = 0; r < shards.size(); ++r) {
+    Shard& s = shards[r];
+    const int64_t start = bounds[r], count = bounds[r + 1] - bounds[r], tiles = detlogp::shard_tiles(count);
+    detlogp::LinearLogpInputs in;
+    in.hidden = detlogp::TensorView::matrix(h.data(), detlogp::DType::bf16, n_rows, kDimE);
+    in.weight = detlogp::TensorView::matrix(w.data() + start * kDimE, detlogp::DType::bf16, count, kDimE);
+    in.bias = detlogp::TensorView::vector(b.data() + start, detlogp::DType::f32, count);
+    in.targets = detlogp::TensorView::vector(t.data(), detlogp::DType::i32, n_rows);
+    in.temperature_rows = detlogp::TensorView::vector(temps.data(), detlogp::DType::f32, n_rows);
+    in.vocab_start = start;
+    in.real_vocab = kRealE;
+    s.summaries.resize(static_cast<size_t>(n_rows * tiles));
+    s.target_logit.resize(n_rows);
+    s.owned.resize(n_rows);
+    s.usums.resize(static_cast<size_t>(n_rows * tiles));
+    s.host.rows = n_rows;
+    s.host.tiles = tiles;
+    s.host.summaries = s.summaries.data();
+    s.host.target_logit = s.target_logit.data();
+    s.host.target_owned = s.owned.data();
+    s.host.usums = s.usums.data();
+    detlogp::linear_logp_partials(in, s.host, cpu);
+    s.d_summaries = DevBuf<detlogp::TileSummary>(s.summaries.size());
+    s.d_summaries.from_host(s.summaries);
+    s.d_target_logit = DevBuf<float>(s.target_logit.size());
+    s.d_target_logit.from_host(s.target_logit);
+    s.d_owned = DevBuf<uint8_t>(s.owned.size());
+    s.d_owned.from_host(s.owned);
+    s.d_usums = DevBuf<float>(s.usums.size());
+    s.d_usums.from_host(s.usums);
+    s.dev = s.host;
+    s.dev.summaries = s.d_summaries.get();
+    s.dev.target_logit = s.d_target_logit.get();
+    s.dev.target_owned = s.d_owned.get();
+    s.dev.usums = s.d_usums.get();
+    s.dev.memory = detlogp::Memory::cuda;
+    s.dev.device = 0;
+  }
+  // The host merge: the reference bits (themselves TP = 1's, tests/cpu/test_tp_entropy.cpp).
+  std::vector<float> logp(n_rows), lse(n_rows), entropy(n_rows);
+  std::vector<detlogp::ShardPartials> host_ranks, dev_ranks;
+  for (const Shard& s : shards) {
+    host_ranks.push_back(s.host);
+    dev_ranks.push_back(s.dev);
+  }
+  detlogp::merge_partials(host_ranks, detlogp::TensorView::vector(t.data(), detlogp::DType::i32, n_rows), -100,
+                          detlogp::mutable_vector(logp.data(), detlogp::DType::f32, n_rows),
+                          detlogp::mutable_vector(lse.data(), detlogp::DType::f32, n_rows),
+                          detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, n_rows));
+  ASSERT_TRUE(std::isnan(entropy[6]) && std::isfinite(entropy[2]));
+
+  DevBuf<int32_t> d_t(t.size());
+  d_t.from_host(t);
+  DevBuf<float> d_logp(n_rows), d_lse(n_rows), d_entropy(n_rows);
+  auto vec = [&](float* p) {
+    detlogp::MutableTensorView v = detlogp::mutable_vector(p, detlogp::DType::f32, n_rows, detlogp::Memory::cuda);
+    v.device = 0;
+    return v;
+  };
+  detlogp::TensorView tv = detlogp::TensorView::vector(d_t.get(), detlogp::DType::i32, n_rows, detlogp::Memory::cuda);
+  tv.device = 0;
+  auto merge = [&](const std::vector<detlogp::ShardPartials>& ranks) {
+    d_logp.poison();
+    d_lse.poison();
+    d_entropy.poison();
+    std::string error;
+    try {
+      detlogp::merge_partials(ranks, tv, -100, vec(d_logp.get()), vec(d_lse.get()), vec(d_entropy.get()));
+      GPU_CUDA(cudaDeviceSynchronize());
+    } catch (const detlogp::Error& e) {
+      error = e.what();
+    }
+    return error;
+  };
+  const std::string ok = merge(dev_ranks);
+  ASSERT_TRUE(ok.empty()) << ok;
+  const auto a = bc::compare(logp, d_logp.to_host()), c = bc::compare(lse, d_lse.to_host()),
+             e = bc::compare(entropy, d_entropy.to_host());
+  EXPECT_TRUE(a.identical() && c.identical() && e.identical())
+      << a.describe("logp") << "; " << c.describe("lse") << "; " << e.describe("entropy");
+
+  std::vector<detlogp::ShardPartials> missing = dev_ranks;
+  missing[1].usums = nullptr;
+  const std::string refused = merge(missing);
+  EXPECT_NE(refused.find("rank 1 partials carry none (usums is null)"), std::string::npos) << refused;
+  EXPECT_EQ(count_poison(d_logp.get(), n_rows), n_rows);
+  EXPECT_EQ(count_poison(d_lse.get(), n_rows), n_rows);
+  EXPECT_EQ(count_poison(d_entropy.get(), n_rows), n_rows);
+}
+
+}  // namespace
+
+// Needs no model of its own: a plain SM90 test, not the Sm90Tp fixture.
+class Sm90TpEntropy : public Sm90Test {};
+
+TEST_F(Sm90TpEntropy, CudaMergeWithEntropyEqualsTheHostMerge) {
+  // 37 rows: the device merge's held-tiles schedule; 300: its many-row schedule.
+  for (const int64_t n_rows : {int64_t{37}, int64_t{300}}) {
+    SCOPED_TRACE("rows=" + std::to_string(n_rows));
+    merge_with_entropy_case(n_rows);
+  }
 }
 
 // Real NCCL, one GPU per rank, TP in {2, 4, 8} up to the GPU count.

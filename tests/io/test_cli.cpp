@@ -592,7 +592,7 @@ TEST_F(Cli, FrozenConstantOverrideIsRefused) {
 // A weight that is not the whole vocabulary from id 0 has no logp/lse of its own: without
 // --partials the run is refused, naming the values; --partials needs the shard's place stated.
 // --entropy adds the rows' entropy [N] f32 after the other outputs: the library's bits for the same
-// problem, logp/lse unchanged; not with --partials (a usage error, exit 2).
+// problem, logp/lse unchanged.
 TEST_F(Cli, EntropyIsWrittenBesideUnchangedLogpAndLse) {
   const fs::path dir = test_dir();
   const FileProblem problem;
@@ -618,9 +618,70 @@ TEST_F(Cli, EntropyIsWrittenBesideUnchangedLogpAndLse) {
   opt.backend = kCpu;
   detlogp::linear_logp(problem.inputs(true, true), o, opt);
   expect_same_bits(values_of<float>(*b.find("entropy")), entropy, "entropy");
-  const CliResult partials = run_cli(base + " --entropy --partials --vocab-start 0 --real-vocab 300");
-  EXPECT_EQ(partials.exit_code, 2) << partials.out << partials.err;
-  EXPECT_NE(partials.err.find("--partials and --entropy exclude each other"), std::string::npos) << partials.err;
+}
+
+// --partials --entropy adds the tiles' entropy sums (usums [N, tiles] F32) after the four partials
+// tensors; two shards' files merged with merge_partials' entropy output give the whole-vocabulary
+// --entropy bits, beside unchanged logp/lse.
+TEST_F(Cli, ShardPartialsWithEntropyMergeToTheFullEntropy) {
+  const fs::path dir = test_dir();
+  const FileProblem problem;
+  const int64_t split = 128;  // a multiple of 64
+  detlogp::io::write_safetensors(dir / "full.safetensors", problem.contents(true, true));
+  const CliResult full = run_cli("run --entropy --input '" + (dir / "full.safetensors").string() + "' --out '" +
+                                 (dir / "full_out.safetensors").string() + "' --backend " + kCpu);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  std::vector<std::vector<detlogp::TileSummary>> summaries(2);
+  std::vector<std::vector<float>> target_logit(2), usums(2);
+  std::vector<std::vector<uint8_t>> owned(2);
+  std::vector<detlogp::ShardPartials> partials(2);
+  for (int s = 0; s < 2; ++s) {
+    const int64_t begin = s == 0 ? 0 : split, end = s == 0 ? split : problem.vocab;
+    SafetensorsContents shard;
+    shard.add("hidden", tensor_of(ElementType::bf16, {problem.rows, problem.dim}, problem.hidden));
+    shard.add("weight", tensor_of(ElementType::bf16, {end - begin, problem.dim},
+                                  std::vector<uint16_t>(problem.weight.begin() + begin * problem.dim,
+                                                        problem.weight.begin() + end * problem.dim)));
+    shard.add("targets", tensor_of(ElementType::i32, {problem.rows}, problem.targets));
+    shard.add("bias", tensor_of(ElementType::f32, {end - begin},
+                                std::vector<float>(problem.bias.begin() + begin, problem.bias.begin() + end)));
+    shard.add("temperature", tensor_of(ElementType::f32, {problem.rows}, problem.temperatures));
+    const std::string name = "shard" + std::to_string(s);
+    detlogp::io::write_safetensors(dir / (name + ".safetensors"), shard);
+    const CliResult r = run_cli("run --entropy --input '" + (dir / (name + ".safetensors")).string() +
+                                "' --partials --vocab-start " + std::to_string(begin) + " --real-vocab " +
+                                std::to_string(problem.vocab) + " --out '" +
+                                (dir / (name + "_out.safetensors")).string() + "' --backend " + kCpu);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("sha256(tile_max|tile_sum|target_logit|target_owned|usums)"), std::string::npos) << r.out;
+    const SafetensorsContents out = detlogp::io::read_safetensors(dir / (name + "_out.safetensors"));
+    const HostTensor* u = out.find("usums");
+    ASSERT_NE(u, nullptr);
+    const int64_t tiles = detlogp::shard_tiles(end - begin);
+    ASSERT_EQ(u->dtype, ElementType::f32);
+    ASSERT_EQ(u->shape, (std::vector<int64_t>{problem.rows, tiles}));
+    const std::vector<float> maxes = values_of<float>(*out.find("tile_max")), sums = values_of<float>(*out.find("tile_sum"));
+    for (size_t i = 0; i < maxes.size(); ++i) summaries[s].push_back({maxes[i], sums[i]});
+    target_logit[s] = values_of<float>(*out.find("target_logit"));
+    owned[s] = values_of<uint8_t>(*out.find("target_owned"));
+    usums[s] = values_of<float>(*u);
+    partials[s].rows = problem.rows;
+    partials[s].tiles = tiles;
+    partials[s].summaries = summaries[s].data();
+    partials[s].target_logit = target_logit[s].data();
+    partials[s].target_owned = owned[s].data();
+    partials[s].usums = usums[s].data();
+    partials[s].layout = layout_from_metadata(out.metadata);
+  }
+  std::vector<float> logp(static_cast<size_t>(problem.rows)), lse(logp.size()), entropy(logp.size());
+  detlogp::merge_partials(partials, detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows),
+                          detlogp::kDefaultIgnoreIndex, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
+                          detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows),
+                          detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, problem.rows));
+  const SafetensorsContents full_out = detlogp::io::read_safetensors(dir / "full_out.safetensors");
+  expect_same_bits(logp, values_of<float>(*full_out.find("logp")), "merged logp");
+  expect_same_bits(lse, values_of<float>(*full_out.find("lse")), "merged lse");
+  expect_same_bits(entropy, values_of<float>(*full_out.find("entropy")), "merged entropy");
 }
 
 TEST_F(Cli, VocabShardNeedsPartials) {

@@ -152,3 +152,43 @@ def test_merge_takes_targets_by_the_shared_rules(problem):
         with pytest.raises(detlogp.InputError) as e:
             detlogp.merge_partials(parts, targets)
         assert str(e.value).endswith(message), (message, str(e.value))
+
+
+def entropy_shards(problem, bounds):
+    h, w, t, b, temp = problem
+    return [
+        detlogp.linear_logp_partials(h, w[lo:hi], t, bias=b[lo:hi], temperature=temp, vocab_start=lo, real_vocab=REAL,
+                                     backend=CPU, return_entropy=True)
+        for lo, hi in zip(bounds[:-1], bounds[1:])
+    ]  # fmt: skip
+
+
+def test_merge_with_entropy_gives_the_whole_vocabulary_bits(problem):
+    """The tiles' entropy sums travel with the partials; the merge's entropy is linear_logp's at
+    TP = 1, and logp/lse keep their bits (docs/contract.md §10)."""
+    h, w, t, b, temp = problem
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_entropy=True)
+    for bounds in ([0, V], [0, 1024, V], [0, 64, 128, 1984, V], [0, 2048, V]):
+        parts = entropy_shards(problem, bounds)
+        for p, plain, (lo, hi) in zip(parts, shards(problem, bounds), zip(bounds[:-1], bounds[1:])):
+            assert p.usums.shape == (len(t), detlogp.shard_tiles(hi - lo)) and p.usums.dtype == np.float32
+            assert np.array_equal(bits(p.summaries), bits(plain.summaries)), bounds
+        logp, lse, entropy = detlogp.merge_partials(parts, t, return_entropy=True)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+        assert np.array_equal(bits(entropy), bits(full.entropy)), bounds
+        # Without return_entropy the same partials merge to (logp, lse), the usums unread.
+        logp2, lse2 = detlogp.merge_partials(parts, t)
+        assert np.array_equal(bits(logp2), bits(full.logp)) and np.array_equal(bits(lse2), bits(full.lse))
+    assert shards(problem, [0, V])[0].usums is None
+
+
+def test_merge_with_entropy_needs_every_ranks_usums(problem):
+    t = problem[2]
+    with_usums = entropy_shards(problem, [0, 1024, V])
+    without = shards(problem, [0, 1024, V])
+    for parts, rank in (([with_usums[0], without[1]], 1), ([without[0], with_usums[1]], 0), (without, 0)):
+        with pytest.raises(detlogp.InputError, match=re.escape(f"rank {rank} partials carry none (usums is null)")):
+            detlogp.merge_partials(parts, t, return_entropy=True)
+    short = with_usums[0]._replace(usums=with_usums[0].usums[:, :3].copy())
+    with pytest.raises(detlogp.InputError, match=re.escape(f"rank 0 usums must be [N={len(t)}, tiles=16] float32")):
+        detlogp.merge_partials([short, with_usums[1]], t, return_entropy=True)

@@ -89,6 +89,47 @@ def main():
     dist.all_gather(gathered, hs.grad)
     check("grad_hidden identical on every rank", all(torch.equal(g.view(torch.int16), gathered[0].view(torch.int16)) for g in gathered))
 
+    # The entropy through the group (TensorParallelLinearLogp with return_entropy): the bits of the
+    # same operator at TP = 1 (a group of this rank alone, the whole weight) on every rank, logp/lse
+    # unchanged; a backend that cannot compute it refuses it alike on every rank.
+    solo = [dist.new_group([r]) for r in range(world)][rank]
+
+    def with_entropy(hidden, weight, bias, start, group):
+        return tensor_parallel.TensorParallelLinearLogp.apply(
+            hidden, weight, bias, temp, t, 1.0, -100, False, start, real_vocab, "", False, group, True
+        )
+
+    try:
+        hs_e = h.clone().requires_grad_()
+        lp_e, lse_e, ent, _ = with_entropy(hs_e, w[lo:hi], b[lo:hi], lo, dist.group.WORLD)
+        message = None
+    except detlogp.DetlogpError as e:
+        message = str(e)
+    messages = [None] * world
+    dist.all_gather_object(messages, message)
+    if all(m is None for m in messages):
+        h1_e = h.clone().requires_grad_()
+        lp1_e, lse1_e, ent1, _ = with_entropy(h1_e, w, b, 0, solo)
+        check("entropy bits equal TP=1", torch.equal(ent.view(torch.int32), ent1.view(torch.int32)))
+        check("logp/lse bits unchanged by the entropy", torch.equal(lp_e.view(torch.int32), lps.view(torch.int32))
+              and torch.equal(lse_e.view(torch.int32), lses.view(torch.int32)))  # fmt: skip
+        check("entropy finite on every row, the ignored one too", bool(torch.isfinite(ent).all()))
+        gathered = [torch.empty_like(ent) for _ in range(world)]
+        dist.all_gather(gathered, ent.detach())
+        check("entropy identical on every rank", all(torch.equal(g.view(torch.int32), gathered[0].view(torch.int32)) for g in gathered))
+        import inspect
+
+        from detlogp._torch import backward as _backward
+
+        if "g_entropy" in inspect.signature(_backward.chunked_grads).parameters:
+            ent.sum().backward()
+            ent1.sum().backward()
+            err = ((hs_e.grad.float() - h1_e.grad.float()).abs().max() / h1_e.grad.float().abs().max().clamp_min(1e-30)).item()
+            check("entropy grad_hidden matches TP=1", err < 2e-2, f"max rel err {err:.2e}")
+    else:
+        same = all(m == messages[0] for m in messages) and "entropy" in (messages[0] or "")
+        check("a backend without the entropy refuses it alike on every rank", same, (message or "")[:200])
+
     # A refusal on one rank reaches every rank as the same exception, before any data moves, and
     # leaves the group in step for the next call.
     def refused_alike(name, exc_type, call, *must_name):

@@ -30,8 +30,9 @@ void run_help(std::ostream& os) {
         "with the same backend. A weight\n"
         "that is a vocabulary shard (vocab_start > 0 or vocab_start + V_local < real_vocab) has no\n"
         "logp/lse of its own: it is refused unless --partials asks for its tensor-parallel partials,\n"
-        "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8, written with\n"
-        "their layout (vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
+        "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8 (and with\n"
+        "--entropy the tiles' entropy sums usums [N, tiles] f32), written with their layout\n"
+        "(vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
         "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
         "order printed (logp|lse[|logits][|entropy], or the partials).\n\n";
   print_option_help(os, command_options("run"));
@@ -43,8 +44,6 @@ Entry requested_entry(const Options& o) {
   if (!o.flag("partials")) return o.flag("return-logits") ? Entry::serving : Entry::trainer;
   if (o.flag("return-logits"))
     throw UsageError("--partials and --return-logits exclude each other (a shard's partials carry no logits)");
-  if (o.flag("entropy"))
-    throw UsageError("--partials and --entropy exclude each other (a shard's partials carry no entropy sums yet)");
   if (!o.has("vocab-start") || !o.has("real-vocab"))
     throw UsageError(
         "--partials needs --vocab-start (the global id of the weight's row 0) and --real-vocab (the whole "

@@ -14,7 +14,7 @@ using io::HostTensor;
 
 HostTensor f32_tensor(std::vector<int64_t> shape) { return HostTensor::zeros(ElementType::f32, std::move(shape)); }
 
-RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, const CallOptions& opt) {
+RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, const CallOptions& opt, bool entropy) {
   RunOutputs out;
   out.entry = Entry::partials;
   const int64_t tiles = shard_tiles(p.vocab_local);
@@ -27,6 +27,11 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
   partials.summaries = summaries.data();
   partials.target_logit = static_cast<float*>(target_logit.data());
   partials.target_owned = static_cast<uint8_t*>(owned.data());
+  HostTensor usums;
+  if (entropy) {
+    usums = f32_tensor({p.rows, tiles});
+    partials.usums = static_cast<float*>(usums.data());
+  }
   out.report = linear_logp_partials(in, partials, opt);
   out.layout = partials.layout;
   HostTensor tile_max = f32_tensor({p.rows, tiles});
@@ -41,6 +46,7 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
                  {"tile_sum", std::move(tile_sum)},
                  {"target_logit", std::move(target_logit)},
                  {"target_owned", std::move(owned)}};
+  if (entropy) out.tensors.emplace_back("usums", std::move(usums));
   return out;
 }
 
@@ -53,7 +59,7 @@ bool is_vocab_shard(const HostProblem& p) {
 
 RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy) {
   const LinearLogpInputs in = p.inputs();
-  if (entry == Entry::partials) return compute_partials(p, in, opt);
+  if (entry == Entry::partials) return compute_partials(p, in, opt, entropy);
   DETLOGP_CHECK(!is_vocab_shard(p), "real_vocab=" << p.effective_real_vocab() << " but the weight has V_local="
                                                   << p.vocab_local << " rows from vocab_start=" << p.vocab_start
                                                   << " (ids [" << p.vocab_start << ", " << p.vocab_start + p.vocab_local

@@ -16,7 +16,7 @@ namespace detlogp::cli {
 enum class Entry {
   trainer,   // logp, lse [N] f32
   serving,   // logp, lse and logits [N, V_local] f32
-  partials,  // tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8
+  partials,  // tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8 (, usums [N, tiles] f32)
 };
 
 struct RunOutputs {
@@ -30,7 +30,9 @@ struct RunOutputs {
 // whose rows are not the whole vocabulary from id 0: vocab_start != 0 or vocab_start + V_local <
 // real_vocab) with an error naming real_vocab, V_local and vocab_start that says to ask for
 // --partials.
-// entropy: also the rows' entropy [N] f32, after the other outputs (docs/contract.md §10).
+// entropy: also the rows' entropy [N] f32, after the other outputs (docs/contract.md §10); for
+// partials, the tiles' entropy sums usums [N, tiles] f32 after the four partials tensors, which a
+// merge with entropy needs from every shard.
 RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy = false);
 
 // The layout a partials file carries so shards can be checked before a merge (docs/cli.md): rows,

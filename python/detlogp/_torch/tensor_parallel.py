@@ -96,12 +96,15 @@ def agree(group, record: Sequence[str], device) -> None:
 
 
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-             real_vocab, backend, strict, group):  # fmt: skip
+             real_vocab, backend, strict, group, return_entropy=False):  # fmt: skip
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n, v = rows_of(hidden), rows_of(weight)
     logp = hidden.new_empty((n,), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
+    # The entropy travels as the tiles' entropy sums beside the summaries (docs/tensor-parallel.md);
+    # a backend that cannot compute them refuses in the local check, so every rank refuses alike.
+    entropy = hidden.new_empty((n,), dtype=torch.float32) if return_entropy else None
     problem = None
     copies = []
     try:
@@ -113,7 +116,7 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
         problem = library_problem(
             hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index
         )
-        served = _ext.tensor_parallel_local_check(problem, logp, lse, logits, backend, strict)["provenance"]
+        served = _ext.tensor_parallel_local_check(problem, logp, lse, logits, backend, strict, entropy)["provenance"]
         record = ["ok"] + [str(served[k]) for k in AGREED_FIELDS]
     except DetlogpError as e:
         record = ["error", type(e).__name__, str(e)]
@@ -123,10 +126,10 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
         gather_in_rank_order(group, torch.from_dlpack(send), torch.from_dlpack(recv))
 
     report = _ext.linear_logp_tensor_parallel(
-        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather
+        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather, entropy
     )
     set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=copies))
-    return logp, lse, logits
+    return logp, lse, logits, entropy
 
 
 def _rank_ordered_sum(x: Tensor, group) -> Tensor:
@@ -142,24 +145,40 @@ def _rank_ordered_sum(x: Tensor, group) -> Tensor:
 
 
 class TensorParallelLinearLogp(torch.autograd.Function):
+    """apply(hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
+    vocab_start, real_vocab, backend, strict, group, return_entropy=False): (logp, lse, logits), or
+    (logp, lse, entropy, logits) when return_entropy (the merged entropy, the TP = 1 bits; its
+    gradient reaches hidden, weight and bias through the backward's entropy term)."""
+
     @staticmethod
     def forward(ctx, hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
-                vocab_start, real_vocab, backend, strict, group):  # fmt: skip
-        logp, lse, logits = _forward(
+                vocab_start, real_vocab, backend, strict, group, return_entropy=False):  # fmt: skip
+        return_entropy = bool(return_entropy)
+        logp, lse, logits, entropy = _forward(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-            real_vocab, backend, strict, group,
+            real_vocab, backend, strict, group, return_entropy,
         )  # fmt: skip
-        ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse)
+        ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse, entropy)
         ctx.args = (temperature, ignore_index, vocab_start, real_vocab, group)
+        ctx.return_entropy = return_entropy
         if logits is None:
             logits = hidden.new_empty((0,), dtype=torch.float32)
             ctx.mark_non_differentiable(logits)
+        if return_entropy:
+            return logp, lse, entropy, logits
         return logp, lse, logits
 
     @staticmethod
-    def backward(ctx, g_logp, g_lse, g_logits):
-        hidden, weight, targets, bias, temperature_rows, lse = ctx.saved_tensors
+    def backward(ctx, *grads):
+        if ctx.return_entropy:
+            g_logp, g_lse, g_entropy, g_logits = grads
+        else:
+            (g_logp, g_lse, g_logits), g_entropy = grads, None
+        hidden, weight, targets, bias, temperature_rows, lse, entropy = ctx.saved_tensors
         temperature, ignore_index, vocab_start, real_vocab, group = ctx.args
+        # Every rank's shard term uses the merged lse and entropy, which are the same bits on every
+        # rank, so the shard gradients are those of the whole-vocabulary backward restricted to the shard.
+        entropy_args = {} if g_entropy is None else {"entropy": entropy, "g_entropy": g_entropy}
         need = (
             ctx.needs_input_grad[0],
             ctx.needs_input_grad[1],
@@ -170,11 +189,11 @@ class TensorParallelLinearLogp(torch.autograd.Function):
         inv_t = backward.inverse_temperature(temperature, temperature_rows, n, torch.float32, hidden.device)
         gh, gw, gb, gty = backward.chunked_grads(
             hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, vocab_start, real_vocab,
-            ignore_index, need, temperature, temperature_rows,
+            ignore_index, need, temperature, temperature_rows, **entropy_args,
         )  # fmt: skip
         if gh is not None:
             gh = _rank_ordered_sum(gh, group).to(hidden.dtype)
         g_temp = None
         if gty is not None:
             g_temp = (-_rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
-        return (gh, gw, gb, g_temp) + (None,) * 9
+        return (gh, gw, gb, g_temp) + (None,) * 10
