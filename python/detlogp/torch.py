@@ -135,14 +135,18 @@ def linear_logp(
             bool(return_entropy),
         )  # fmt: skip
     else:
-        if return_entropy:
-            raise InputError("return_entropy with tp_group is not supported yet")
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
-        logp, lse, logits = _TensorParallelLinearLogp.apply(
-            h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
-            strict_on, tp_group,
-        )  # fmt: skip
+        if return_entropy:
+            logp, lse, entropy, logits = _TensorParallelLinearLogp.apply(
+                h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
+                strict_on, tp_group, True,
+            )  # fmt: skip
+        else:
+            logp, lse, logits = _TensorParallelLinearLogp.apply(
+                h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
+                strict_on, tp_group,
+            )  # fmt: skip
     out = (logp.reshape(batch_shape), lse.reshape(batch_shape))
     if return_entropy:
         out += (entropy.reshape(batch_shape),)
