@@ -28,9 +28,16 @@ gather) over the method's forward, when "ref" is among the methods.
 --profile prints the CUDA kernels of one forward, and of one forward + backward, of the contract
 method (torch profiler), summed per kernel name, with the timeline of a short step: where the
 time goes, and the gaps between kernels.
+
+"contract-entropy" adds an entropy term to the loss, (logp * g).sum() - 0.01 * entropy.sum(),
+through linear_logp(h, w, t, return_entropy=True) (docs/contract.md §10): its forward + backward
+is printed as the ratio to "contract" (the same loss without the entropy term) timed in the same
+round-robin, beside the goal of docs/perf.md (<= 1.05x). Where the installed detlogp.torch has no
+return_entropy, or its backend does not serve the entropy, the case is skipped and says why.
 """
 
 import argparse
+import inspect
 import json
 import os
 import random
@@ -58,6 +65,31 @@ def detlogp_torch_lane(h, w, t):
     return dt.linear_logp(h, w, t, backend=dt.TORCH_BACKEND_ID)[0]
 
 
+ENTROPY_COEF = 0.01  # the entropy bonus of an RL loss: loss = (logp * g).sum() - ENTROPY_COEF * H.sum()
+ENTROPY_GOAL = 1.05  # docs/perf.md: forward + backward with the entropy term over the same without
+
+
+def detlogp_contract_entropy(h, w, t):
+    """(logp, extra loss term): make_step adds the term to the loss."""
+    logp, _lse, entropy = dt.linear_logp(h, w, t, return_entropy=True)
+    return logp, -ENTROPY_COEF * entropy.sum()
+
+
+def entropy_unavailable(h, w, t):
+    """Why the entropy case cannot run here (None when it can): the installed detlogp.torch lacks
+    return_entropy, or a small forward + backward with it fails (its backend does not serve it)."""
+    if "return_entropy" not in inspect.signature(dt.linear_logp).parameters:
+        return "the installed detlogp.torch.linear_logp has no return_entropy argument"
+    try:
+        hh = h[:64].clone().requires_grad_()
+        ww = w.clone().requires_grad_()
+        logp, extra = detlogp_contract_entropy(hh, ww, t[:64])
+        (logp.sum() + extra).backward()
+    except Exception as e:  # noqa: BLE001 - any refusal skips the case, with the library's words
+        return f"linear_logp(..., return_entropy=True) failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    return None
+
+
 METHODS = {
     "torch F.linear+log_softmax+autograd": torch_reference,
     "detlogp (contract fwd, chunked bwd)": detlogp_contract,
@@ -65,9 +97,12 @@ METHODS = {
     "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": detlogp_contract,
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
+    "detlogp (contract fwd, chunked bwd, entropy term in the loss)": detlogp_contract_entropy,
 }
-METHOD_KEYS = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane"),
-                       METHODS))  # fmt: skip
+METHOD_KEYS = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane",
+                        "contract-entropy"), METHODS))  # fmt: skip
+# Methods whose loss has the entropy term (their gradients are not the other methods').
+ENTROPY_METHODS = {METHOD_KEYS["contract-entropy"]}
 # Module settings of detlogp.torch set around a method's steps (free choices of the backward).
 METHOD_MODULE = {
     "detlogp (contract fwd, chunked bwd, 1 GiB chunks)": {"BACKWARD_FUSED_CHUNK_BYTES": 1 << 30},
@@ -94,9 +129,11 @@ def make_step(fn, h, w, t, g, env=None, forward_only=False, module=None):
         for k, val in (module or {}).items():
             setattr(dt, k, val)
         try:
-            logp = fn(hh, ww, t)
+            out = fn(hh, ww, t)
+            logp, extra = out if isinstance(out, tuple) else (out, None)
             if not forward_only:
-                (logp * g).sum().backward()
+                loss = (logp * g).sum()
+                (loss if extra is None else loss + extra).backward()
         finally:
             for k, val in saved_module.items():
                 setattr(dt, k, val)
@@ -181,6 +218,28 @@ def profile_kernels(step, label, top=12):
     return [{"kernel": n, "ms": us / 1e3, "count": c} for n, (us, c) in totals.items()]
 
 
+def entropy_ratio(chosen, skipped, med, times):
+    """The entropy case against the contract method of the same run: forward + backward (medians,
+    and the median of the per-repetition ratios) and the forward alone. Printed with the goal."""
+    name, base = METHOD_KEYS["contract-entropy"], METHOD_KEYS["contract"]
+    if name not in chosen:
+        return None
+    if name in skipped:
+        print(f"entropy fwd+bwd: SKIPPED ({skipped[name]}), goal <= {ENTROPY_GOAL:.2f}x")
+        return {"skipped": skipped[name], "goal": ENTROPY_GOAL}
+    if (base, "full") not in med or (name, "full") not in med:
+        print(f"entropy fwd+bwd: not measured (needs both contract and contract-entropy timed), "
+              f"goal <= {ENTROPY_GOAL:.2f}x")  # fmt: skip
+        return None
+    full = med[(name, "full")] / med[(base, "full")]
+    paired = statistics.median(a / b for a, b in zip(times[(name, "full")], times[(base, "full")]))
+    fwd = med[(name, "fwd")] / med[(base, "fwd")]
+    verdict = "within" if paired <= ENTROPY_GOAL else "OVER"
+    print(f"entropy fwd+bwd: contract-entropy / contract = {full:.3f}x (paired {paired:.3f}x), goal <= "
+          f"{ENTROPY_GOAL:.2f}x: {verdict}; forward alone {fwd:.3f}x")  # fmt: skip
+    return {"full_ratio": full, "full_ratio_paired": paired, "forward_ratio": fwd, "goal": ENTROPY_GOAL}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=4096)
@@ -191,7 +250,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument(
         "--methods", default="all",
-        help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-torchloop, lane",
+        help="comma-separated subset of: ref, contract, contract-nocluster, contract-1gib, contract-torchloop, lane, "
+        "contract-entropy",
     )  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one contract forward + backward")
@@ -213,8 +273,14 @@ def main():
     cases = {}
     if cuda:
         cases["gemm"], _ = make_step(lambda a, b, _t: F.linear(a, b), h, w, t, g, forward_only=True)
-    grads_of, peaks, paths, failed = {}, {}, {}, set()
+    grads_of, peaks, paths, failed, skipped = {}, {}, {}, set(), {}
     for name in chosen:
+        if name in ENTROPY_METHODS:
+            why = entropy_unavailable(h, w, t)
+            if why:
+                print(f"{name}: SKIPPED: {why}")
+                skipped[name] = why
+                continue
         env, module = METHOD_ENV.get(name), METHOD_MODULE.get(name)
         full, grads_of[name] = make_step(METHODS[name], h, w, t, g, env, module=module)
         fwd_only, _ = make_step(METHODS[name], h, w, t, g, env, forward_only=True, module=module)
@@ -247,6 +313,9 @@ def main():
         if name in failed:
             results.append({"method": name, "error": "out of memory"})
             continue
+        if name in skipped:
+            results.append({"method": name, "skipped": skipped[name]})
+            continue
         grads[name] = grads_of[name]()
         full, fwd, best = med[(name, "full")], med[(name, "fwd")], min(times[(name, "full")])
         peak = peaks[name]
@@ -270,8 +339,11 @@ def main():
             "forward+backward": profile_kernels(make_step(detlogp_contract, h, w, t, g)[0],
                                                 "contract forward + backward"),
         }  # fmt: skip
+    entropy = entropy_ratio(chosen, skipped, med, times)
     ref_name = chosen[0]
     for name in chosen[1:]:
+        if name in ENTROPY_METHODS or ref_name in ENTROPY_METHODS:
+            continue  # another loss: other gradients
         if name in grads and ref_name in grads:
             for label, a, r in zip(("hidden", "weight"), grads[name], grads[ref_name]):
                 err = ((a.float() - r.float()).abs().max() / r.float().abs().max()).item()
@@ -279,7 +351,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": n, "dim": d, "vocab": v, "device": args.device, "forward_gemm_ms": gemm_ms,
-                       "iters": args.iters, "results": results, "profile": profile}, f, indent=1)  # fmt: skip
+                       "iters": args.iters, "results": results, "entropy": entropy, "profile": profile}, f,
+                      indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -148,6 +148,20 @@ if has bench; then
   else
     (cd "$OUT" && "$bench" --csv "$OUT/bench_sm90.csv" ${BENCH_ARGS:-}) >"$OUT/bench.log" 2>&1
     say "bench: rc=$? (bench.log, bench_sm90.csv)"
+    # The trainer with the entropy output over the trainer, per N, with its goal (or why not timed).
+    grep -E "^entropy" "$OUT/bench.log" | sed 's/^/  bench_sm90 /' | tee -a "$SUMMARY" >/dev/null
+    grep -qE "^entropy" "$OUT/bench.log" || say "  bench_sm90 entropy: no entropy line (N = 1024, 4096, 16384 not in BENCH_ARGS?)"
+  fi
+  # Forward + backward with an entropy term in the loss over the same without it (torch level,
+  # N = 4096 on the Qwen3-8B head), when this build has the Python module.
+  if ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+    PYTHONPATH="$BUILD/python" timeout 300 python3 "$ROOT/bench/bench_backward.py" --methods contract,contract-entropy \
+      --json "$OUT/bench_backward_entropy.json" >"$OUT/bench_backward_entropy.log" 2>&1
+    rc=$?
+    say "bench_backward entropy: rc=$rc (bench_backward_entropy.log)"
+    grep -E "^entropy|SKIPPED" "$OUT/bench_backward_entropy.log" | sed 's/^/  /' | tee -a "$SUMMARY" >/dev/null
+  else
+    say "bench_backward entropy: skipped (no Python module in $BUILD/python)"
   fi
 fi
 done_step

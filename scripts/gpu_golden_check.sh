@@ -2,7 +2,8 @@
 # Validation ladder L3-L5 on an SM90 machine (docs/validation.md): golden fingerprints recorded
 # and replayed for (contract version, sm90a, 90), the L3 two-process check, and the L4/L5
 # rollout-vs-trainer harness at Qwen3-8B shapes. Everything goes to "$OUT" (else ./out/golden):
-#   fingerprints.tsv   the repository's file plus the SM90 rows recorded here (commit it:
+#   fingerprints.tsv   the repository's file plus the SM90 rows recorded here, the entropy rows
+#                      among them where the repository lacks them (commit it:
 #                      cp "$OUT/fingerprints.tsv" tests/golden/fingerprints.tsv)
 #   golden.log, l3.log, harness-*/report.{json,md}, summary.txt
 # Reuses $BUILD_DIR (default build-gpu, as scripts/gpu_check.sh) when it holds a detlogp binary,
@@ -40,18 +41,37 @@ fi
 say "$(grep -E '^served by' "$OUT/info.log")"
 
 # 1. Goldens. The CPU rows and the platform-independent "inputs" rows must pass here as on any
-# machine; the SM90 rows are replayed when the repository has them, else recorded into the copy.
+# machine. The auto backend (SM90) replays every row the repository has for (1, sm90a, 90) and
+# records the ones it lacks (the first run on SM90, or rows added since: the entropy rows) into
+# the copy: --record appends only what is missing and still FAILs on any recorded row that differs.
+# A second process then replays the copy. Recorded rows are listed in the summary, never passed
+# over: commit them with cp "$OUT/fingerprints.tsv" tests/golden/fingerprints.tsv.
 cp "$ROOT/tests/golden/fingerprints.tsv" "$OUT/fingerprints.tsv"
 step "goldens cpu (repository file)" "$OUT/golden.log" \
   "$BIN" verify --golden --strict --backend cpu-linear-logp-contract-v1
-if grep -qP '^\d+\tsm90a\t' "$ROOT/tests/golden/fingerprints.tsv"; then
-  step "goldens auto backend (repository file)" "$OUT/golden.log" "$BIN" verify --golden --strict
-else
-  step "goldens auto backend record" "$OUT/golden.log" "$BIN" verify --golden --strict --record --golden-file "$OUT/fingerprints.tsv"
-  grep '^recorded:' "$OUT/golden.log" | sed 's/^recorded: /  new row: /' | tee -a "$SUMMARY" >/dev/null
+: >"$OUT/golden-auto.log"
+step "goldens auto backend (repository rows replayed, missing rows recorded)" "$OUT/golden-auto.log" \
+  "$BIN" verify --golden --strict --record --golden-file "$OUT/fingerprints.tsv"
+cat "$OUT/golden-auto.log" >>"$OUT/golden.log"
+grep -E "^entropy: " "$OUT/golden-auto.log" | sed 's/^/  auto backend /' | tee -a "$SUMMARY" >/dev/null
+# Entropy rows recorded for a backend that no longer serves the output would go unchecked: a FAIL.
+unchecked=$(sed -nE 's/^entropy: NOT CHECKED: .*; ([0-9]+) entropy rows recorded for .*/\1/p' "$OUT/golden-auto.log")
+if [[ "${unchecked:-0}" -gt 0 ]]; then
+  say "goldens: FAIL: ${unchecked} recorded entropy rows of the auto backend's key are not checked (it serves no entropy)"
+  status=1
+fi
+new_rows=$(grep -c '^recorded:' "$OUT/golden-auto.log" || true)
+new_entropy=$(grep -cP '^recorded: \d+\tsm90a\t\d+\t[^\t]+\tentropy\t' "$OUT/golden-auto.log" || true)
+if [[ "${new_rows:-0}" -gt 0 ]]; then
+  say "goldens: ${new_rows} rows NOT IN THE REPOSITORY, recorded into $OUT/fingerprints.tsv (commit them: cp that file to tests/golden/fingerprints.tsv)"
+  [[ "${new_entropy:-0}" -gt 0 ]] &&
+    say "goldens: the SM90 entropy rows were ABSENT from the repository: ${new_entropy} recorded here"
+  grep '^recorded:' "$OUT/golden-auto.log" | sed 's/^recorded: /  new row: /' | tee -a "$SUMMARY" >/dev/null
   # A second process replays what the first recorded (run-to-run and process-to-process bits).
   step "goldens auto backend replay of the new rows" "$OUT/golden.log" \
     "$BIN" verify --golden --strict --golden-file "$OUT/fingerprints.tsv"
+else
+  say "goldens: every auto-backend row is in the repository (none recorded)"
 fi
 
 # 2. L3: trainer-shaped and rollout-shaped calls in two processes, every golden case (Qwen3-8B
@@ -93,7 +113,7 @@ if [[ "${ngpu:-0}" -ge 2 ]]; then
 else
   say "harness on real NCCL: skipped ($ngpu GPU visible, 2 needed)"
 fi
-grep -E "^(rollout|trainer|weight fingerprint|logp|negative control|verdict)" "$OUT/harness.log" | cut -c1-220 >>"$SUMMARY"
+grep -E "^(rollout|trainer|weight fingerprint|logp|entropy|negative control|verdict)" "$OUT/harness.log" | cut -c1-220 >>"$SUMMARY"
 
 echo
 echo "================ golden / L3 / L4-L5 summary ================"

@@ -109,6 +109,36 @@ void same_backend(CallReport& first, const CallReport& r, bool& have) {
                                                                         << r.provenance.backend_id);
 }
 
+// The "entropy" fingerprint (docs/contract.md §10) of a case whose backend serves the entropy
+// output: a second call of the case's entry over the whole head with the entropy output asked
+// for, beside the first call's fingerprints, which stay as they were. A TP case takes the TP = 1
+// call over the whole head: its entropy bits are those of every degree, as its lse bits are. The
+// second call's logp and lse (and logits) must equal the first call's bits: the entropy output is
+// formed beside them and may not move one.
+void add_entropy(const CaseInputs& in, const CallOptions& opt, CaseResult& res, bool& have,
+                 const std::vector<float>* first_logits) {
+  const GoldenCase& c = in.c;
+  std::vector<float> logp(static_cast<size_t>(c.rows)), lse(logp.size()), logits;
+  res.entropy.assign(logp.size(), 0.0f);
+  LinearLogpOutputs out{mutable_vector(logp.data(), DType::f32, c.rows),
+                        mutable_vector(lse.data(), DType::f32, c.rows),
+                        {},
+                        mutable_vector(res.entropy.data(), DType::f32, c.rows)};
+  if (first_logits != nullptr && !first_logits->empty()) {
+    logits.resize(first_logits->size());
+    out.logits = mutable_matrix(logits.data(), DType::f32, c.rows, c.weight_rows);
+  }
+  same_backend(res.report, linear_logp(in.view(), out, opt), have);
+  DETLOGP_CHECK(std::memcmp(logp.data(), res.logp.data(), logp.size() * 4) == 0 &&
+                    std::memcmp(lse.data(), res.lse.data(), lse.size() * 4) == 0,
+                "case " << c.name << ": the call with the entropy output gave other logp/lse bits than without it");
+  DETLOGP_CHECK(logits.empty() || std::memcmp(logits.data(), first_logits->data(), logits.size() * 4) == 0,
+                "case " << c.name << ": the call with the entropy output gave other logits bits than without it");
+  io::Sha256 h;
+  h.update(res.entropy.data(), res.entropy.size() * 4);
+  res.fingerprints.push_back({"entropy", io::Sha256::hex(h.finish())});
+}
+
 // One NCCL communicator set per device list, made once per process (ncclCommInitAll costs far
 // more than a harness step) and destroyed at exit, before the CUDA runtime tears down (the cache
 // is constructed after the first CUDA call, so it is destroyed first).
@@ -208,7 +238,7 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   bool have = false;
   if (c.tp == 1) {
     std::vector<float> logits(c.serving ? static_cast<size_t>(c.rows * c.weight_rows) : 0);
-    LinearLogpOutputs out{logp, lse, {}};
+    LinearLogpOutputs out{logp, lse, {}, {}};
     if (c.serving) out.logits = mutable_matrix(logits.data(), DType::f32, c.rows, c.weight_rows);
     same_backend(res.report, linear_logp(in.view(), out, opt), have);
     io::Sha256 h;
@@ -216,6 +246,7 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
     h.update(res.lse.data(), res.lse.size() * 4);
     h.update(logits.data(), logits.size() * 4);
     res.fingerprints.push_back({c.serving ? "logp|lse|logits" : "logp|lse", io::Sha256::hex(h.finish())});
+    if (!res.report.provenance.entropy_id.empty()) add_entropy(in, opt, res, have, &logits);
     return res;
   }
   DETLOGP_CHECK(!c.serving, "case " << c.name << ": the serving entry is a TP=1 case");
@@ -266,6 +297,7 @@ CaseResult run_case(const CaseInputs& in, const CallOptions& opt) {
   t.update(tp_logp.data(), tp_logp.size() * 4);
   t.update(tp_lse.data(), tp_lse.size() * 4);
   res.fingerprints.push_back({"tp-operator:logp|lse", io::Sha256::hex(t.finish())});
+  if (!res.report.provenance.entropy_id.empty()) add_entropy(in, opt, res, have, nullptr);
   return res;
 }
 

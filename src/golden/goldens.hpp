@@ -87,7 +87,10 @@ void destroy_nccl_comms(const std::vector<void*>& comms);
 
 struct Fingerprint {
   // "inputs", "logp|lse", "logp|lse|logits", "rank<r>:tile_max|tile_sum|target_logit|target_owned",
-  // "tp-operator:logp|lse" (TP cases: the tensor-parallel operator; same digest as logp|lse)
+  // "tp-operator:logp|lse" (TP cases: the tensor-parallel operator; same digest as logp|lse),
+  // "entropy" (the [N] f32 entropy bits, docs/contract.md §10: only where the serving backend's
+  // provenance names an entropy_id; a TP case's is its rows over the whole head at TP = 1, the
+  // digest of the same case at TP = 1)
   std::string scope;
   std::string sha256;
 };
@@ -95,7 +98,11 @@ struct CaseResult {
   std::vector<Fingerprint> fingerprints;
   CallReport report;
   std::vector<float> logp, lse;
+  std::vector<float> entropy;  // empty where the backend serves no entropy output
 };
+// The case through its entry (TP cases: partials + merge, then the tensor-parallel operator) and,
+// where the backend serves the entropy output, once more with it (the "entropy" fingerprint; that
+// call must give the same logp/lse bits).
 CaseResult run_case(const CaseInputs& in, const CallOptions& opt);
 
 // tests/golden/fingerprints.tsv: lines "contract_version<TAB>arch<TAB>cc<TAB>case<TAB>scope<TAB>sha256",

@@ -4,8 +4,9 @@
 //     entry) and a rollout-shaped call (one row at a time, serving entry), each side in its own
 //     process writing a result file; a checker compares the bytes.
 // L4/L5: a synthetic rollout loop with continuous batching and a sampler, then a trainer
-//     recomputation (packed, tensor parallel) at the same weight fingerprint; exact-zero metrics,
-//     a materializing bf16-logits negative control, and a JSON + markdown report.
+//     recomputation (packed, tensor parallel) at the same weight fingerprint; exact-zero metrics
+//     of logp and of the entropy, a materializing bf16-logits negative control, and a JSON +
+//     markdown report.
 //
 // L3 lives in l3.cpp, L4/L5 in rollout_harness.cpp and its report in report.cpp; both share the
 // side readback of readback.hpp.
@@ -68,12 +69,28 @@ struct Metrics {
   int64_t k3_nonzero = 0;
 };
 
+// Rollout entropy vs trainer entropy (docs/contract.md §10), token by token: exactly zero expected.
+struct EntropyMetrics {
+  int64_t total = 0;
+  int64_t mismatch_count = 0;  // entropy bit patterns that differ
+  double mean_abs_diff = 0;    // mean |H_train - H_rollout|
+  double max_abs_diff = 0;     // max |H_train - H_rollout|
+};
+
 struct HarnessResult {
   bool compared = false;  // false when the weight fingerprints differ
-  bool exact = false;     // compared and every metric exactly zero
+  bool exact = false;     // compared and every logp metric exactly zero
   bool control_drift = false;
+  // The entropy row: compared when the logprobs are and the trainer's backend serves the entropy
+  // output (its provenance names an entropy_id; else entropy_note says why not); exact when every
+  // entropy metric is zero and the rollout's serving entropy (where it gave one) equals the
+  // reducer's.
+  bool entropy_compared = false;
+  bool entropy_exact = false;
+  std::string entropy_note;
   std::string json, markdown;
   Metrics metrics, control;
+  EntropyMetrics entropy;
 };
 
 HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log);

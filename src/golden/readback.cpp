@@ -7,6 +7,7 @@ void SideReadback::add(const CallReport& r) {
   if (calls == 0) {
     backend = r.provenance.backend_id;
     provenance = p;
+    entropy_id = r.provenance.entropy_id;
   }
   DETLOGP_CHECK(p == provenance, "one side was served by two backends: " << provenance << " and " << p);
   ++calls;

@@ -14,6 +14,7 @@ namespace detlogp::golden {
 
 struct SideReadback {
   std::string backend, provenance;
+  std::string entropy_id;  // the serving backend's (empty: it serves no entropy output)
   int64_t calls = 0, fallbacks = 0;
   std::string fallback_reason;
   // Records one call; fails when the side was served by two backends.

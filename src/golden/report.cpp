@@ -39,6 +39,24 @@ std::string metrics_json(const Metrics& m) {
   return o.str();
 }
 
+std::string entropy_json(const HarnessRun& run, const HarnessResult& res) {
+  if (!res.entropy_compared) return "null";
+  const EntropyMetrics& m = res.entropy;
+  std::ostringstream o;
+  o << "{\"total\": " << m.total << ", \"mismatch_count\": " << m.mismatch_count
+    << ", \"mean_abs_diff\": " << num(m.mean_abs_diff) << ", \"max_abs_diff\": " << num(m.max_abs_diff)
+    << ", \"rollout\": \"reduce_logits over the served logits\", \"trainer\": " << json_quote(run.trainer_entropy_how)
+    << ", \"serving_readback_checked\": " << run.entropy_readback_checked
+    << ", \"serving_readback_mismatch\": " << run.entropy_readback_mismatch << "}";
+  return o.str();
+}
+
+// The entropy row's claim in words: exact, not exact, or why it was not compared.
+std::string entropy_claim(const HarnessResult& res) {
+  if (!res.entropy_compared) return "not compared (" + res.entropy_note + ")";
+  return res.entropy_exact ? "exact zero" : "NOT exact";
+}
+
 std::string placement_text(const HarnessConfig& cfg) {
   std::string s = cfg.devices.empty() ? "in-process host ranks" : "CUDA devices";
   for (size_t i = 0; i < cfg.devices.size(); ++i) {
@@ -75,14 +93,17 @@ std::string report_json(const HarnessConfig& cfg, const HarnessRun& run, const H
     << "},\n"
     << "  \"weight_fingerprints_match\": " << (run.same_weights() ? "true" : "false") << ",\n";
   if (!res.compared) {
-    j << "  \"logp\": null,\n  \"negative_control_bf16_logits\": null,\n"
-      << "  \"claim\": {\"logp_exact_zero\": false, \"reason\": \"weight fingerprints differ: not compared\"}\n}\n";
+    j << "  \"logp\": null,\n  \"entropy\": null,\n  \"negative_control_bf16_logits\": null,\n"
+      << "  \"claim\": {\"logp_exact_zero\": false, \"entropy_exact_zero\": false, \"reason\": \"weight fingerprints "
+         "differ: not compared\"}\n}\n";
     return j.str();
   }
-  j << "  \"logp\": " << metrics_json(res.metrics)
+  j << "  \"logp\": " << metrics_json(res.metrics) << ",\n  \"entropy\": " << entropy_json(run, res)
     << ",\n  \"negative_control_bf16_logits\": " << metrics_json(res.control)
     << ",\n  \"claim\": {\"logp_exact_zero\": " << (res.exact ? "true" : "false")
-    << ", \"negative_control_drift\": " << (res.control_drift ? "true" : "false") << "},\n  \"tokens\": [\n";
+    << ", \"entropy_exact_zero\": " << (res.entropy_compared ? (res.entropy_exact ? "true" : "false") : "null");
+  if (!res.entropy_compared) j << ", \"entropy_not_compared\": " << json_quote(res.entropy_note);
+  j << ", \"negative_control_drift\": " << (res.control_drift ? "true" : "false") << "},\n  \"tokens\": [\n";
   for (int64_t i = 0; i < run.total(); ++i) {
     const size_t k = static_cast<size_t>(i);
     j << "    {\"seq\": " << run.where[k].first << ", \"pos\": " << run.where[k].second
@@ -90,7 +111,11 @@ std::string report_json(const HarnessConfig& cfg, const HarnessRun& run, const H
       << ", \"logp_rollout\": " << json_quote(hex_bits(run.rollout_logp[k]))
       << ", \"logp_trainer\": " << json_quote(hex_bits(run.trainer_logp[k])) << ", \"k3\": " << num(run.k3[k])
       << ", \"logp_control\": " << json_quote(hex_bits(run.control_logp[k]))
-      << ", \"k3_control\": " << num(run.control_k3[k]) << "}" << (i + 1 < run.total() ? "," : "") << "\n";
+      << ", \"k3_control\": " << num(run.control_k3[k]);
+    if (res.entropy_compared)
+      j << ", \"entropy_rollout\": " << json_quote(hex_bits(run.rollout_entropy[k]))
+        << ", \"entropy_trainer\": " << json_quote(hex_bits(run.trainer_entropy[k]));
+    j << "}" << (i + 1 < run.total() ? "," : "") << "\n";
   }
   j << "  ]\n}\n";
   return j.str();
@@ -129,6 +154,12 @@ std::string report_markdown(const HarnessConfig& cfg, const HarnessRun& run, con
   md << "| row | train_rollout_logprob_abs_diff (mean) | current_rollout_logprob_max_abs_diff | mismatch_count / "
         "total | K3 max | K3 != 0 |\n|---|---|---|---|---|---|\n";
   row("logp (detlogp both sides)", res.metrics);
+  if (res.entropy_compared)
+    md << "| entropy (rollout vs trainer, detlogp both sides) | " << num(res.entropy.mean_abs_diff) << " | "
+       << num(res.entropy.max_abs_diff) << " | " << res.entropy.mismatch_count << " / " << res.entropy.total
+       << " | - | - |\n";
+  else
+    md << "| entropy (rollout vs trainer) | not compared | | | | |\n";
   row("negative control (bf16 logits + log_softmax)", res.control);
   md << "\n**logp claim: " << (res.exact ? "exact zero" : "NOT exact") << "**: " << res.metrics.mismatch_count << " of "
      << res.metrics.total << " tokens differ in bits, K3 = rho - 1 - log(rho) is " << num(res.metrics.k3_max)
@@ -136,6 +167,15 @@ std::string report_markdown(const HarnessConfig& cfg, const HarnessRun& run, con
      << "`, " << (run.fallback_free() ? "no fallback observed" : "A FALLBACK WAS OBSERVED")
      << " on either side, serving lse == reducer lse on " << (total - run.lse_readback_mismatch) << " / " << total
      << " tokens, weight fingerprint `" << rollout_fp << "` on both sides.\n\n"
+     << "**entropy claim: " << entropy_claim(res) << "**";
+  if (res.entropy_compared)
+    md << ": " << res.entropy.mismatch_count << " of " << res.entropy.total << " tokens differ in bits (max |diff| "
+       << num(res.entropy.max_abs_diff)
+       << "); rollout: the contract reducer over the served logits, trainer: " << run.trainer_entropy_how
+       << "; serving entropy == reducer entropy on " << (run.entropy_readback_checked - run.entropy_readback_mismatch)
+       << " / " << run.entropy_readback_checked << " tokens"
+       << (run.entropy_readback_checked == 0 ? " (the serving calls gave none)" : "");
+  md << ".\n\n"
      << "Negative control: the same rollout scored the materializing way drifts on " << res.control.mismatch_count
      << " / " << res.control.total << " tokens (max |diff| " << num(res.control.current_rollout_logprob_max_abs_diff)
      << ").\n";
@@ -155,6 +195,13 @@ void log_summary(const HarnessConfig& cfg, const HarnessRun& run, const HarnessR
   log << "logp: mismatch " << res.metrics.mismatch_count << "/" << res.metrics.total << ", abs_diff(mean) "
       << num(res.metrics.train_rollout_logprob_abs_diff) << ", max_abs_diff "
       << num(res.metrics.current_rollout_logprob_max_abs_diff) << ", K3 max " << num(res.metrics.k3_max) << "\n";
+  if (res.entropy_compared)
+    log << "entropy: mismatch " << res.entropy.mismatch_count << "/" << res.entropy.total << ", abs_diff(mean) "
+        << num(res.entropy.mean_abs_diff) << ", max_abs_diff " << num(res.entropy.max_abs_diff)
+        << ", serving readback mismatch " << run.entropy_readback_mismatch << "/" << run.entropy_readback_checked
+        << "\n";
+  else
+    log << "entropy: not compared (" << res.entropy_note << ")\n";
   log << "negative control (bf16 logits): mismatch " << res.control.mismatch_count << "/" << res.control.total
       << ", abs_diff(mean) " << num(res.control.train_rollout_logprob_abs_diff) << ", max_abs_diff "
       << num(res.control.current_rollout_logprob_max_abs_diff) << ", K3 max " << num(res.control.k3_max) << "\n";

@@ -22,10 +22,17 @@ struct HarnessRun {
   int64_t steps = 0, batch_calls = 0, max_active = 0, distinct_batch_sizes = 0;
   int64_t membership_changes = 0;     // steps whose set of sequences differs from the step before
   int64_t lse_readback_mismatch = 0;  // tokens whose serving lse differs from the reducer's
+  // The serving call's own entropy against the reducer's, on the tokens where the serving call
+  // gave one (a TP = 1 engine whose backend serves the entropy output).
+  int64_t entropy_readback_checked = 0, entropy_readback_mismatch = 0;
   // The trainer's packed batch, one entry per token.
   std::vector<std::pair<int64_t, int64_t>> where;  // (sequence, position)
   std::vector<int64_t> tokens;
   std::vector<float> temperatures, rollout_logp, trainer_logp, control_logp;
+  // Rollout: the reducer's entropy over the served logits (as its logp). Trainer: its own entropy
+  // output (filled when the trainer's backend serves it, `trainer_entropy_how` says through what).
+  std::vector<float> rollout_entropy, trainer_entropy;
+  std::string trainer_entropy_how;
   std::vector<double> k3, control_k3;  // filled when the logprobs were compared
 
   int64_t total() const { return static_cast<int64_t>(tokens.size()); }

@@ -1,7 +1,7 @@
 // Validation ladder L4/L5: a synthetic rollout loop with continuous batching and a sampler, then a
 // trainer recomputation (packed, tensor parallel, optionally context parallel) at the same weight
-// fingerprint; exact-zero metrics and a materializing bf16-logits negative control. The report is
-// rendered in report.cpp.
+// fingerprint; exact-zero metrics of logp and of the entropy, and a materializing bf16-logits
+// negative control. The report is rendered in report.cpp.
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -89,6 +89,34 @@ Metrics compare(const std::vector<float>& train, const std::vector<float>& rollo
   return m;
 }
 
+EntropyMetrics compare_entropy(const std::vector<float>& train, const std::vector<float>& rollout) {
+  EntropyMetrics m;
+  m.total = static_cast<int64_t>(train.size());
+  double sum = 0;
+  for (size_t i = 0; i < train.size(); ++i) {
+    m.mismatch_count += fp::bits(train[i]) != fp::bits(rollout[i]);
+    const double d = std::fabs(static_cast<double>(train[i]) - static_cast<double>(rollout[i]));
+    sum += d;
+    m.max_abs_diff = std::max(m.max_abs_diff, d);
+  }
+  m.mean_abs_diff = m.total ? sum / static_cast<double>(m.total) : 0;
+  return m;
+}
+
+// Whether the backend that `opt` selects serves the entropy output: a call of zero rows selects
+// the backend and computes nothing.
+bool serves_entropy(const TensorView& weight, int64_t real_vocab, const CallOptions& opt) {
+  const int64_t no_target = kDefaultIgnoreIndex;
+  float unused = 0.0f;
+  LinearLogpInputs in;
+  in.hidden = TensorView::matrix(weight.data, DType::bf16, 0, weight.cols);
+  in.weight = weight;
+  in.targets = TensorView::vector(&no_target, DType::i64, 0);
+  in.real_vocab = real_vocab;
+  const LinearLogpOutputs out{mutable_vector(&unused, DType::f32, 0), mutable_vector(&unused, DType::f32, 0), {}, {}};
+  return !linear_logp(in, out, opt).provenance.entropy_id.empty();
+}
+
 bool all_zero(const Metrics& m) {
   return m.mismatch_count == 0 && m.train_rollout_logprob_abs_diff == 0 &&
          m.current_rollout_logprob_max_abs_diff == 0 && m.k3_max == 0 && m.k3_nonzero == 0;
@@ -98,7 +126,7 @@ struct Seq {
   int64_t len, arrival;
   float T;
   std::vector<int64_t> tokens;  // tokens[0] = BOS, then one sampled token per position
-  std::vector<float> logp, control;
+  std::vector<float> logp, control, entropy;
 };
 
 // Each sequence's length, arrival step, temperature and first token.
@@ -120,10 +148,15 @@ struct RolloutEngine {
   const HarnessConfig& cfg;
   std::vector<uint16_t> weight;
   std::vector<Shard> shards;
+  bool serving_entropy = false;  // a TP = 1 engine whose backend serves the entropy output asks for it
 
-  explicit RolloutEngine(const HarnessConfig& c) : cfg(c), weight(weight_rows(c.seed, 0, c.weight_rows, c.dim)) {
+  RolloutEngine(const HarnessConfig& c, int64_t real_vocab)
+      : cfg(c), weight(weight_rows(c.seed, 0, c.weight_rows, c.dim)) {
     for (auto [start, count] : shard_ranges(cfg.weight_rows, cfg.rollout_tp))
       shards.push_back({start, TensorView::matrix(weight.data() + start * cfg.dim, DType::bf16, count, cfg.dim), {}});
+    serving_entropy =
+        cfg.rollout_tp == 1 && serves_entropy(TensorView::matrix(weight.data(), DType::bf16, cfg.weight_rows, cfg.dim),
+                                              real_vocab, cfg.rollout_opt);
   }
   std::string fingerprint() const {
     return weight_fingerprint({TensorView::matrix(weight.data(), DType::bf16, cfg.weight_rows, cfg.dim)});
@@ -138,6 +171,7 @@ struct RolloutEngine {
     std::vector<uint16_t> hidden(static_cast<size_t>(b * cfg.dim));
     std::vector<float> temps(static_cast<size_t>(b)), logits(static_cast<size_t>(b * cfg.weight_rows));
     std::vector<float> lse(static_cast<size_t>(b)), unused_logp(static_cast<size_t>(b));
+    std::vector<float> served_entropy(serving_entropy ? static_cast<size_t>(b) : 0);
     std::vector<int64_t> none(static_cast<size_t>(b), kDefaultIgnoreIndex);
     for (int64_t i = 0; i < b; ++i) {
       const Seq& q = seqs[static_cast<size_t>(order[static_cast<size_t>(i)])];
@@ -153,11 +187,12 @@ struct RolloutEngine {
     in.temperature_rows = TensorView::vector(temps.data(), DType::f32, b);
     in.real_vocab = real_vocab;
     if (cfg.rollout_tp == 1) {
-      run.rollout.add(
-          linear_logp(in,
-                      {mutable_vector(unused_logp.data(), DType::f32, b), mutable_vector(lse.data(), DType::f32, b),
-                       mutable_matrix(logits.data(), DType::f32, b, cfg.weight_rows)},
-                      cfg.rollout_opt));
+      LinearLogpOutputs out{mutable_vector(unused_logp.data(), DType::f32, b),
+                            mutable_vector(lse.data(), DType::f32, b),
+                            mutable_matrix(logits.data(), DType::f32, b, cfg.weight_rows),
+                            {}};
+      if (serving_entropy) out.entropy = mutable_vector(served_entropy.data(), DType::f32, b);
+      run.rollout.add(linear_logp(in, out, cfg.rollout_opt));
     } else {  // a TP engine: vocab-parallel serving entry, the logits shards gathered for the sampler
       run_tensor_parallel(in, shards, unused_logp.data(), lse.data(), cfg.rollout_opt, run.rollout,
                           TpPlacement{cfg.devices}, logits.data());
@@ -169,21 +204,28 @@ struct RolloutEngine {
       sampled[static_cast<size_t>(i)] = sample(cfg, logits.data() + i * cfg.weight_rows, real_vocab, q.T,
                                                order[static_cast<size_t>(i)], static_cast<int64_t>(q.logp.size()));
     }
-    // The sampled token's logp: the contract reducer over the served logits (portable: the same
-    // bits as the fused operator); its lse must equal the fused call's lse bit for bit.
-    std::vector<float> logp(static_cast<size_t>(b)), lse2(static_cast<size_t>(b));
+    // The sampled token's logp and the row's entropy: the contract reducer over the served logits
+    // (portable: the same bits as the fused operator); its lse, and its entropy where the serving
+    // call gave one, must equal the fused call's bit for bit.
+    std::vector<float> logp(static_cast<size_t>(b)), lse2(static_cast<size_t>(b)), entropy(static_cast<size_t>(b));
     ReduceLogitsInputs r;
     r.logits = TensorView::matrix(logits.data(), DType::f32, b, cfg.weight_rows);
     r.targets = TensorView::vector(sampled.data(), DType::i64, b);
     r.temperature_rows = TensorView::vector(temps.data(), DType::f32, b);
     r.real_vocab = real_vocab;
-    reduce_logits(r, mutable_vector(logp.data(), DType::f32, b), mutable_vector(lse2.data(), DType::f32, b));
+    reduce_logits(r, mutable_vector(logp.data(), DType::f32, b), mutable_vector(lse2.data(), DType::f32, b),
+                  mutable_vector(entropy.data(), DType::f32, b));
     for (int64_t i = 0; i < b; ++i) {
       const size_t k = static_cast<size_t>(i);
       run.lse_readback_mismatch += fp::bits(lse[k]) != fp::bits(lse2[k]);
+      if (serving_entropy) {
+        ++run.entropy_readback_checked;
+        run.entropy_readback_mismatch += fp::bits(served_entropy[k]) != fp::bits(entropy[k]);
+      }
       Seq& q = seqs[static_cast<size_t>(order[k])];
       q.tokens.push_back(sampled[k]);
       q.logp.push_back(logp[k]);
+      q.entropy.push_back(entropy[k]);
       q.control.push_back(materialized_bf16_logp(logits.data() + i * cfg.weight_rows, real_vocab, q.T, sampled[k]));
     }
   }
@@ -231,6 +273,36 @@ void roll_out(const HarnessConfig& cfg, const RolloutEngine& engine, std::vector
   run.distinct_batch_sizes = static_cast<int64_t>(batch_sizes.size());
 }
 
+// The trainer's entropy of the packed rows: its trainer entry with the entropy output, TP = 1 over
+// its own copy of the head (the shards side by side), one call per CP group as for its logprobs.
+// The entropy is the same bits at every TP degree (docs/contract.md §10), so the TP = 1 call
+// stands for the trainer's vocabulary-parallel group.
+void trainer_entropy(const HarnessConfig& cfg, const std::vector<std::vector<uint16_t>>& trainer_shards,
+                     const std::vector<uint16_t>& packed_hidden, HarnessRun& run) {
+  std::vector<uint16_t> head;
+  head.reserve(static_cast<size_t>(cfg.weight_rows * cfg.dim));
+  for (const auto& shard : trainer_shards) head.insert(head.end(), shard.begin(), shard.end());
+  const int64_t total = run.total(), per_group = (total + cfg.cp - 1) / cfg.cp;
+  run.trainer_entropy.assign(static_cast<size_t>(total), 0.0f);
+  std::vector<float> logp(static_cast<size_t>(per_group)), lse(static_cast<size_t>(per_group));
+  for (int c = 0; c < cfg.cp; ++c) {
+    const int64_t row0 = std::min<int64_t>(total, c * per_group), n = std::min(per_group, total - row0);
+    if (n == 0) continue;
+    LinearLogpInputs in;
+    in.hidden = TensorView::matrix(packed_hidden.data() + row0 * cfg.dim, DType::bf16, n, cfg.dim);
+    in.weight = TensorView::matrix(head.data(), DType::bf16, cfg.weight_rows, cfg.dim);
+    in.targets = TensorView::vector(run.tokens.data() + row0, DType::i64, n);
+    in.temperature_rows = TensorView::vector(run.temperatures.data() + row0, DType::f32, n);
+    in.real_vocab = run.real_vocab;
+    const LinearLogpOutputs out{mutable_vector(logp.data(), DType::f32, n),
+                                mutable_vector(lse.data(), DType::f32, n),
+                                {},
+                                mutable_vector(run.trainer_entropy.data() + row0, DType::f32, n)};
+    run.trainer.add(linear_logp(in, out, cfg.trainer_opt));
+  }
+  run.trainer_entropy_how = "trainer entry with the entropy output, TP=1 over the trainer's head, per CP group";
+}
+
 // The trainer: its own copy of the head, loaded rank by rank as TP shards, and its own forward of
 // the rolled-out tokens packed into one batch. Computes the logprobs only when its weight
 // fingerprint matches the rollout's.
@@ -264,6 +336,7 @@ void recompute(const HarnessConfig& cfg, const std::vector<Seq>& seqs, HarnessRu
       run.temperatures.push_back(q.T);
       run.rollout_logp.push_back(q.logp[static_cast<size_t>(p)]);
       run.control_logp.push_back(q.control[static_cast<size_t>(p)]);
+      run.rollout_entropy.push_back(q.entropy[static_cast<size_t>(p)]);
       run.where.emplace_back(s, p);
     }
   }
@@ -291,6 +364,7 @@ void recompute(const HarnessConfig& cfg, const std::vector<Seq>& seqs, HarnessRu
     run_tensor_parallel(part, shards, run.trainer_logp.data() + row0, train_lse.data() + row0, cfg.trainer_opt,
                         run.trainer, placement);
   }
+  if (total > 0 && !run.trainer.entropy_id.empty()) trainer_entropy(cfg, trainer_shards, packed_hidden, run);
 }
 
 }  // namespace
@@ -304,7 +378,7 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
   DETLOGP_CHECK(run.real_vocab >= 1 && run.real_vocab <= cfg.weight_rows,
                 "real_vocab=" << run.real_vocab << " must be in [1, weight_rows=" << cfg.weight_rows << "]");
 
-  const RolloutEngine engine(cfg);
+  const RolloutEngine engine(cfg, run.real_vocab);
   run.rollout_fingerprint = engine.fingerprint();
   std::vector<Seq> seqs = schedule(cfg, run.real_vocab);
   roll_out(cfg, engine, seqs, run);
@@ -317,8 +391,19 @@ HarnessResult run_rollout_vs_trainer(const HarnessConfig& cfg, std::ostream& log
     res.control = compare(run.trainer_logp, run.control_logp, &run.control_k3);
     res.exact = all_zero(res.metrics) && run.lse_readback_mismatch == 0;
     res.control_drift = res.control.mismatch_count > 0;
+    if (run.trainer_entropy.empty() && run.total() > 0) {
+      res.entropy_note = "the trainer's backend " + run.trainer.backend + " serves no entropy output (no entropy_id)";
+    } else {
+      res.entropy_compared = true;
+      res.entropy = compare_entropy(run.trainer_entropy, run.rollout_entropy);
+      res.entropy_exact = res.entropy.mismatch_count == 0 && res.entropy.mean_abs_diff == 0 &&
+                          res.entropy.max_abs_diff == 0 && run.entropy_readback_mismatch == 0;
+    }
+  } else {
+    res.entropy_note = "weight fingerprints differ: not compared";
   }
   res.exact = res.exact && run.fallback_free();
+  res.entropy_exact = res.entropy_exact && run.fallback_free();
   res.json = report_json(cfg, run, res);
   res.markdown = report_markdown(cfg, run, res);
   log_summary(cfg, run, res, log);

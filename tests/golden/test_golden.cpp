@@ -1,8 +1,10 @@
-// Validation layer (docs/validation.md): generator bit-stability, the CPU goldens, the L3 checker,
-// the L4/L5 harness (exact zeros, negative control, fingerprint mismatch).
+// Validation layer (docs/validation.md): generator bit-stability, the CPU goldens (logp/lse and the
+// entropy rows), the L3 checker, the L4/L5 harness (exact zeros of logp and entropy, negative
+// control, fingerprint mismatch).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -11,6 +13,7 @@
 #include "golden/generator.hpp"
 #include "golden/goldens.hpp"
 #include "golden/harness.hpp"
+#include "golden/report.hpp"
 #include "io/safetensors.hpp"
 #include "io/sha256.hpp"
 
@@ -103,7 +106,42 @@ TEST(Goldens, CpuFingerprintsMatchTheCheckedInFile) {
       ++checked;
     }
   }
-  EXPECT_GE(checked, 14);
+  EXPECT_GE(checked, 20);
+}
+
+std::string scope_sha(const g::CaseResult& r, const std::string& scope) {
+  for (const g::Fingerprint& f : r.fingerprints)
+    if (f.scope == scope) return f.sha256;
+  ADD_FAILURE() << "no fingerprint of scope " << scope;
+  return "";
+}
+
+// Every CPU case carries an entropy row (the CPU backend serves the output), recorded beside the
+// case's logp/lse rows; its call left logp/lse as they were (run_case checks the bits).
+TEST(Goldens, EveryCpuCaseHasARecordedEntropyRow) {
+  const auto table = g::read_fingerprints(DETLOGP_GOLDEN_FILE);
+  for (const g::GoldenCase& c : g::golden_cases()) {
+    EXPECT_TRUE(table.count({1, "cpu", "0", c.name, "entropy"})) << c.name << ": no cpu entropy row";
+    EXPECT_TRUE(table.count({1, "cpu", "0", c.name, c.serving ? "logp|lse|logits" : "logp|lse"})) << c.name;
+  }
+  const g::CaseResult r = g::run_case(g::make_inputs(g::golden_cases()[0]), cpu_strict());
+  ASSERT_FALSE(r.report.provenance.entropy_id.empty());
+  ASSERT_EQ(r.entropy.size(), static_cast<size_t>(r.logp.size()));
+  EXPECT_EQ(scope_sha(r, "entropy"), sha(r.entropy.data(), r.entropy.size() * 4));
+  for (size_t n = 0; n < r.entropy.size(); ++n) {
+    EXPECT_GT(r.entropy[n], 0.0f) << n;
+    EXPECT_LE(r.entropy[n], std::log(17.0f) * 1.0001f) << n;  // at most log V_real
+  }
+}
+
+// A backend without the entropy output (the materializing lane) gives no entropy fingerprint.
+TEST(Goldens, NoEntropyRowWhereTheBackendServesNone) {
+  detlogp::CallOptions o;
+  o.backend = "reference-materialized";
+  const g::CaseResult r = g::run_case(g::make_inputs(g::golden_cases()[0]), o);
+  ASSERT_TRUE(r.report.provenance.entropy_id.empty());
+  EXPECT_TRUE(r.entropy.empty());
+  for (const g::Fingerprint& f : r.fingerprints) EXPECT_NE(f.scope, "entropy");
 }
 
 TEST(Goldens, DominantRowsHaveLogpNearZeroAndTheTp2CaseMatchesTp1) {
@@ -120,7 +158,11 @@ TEST(Goldens, DominantRowsHaveLogpNearZeroAndTheTp2CaseMatchesTp1) {
   g::CaseInputs in2 = in;
   in2.c = tp2;
   const g::CaseResult r2 = g::run_case(in2, cpu_strict());
-  EXPECT_EQ(r.fingerprints.back().sha256, r2.fingerprints.back().sha256);
+  EXPECT_EQ(scope_sha(r, "logp|lse"), scope_sha(r2, "logp|lse"));
+  EXPECT_EQ(scope_sha(r, "logp|lse"), scope_sha(r2, "tp-operator:logp|lse"));
+  EXPECT_EQ(scope_sha(r, "entropy"), scope_sha(r2, "entropy"));
+  // A dominant row is peaked: its entropy is well below a uniform target row's.
+  EXPECT_LT(r.entropy[3], 0.5f * r.entropy[0]);
 }
 
 std::filesystem::path temp_dir(const std::string& name) {
@@ -188,6 +230,66 @@ TEST(Harness, RolloutVsTrainerIsExactAndTheNegativeControlDrifts) {
   }
 }
 
+// The entropy row: rollout entropy (the reducer over the served logits, and the serving call's own
+// where the engine is TP = 1) against the trainer's entropy output, exactly zero on the CPU.
+TEST(Harness, RolloutVsTrainerEntropyIsExact) {
+  for (int rollout_tp : {1, 2}) {
+    g::HarnessConfig cfg = small_config();
+    cfg.rollout_tp = rollout_tp;
+    cfg.cp = 2;
+    std::ostringstream log;
+    const g::HarnessResult r = g::run_rollout_vs_trainer(cfg, log);
+    ASSERT_TRUE(r.compared) << log.str();
+    ASSERT_TRUE(r.entropy_compared) << r.entropy_note;
+    EXPECT_TRUE(r.entropy_exact) << log.str();
+    EXPECT_EQ(r.entropy.total, r.metrics.total);
+    EXPECT_GT(r.entropy.total, 9);
+    EXPECT_EQ(r.entropy.mismatch_count, 0);
+    EXPECT_EQ(r.entropy.mean_abs_diff, 0.0);
+    EXPECT_EQ(r.entropy.max_abs_diff, 0.0);
+    EXPECT_NE(r.json.find("\"entropy_exact_zero\": true"), std::string::npos);
+    EXPECT_NE(r.json.find("\"entropy_trainer\": \"0x"), std::string::npos);
+    EXPECT_NE(r.markdown.find("**entropy claim: exact zero**"), std::string::npos);
+    EXPECT_NE(log.str().find("entropy: mismatch 0/"), std::string::npos) << log.str();
+    // A TP = 1 engine asks its serving call for the entropy too: checked against the reducer.
+    const std::string readback =
+        "\"serving_readback_checked\": " + std::to_string(rollout_tp == 1 ? r.entropy.total : 0);
+    EXPECT_NE(r.json.find(readback + ", \"serving_readback_mismatch\": 0"), std::string::npos)
+        << r.json.substr(0, 2000);
+  }
+}
+
+// Where the trainer's backend serves no entropy output (no such contract backend is built for the
+// CPU, so the report is rendered from a run that says so) the row says why and the logp claim stands.
+TEST(Harness, EntropyRowSaysNotComparedWhereTheTrainerServesNone) {
+  g::HarnessConfig cfg = small_config();
+  g::HarnessRun run;
+  run.real_vocab = cfg.real_vocab;
+  run.rollout_fingerprint = run.trainer_fingerprint = "ab";
+  run.where = {{0, 0}};
+  run.tokens = {5};
+  run.temperatures = {1.0f};
+  run.rollout_logp = run.trainer_logp = run.control_logp = {-2.0f};
+  run.rollout_entropy = {3.0f};
+  run.k3 = run.control_k3 = {0.0};
+  g::HarnessResult res;
+  res.compared = res.exact = true;
+  res.entropy_note = "the trainer's backend x serves no entropy output (no entropy_id)";
+  const std::string json = g::report_json(cfg, run, res), md = g::report_markdown(cfg, run, res);
+  std::ostringstream log;
+  g::log_summary(cfg, run, res, log);
+  EXPECT_NE(json.find("\"entropy\": null"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"entropy_exact_zero\": null, \"entropy_not_compared\": \"the trainer's backend x"),
+            std::string::npos)
+      << json;
+  EXPECT_EQ(json.find("entropy_trainer"), std::string::npos);
+  EXPECT_NE(md.find("**logp claim: exact zero**"), std::string::npos);
+  EXPECT_NE(md.find("**entropy claim: not compared (the trainer's backend x serves no entropy output"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(log.str().find("entropy: not compared (the trainer's backend x"), std::string::npos) << log.str();
+}
+
 // The seed's acceptance topology on in-process ranks: trainer TP=2 x CP=2, rollout at TP=1 and
 // TP=2 (vocab-parallel serving entry, logits shards gathered for the sampler).
 TEST(Harness, TrainerTpTimesCpAndATensorParallelRolloutStayExact) {
@@ -219,6 +321,8 @@ TEST(Harness, MismatchedWeightFingerprintsAreReportedAndNotCompared) {
   EXPECT_NE(r.json.find("\"weight_fingerprints_match\": false"), std::string::npos);
   EXPECT_NE(r.json.find("not compared"), std::string::npos);
   EXPECT_NE(r.markdown.find("the logprobs were not compared"), std::string::npos);
+  EXPECT_FALSE(r.entropy_compared);
+  EXPECT_NE(r.json.find("\"entropy\": null"), std::string::npos);
 }
 
 }  // namespace

@@ -27,8 +27,9 @@ void harness_help(std::ostream& os) {
         "rollout-vs-trainer (L4/L5): a synthetic rollout with continuous batching and a sampler on the\n"
         "serving entry's fp32 logits, then a packed TP trainer recomputation at the same weight\n"
         "fingerprint; writes DIR/report.json and DIR/report.md. Exit 0 when every logp metric is exactly\n"
-        "zero with no fallback and the bf16-logits negative control drifts; 1 otherwise (also when the\n"
-        "weight fingerprints differ, which is reported and never compared).\n"
+        "zero with no fallback, so is every entropy metric (where the trainer's backend serves the\n"
+        "entropy output; the report says when not), and the bf16-logits negative control drifts; 1\n"
+        "otherwise (also when the weight fingerprints differ, which is reported and never compared).\n"
         "l3 / l3-check (L3): each side runs the golden inputs in its own process and writes a file; the\n"
         "check compares logp and lse bytes case by case. l3-export writes the inputs for an external side.\n\n"
         "rollout-vs-trainer options:\n";
@@ -79,13 +80,19 @@ int rollout_vs_trainer(const Options& o) {
     io::write_file_atomically(dir / name, std::span(reinterpret_cast<const uint8_t*>(text->data()), text->size()));
     std::cout << "wrote: " << (dir / name).string() << "\n";
   }
+  // The entropy row counts like the logp row where it was compared; where the trainer's backend
+  // serves no entropy output the verdict says so.
+  const bool entropy_ok = !r.entropy_compared || r.entropy_exact;
+  const std::string entropy = r.entropy_compared ? "entropy exact zero" : "entropy not compared: " + r.entropy_note;
   std::cout << "verdict: "
-            << (!r.compared                  ? "FAIL (weight fingerprints differ: not compared)"
-                : r.exact && r.control_drift ? "PASS (logp exact zero; negative control drifts)"
-                : !r.exact                   ? "FAIL (logp not exactly zero, or a fallback was observed)"
-                                             : "FAIL (the negative control showed no drift)")
+            << (!r.compared ? "FAIL (weight fingerprints differ: not compared)"
+                : r.exact && entropy_ok && r.control_drift
+                    ? "PASS (logp exact zero; " + entropy + "; negative control drifts)"
+                : !r.exact    ? "FAIL (logp not exactly zero, or a fallback was observed)"
+                : !entropy_ok ? "FAIL (entropy not exactly zero, or a fallback was observed)"
+                              : "FAIL (the negative control showed no drift)")
             << "\n";
-  return r.compared && r.exact && r.control_drift ? kExitOk : kExitCheckFailed;
+  return r.compared && r.exact && entropy_ok && r.control_drift ? kExitOk : kExitCheckFailed;
 }
 
 int l3_side(const Options& o) {

@@ -2,6 +2,7 @@
 // (contract version, arch, cc) of the backend that served; "inputs" rows are keyed (any, -).
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -60,7 +61,7 @@ int command_verify_golden(const Options& o) {
   const std::vector<std::string> only = selected_cases(o);
   std::cout << "detlogp verify --golden: " << path << " ("
             << (present ? std::to_string(table.size()) + " entries" : std::string("no such file: 0 entries")) << ")\n";
-  int pass = 0, fail = 0, missing = 0;
+  int pass = 0, fail = 0, missing = 0, missing_entropy = 0;
   std::vector<std::string> new_lines;
   std::string served;
   for (const g::GoldenCase& c : g::golden_cases()) {
@@ -78,6 +79,19 @@ int command_verify_golden(const Options& o) {
     if (served.empty()) {
       served = describe_report(r.report);
       std::cout << "served by: " << served << "\nprovenance: " << to_string(r.report.provenance) << "\n";
+      const Provenance& p = r.report.provenance;
+      int64_t recorded_entropy = 0;
+      for (const auto& [k, sha] : table)
+        recorded_entropy += k.scope == "entropy" && k.contract_version == p.contract_version && k.arch == p.arch &&
+                            k.cc == std::to_string(p.cc);
+      // A backend without the entropy output has no entropy fingerprint to replay: said here, so
+      // that recorded entropy rows are never passed over in silence.
+      if (p.entropy_id.empty())
+        std::cout << "entropy: NOT CHECKED: " << p.backend_id << " serves no entropy output (no entropy_id); "
+                  << recorded_entropy << " entropy rows recorded for " << p.arch << "/" << p.cc << "\n";
+      else
+        std::cout << "entropy: checked (entropy_id " << p.entropy_id << "); " << recorded_entropy
+                  << " entropy rows recorded for " << p.arch << "/" << p.cc << "\n";
     }
     const Provenance& p = r.report.provenance;
     for (const g::Fingerprint& f : r.fingerprints) {
@@ -89,6 +103,7 @@ int command_verify_golden(const Options& o) {
       if (it == table.end()) {
         status = "NOT RECORDED  " + f.sha256;
         ++missing;
+        missing_entropy += f.scope == "entropy";
         new_lines.push_back(g::fingerprint_line(key, f.sha256));
       } else if (it->second == f.sha256) {
         status = "PASS  " + f.sha256;
@@ -110,6 +125,9 @@ int command_verify_golden(const Options& o) {
   }
   const bool recorded = o.flag("record");
   if (recorded && !new_lines.empty()) append_records(path, new_lines);
+  if (!recorded && missing > 0)
+    std::cout << "not recorded: " << missing << " fingerprints (" << missing_entropy
+              << " of them entropy); --record appends them to " << path << "\n";
   std::cout << "verdict: "
             << (fail > 0                   ? "FAIL"
                 : missing > 0 && !recorded ? "NOT RECORDED"
