@@ -159,24 +159,51 @@ DETLOGP_HD float entropy_chain_fma(float running_usum, float term_or_skip, float
   return fp::fma(term_or_skip, factor_or_skip, running_usum);
 }
 
-// H = fl(logc(S) - fl(U / S)) = -sum p log p: logc(S) >= 0 and -U / S >= 0, so the subtraction
-// adds two non-negative terms and cannot cancel (a peaked row has both near 0, each accurate to
-// its own ulps). S == 0 (no real lane above -inf) and any NaN give the canonical NaN.
-DETLOGP_HD float finalize_entropy(float chain_sum, float chain_usum) {
-  const float h = fp::sub(logc(chain_sum), fp::div(chain_usum, chain_sum));
-  return fp::is_nan(h) ? fp::canonical_nan() : h;
+// The rounding error of one S chain step, S_new = fl(s_g · f + S_old) (f = chain_factor_or_skip:
+// chain_step and chain_fma give the same S_new), exact up to this function's last rounding: the
+// product t = fl(s_g · f) and its error fma(s_g, f, -t), the 2Sum (sigma, tau) of S_old and t, and
+// sigma - S_new (exact: both are roundings of nearly the same positive sum). +0 for a skipped tile.
+// A row whose mass sits on a few lanes has S = 1 + eps with eps spread thinly over thousands of
+// tiles, each step adding about one ulp of S: the steps' roundings then bias S by up to one ulp of
+// 1 per tile, a large error relative to eps (and to H ~ eps log(1/eps)); their sum C restores it.
+DETLOGP_HD float chain_step_error(float sum_before, float sum_after, float tile_sum, float factor_or_skip) {
+  if (factor_or_skip == 0.0f) return 0.0f;
+  const float t = fp::mul(tile_sum, factor_or_skip);
+  const float product_error = fp::fma(tile_sum, factor_or_skip, fp::neg(t));
+  const float sigma = fp::add(sum_before, t);
+  const float t_part = fp::sub(sigma, sum_before);
+  const float tau = fp::add(fp::sub(sum_before, fp::sub(sigma, t_part)), fp::sub(t, t_part));
+  return fp::add(fp::add(fp::sub(sigma, sum_after), tau), product_error);
+}
+// One step of the compensation chain beside S: C <- fl(C + chain_step_error(...)), ascending tiles.
+DETLOGP_HD float compensation_step(float running_comp, float sum_before, float sum_after, float tile_sum,
+                                   float factor_or_skip) {
+  return fp::add(running_comp, chain_step_error(sum_before, sum_after, tile_sum, factor_or_skip));
+}
+
+// H = fl(logc(S) - fl(fl(U - C) / S)), with S + C the chain's sum without its roundings:
+// log(S + C) - U / (S + C) = logc(S) + C / S - U / S to first order in C / S. -U / S >= 0 and
+// logc(S) + C / S ~ log(S + C) >= 0, so nothing cancels badly (a peaked row has both terms near 0,
+// each accurate to about an ulp of itself); a result below +0 (rounding, H is >= 0) is +0.
+// S == 0 (no real lane above -inf) and any NaN give the canonical NaN.
+DETLOGP_HD float finalize_entropy(float chain_sum, float chain_usum, float chain_comp) {
+  const float h = fp::sub(logc(chain_sum), fp::div(fp::sub(chain_usum, chain_comp), chain_sum));
+  if (fp::is_nan(h)) return fp::canonical_nan();
+  return h < 0.0f ? 0.0f : h;
 }
 
 // Reference helper: the entropy of a row from its n_tiles summaries and entropy sums, ascending.
 DETLOGP_HD float entropy_row_summaries(const TileSummary* tiles, const float* usums, int64_t n_tiles) {
   float global_max = fp::neg_inf();
   for (int64_t g = 0; g < n_tiles; ++g) global_max = chain_max(global_max, tiles[g].max);
-  float sum = 0.0f, usum = 0.0f;
+  float sum = 0.0f, usum = 0.0f, comp = 0.0f;
   for (int64_t g = 0; g < n_tiles; ++g) {
+    const float before = sum;
     sum = chain_step(sum, tiles[g], global_max);
+    comp = compensation_step(comp, before, sum, tiles[g].sum, chain_factor_or_skip(tiles[g], global_max));
     usum = entropy_chain_step(usum, tiles[g], usums[g], global_max);
   }
-  return finalize_entropy(sum, usum);
+  return finalize_entropy(sum, usum, comp);
 }
 
 // Reference helper: the whole chain over a row's n_tiles summaries, ascending.

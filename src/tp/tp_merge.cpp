@@ -34,7 +34,8 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
     // The entropy needs every tile's u_g: a rank without them would silently drop its tiles' terms.
     DETLOGP_CHECK(!entropy.present() || rows == 0 || ranks[r].tiles == 0 || ranks[r].usums,
                   "the entropy output needs every rank's usums, but rank "
-                      << r << " partials carry none (usums is null): compute every rank's partials with "
+                      << r
+                      << " partials carry none (usums is null): compute every rank's partials with "
                          "ShardPartials::usums set (linear_logp_partials fills them)");
   }
   DETLOGP_CHECK(
@@ -50,8 +51,9 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
   for (const TensorView* t : {&targets, static_cast<const TensorView*>(&logp), static_cast<const TensorView*>(&lse)})
     DETLOGP_CHECK(t->memory == memory && (memory == Memory::host || t->device == device),
                   "targets, logp and lse must be in the partials' memory");
-  DETLOGP_CHECK(!entropy.present() || (entropy.memory == memory && (memory == Memory::host || entropy.device == device)),
-                "entropy must be in the partials' memory");
+  DETLOGP_CHECK(
+      !entropy.present() || (entropy.memory == memory && (memory == Memory::host || entropy.device == device)),
+      "entropy must be in the partials' memory");
   DETLOGP_CHECK(rows == 0 || targets.data != nullptr, "targets data pointer is null");
 }
 
@@ -94,19 +96,23 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
       for (int64_t g = 0; g < r.tiles; ++g) global_max = chain_max(global_max, r.summaries[n * r.tiles + g].max);
     // Rank order is ascending global tile order: the same chain steps, in the same order, as
     // reduce_row_summaries and entropy_row_summaries run over one shard's tiles.
-    float sum = 0.0f, usum = 0.0f, y_t = 0.0f;
+    float sum = 0.0f, usum = 0.0f, comp = 0.0f, y_t = 0.0f;
     for (const auto& r : ranks) {
       for (int64_t g = 0; g < r.tiles; ++g) {
         const TileSummary& tile = r.summaries[n * r.tiles + g];
+        const float before = sum;
         sum = chain_step(sum, tile, global_max);
-        if (entropy_out) usum = entropy_chain_step(usum, tile, r.usums[n * r.tiles + g], global_max);
+        if (entropy_out) {
+          comp = compensation_step(comp, before, sum, tile.sum, chain_factor_or_skip(tile, global_max));
+          usum = entropy_chain_step(usum, tile, r.usums[n * r.tiles + g], global_max);
+        }
       }
       if (r.tiles > 0 && r.target_owned[n]) y_t = r.target_logit[n];
     }
     const RowResult res = finalize_row(global_max, sum, y_t, target_of(n) == ignore_index);
     logp_out[n] = res.logp;
     lse_out[n] = res.lse;
-    if (entropy_out) entropy_out[n] = finalize_entropy(sum, usum);
+    if (entropy_out) entropy_out[n] = finalize_entropy(sum, usum, comp);
   }
 }
 

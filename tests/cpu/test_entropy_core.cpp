@@ -193,6 +193,16 @@ TEST(EntropyCore, MeetsTheAccuracyBoundOnRandomPeakedFlatAndLargeRows) {
     std::vector<float> large = normal_row(rng, v, 80.0 / 0.3 / 3.0);  // |z| ~ 80 at T = 0.3
     expect_accurate(large, v, "large logits");
   }
+  // Mildly peaked: one lane about 8..16 above the rest, so S = 1 + eps with eps spread over every
+  // tile at about an ulp of S per step (the case the compensation C is for): within 1e-3 of H.
+  for (float peak : {8.0f, 10.0f, 12.0f, 14.0f, 16.0f}) {
+    std::vector<float> mild = normal_row(rng, 151936, 1.0);
+    mild[rng.below(151936)] = peak + 4.0f;
+    const double want = entropy_fp64(mild, 151936);
+    const float got = entropy_contract(mild, 151936);
+    expect_accurate(mild, 151936, "mildly peaked");
+    EXPECT_LE(std::abs(got - want), 1e-3 * want) << "mildly peaked, peak " << peak << ": H=" << got << " fp64=" << want;
+  }
   // Padded: the real vocabulary ends inside a tile.
   std::vector<float> padded = normal_row(rng, 2112, 2.0);
   expect_accurate(padded, 2053, "padded");

@@ -40,9 +40,9 @@ __device__ __forceinline__ float cta_row_max(float m, float (&warp_max)[kCombine
 // entropy is non-null); y_t from the segment that owns the target (no read for an ignored row).
 __device__ __forceinline__ void finish_segmented_row(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                      const void* targets, int targets_i64, int64_t ignore_index,
-                                                     float global_max, float sum, float usum, float* logp, float* lse,
-                                                     float* entropy) {
-  if (entropy != nullptr) entropy[row] = finalize_entropy(sum, usum);
+                                                     float global_max, float sum, float usum, float comp, float* logp,
+                                                     float* lse, float* entropy) {
+  if (entropy != nullptr) entropy[row] = finalize_entropy(sum, usum, comp);
   const int64_t t = load_target(targets, targets_i64, row);
   const bool ignored = t == ignore_index;
   float y_t = 0.0f;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   }
   global_max = cta_row_max(global_max, warp_max);
 
-  float sum = 0.0f, usum = 0.0f;
+  float sum = 0.0f, usum = 0.0f, comp = 0.0f;
   for (int s = 0; s < count; ++s) {
     const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
     for (int64_t base = 0; base < segments[s].tiles; base += kChainChunk) {
@@ -99,7 +99,9 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
         if constexpr (kEntropy) {
 #pragma unroll 16
           for (int i = 0; i < n; ++i) {
+            const float before = sum;
             sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
+            comp = compensation_step(comp, before, sum, chunk_sum[i], chunk_scale[i]);
             usum = entropy_chain_fma(usum, chunk_term[i], chunk_scale[i]);
           }
         } else {
@@ -111,8 +113,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
     }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, logp, lse,
-                         kEntropy ? entropy : nullptr);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, comp, logp,
+                         lse, kEntropy ? entropy : nullptr);
 }
 
 // ---- chain_rows_lanes ------------------------------------------------------------------------
@@ -174,11 +176,12 @@ __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, in
   return sum;
 }
 
-// chain_fma_rounds with the entropy chain beside: t[i] the tiles' entropy terms (or -0 to skip),
-// the same factors. Both chains advance in the same loop; neither waits for the other.
+// chain_fma_rounds with the entropy chains beside: t[i] the tiles' entropy terms (or -0 to skip),
+// the same factors, and the compensation of S's roundings (compensation_step). The U chain does not
+// wait for S; the compensation takes each S step's result.
 template <int kRound = 16>
-__device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, const float2* v, const float* t,
-                                                         int n) {
+__device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, float& comp, const float2* v,
+                                                         const float* t, int n) {
   const int rounds = n / kRound;
   float2 a[kRound], b[kRound];
   float ta[kRound], tb[kRound];
@@ -189,12 +192,15 @@ __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum
       dt[k] = t[q * kRound + k];
     }
   };
+  auto step = [&](float tile_sum, float factor, float term) {
+    const float before = sum;
+    sum = chain_fma(sum, tile_sum, factor);
+    comp = compensation_step(comp, before, sum, tile_sum, factor);
+    usum = entropy_chain_fma(usum, term, factor);
+  };
   auto run = [&](const float2(&src)[kRound], const float(&st)[kRound]) {
 #pragma unroll
-    for (int k = 0; k < kRound; ++k) {
-      sum = chain_fma(sum, src[k].x, src[k].y);
-      usum = entropy_chain_fma(usum, st[k], src[k].y);
-    }
+    for (int k = 0; k < kRound; ++k) step(src[k].x, src[k].y, st[k]);
   };
   if (rounds > 0) load(a, ta, 0);
   int q = 0;
@@ -205,10 +211,7 @@ __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum
     run(b, tb);
   }
   if (q < rounds) run(a, ta);
-  for (int i = kRound * rounds; i < n; ++i) {
-    sum = chain_fma(sum, v[i].x, v[i].y);
-    usum = entropy_chain_fma(usum, t[i], v[i].y);
-  }
+  for (int i = kRound * rounds; i < n; ++i) step(v[i].x, v[i].y, t[i]);
 }
 
 // One CTA (kCombineCtaThreads) per row, latency first (the combine of up to a few hundred rows is
@@ -260,7 +263,7 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
   for (int64_t g = kChunk + tid; g < total; g += kCombineCtaThreads) global_max = chain_max(global_max, tile_at(g).max);
   global_max = cta_row_max(global_max, warp_max);
 
-  float sum = 0.0f, usum = 0.0f;
+  float sum = 0.0f, usum = 0.0f, comp = 0.0f;
   for (int64_t base = 0; base < total; base += kChunk) {
     const int n = static_cast<int>(total - base < kChunk ? total - base : kChunk);
     if (base > 0) __syncthreads();  // the chain thread is done with the previous chunk
@@ -278,14 +281,14 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
     __syncthreads();
     if (tid == 0) {  // the serial path
       if constexpr (kEntropy)
-        chain_fma_rounds_entropy<kRound>(sum, usum, pairs, terms, n);
+        chain_fma_rounds_entropy<kRound>(sum, usum, comp, pairs, terms, n);
       else
         sum = chain_fma_rounds<kRound>(sum, pairs, n);
     }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, logp, lse,
-                         kEntropy ? entropy : nullptr);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, comp, logp,
+                         lse, kEntropy ? entropy : nullptr);
 }
 
 // Probe: called at fixed points by one thread each, with a value the point waits for
