@@ -104,9 +104,9 @@ struct ShardPartials {
 };
 int64_t shard_tiles(int64_t vocab_local);
 // Fills out's buffers and out.layout (nothing on error); out.usums, when non-null, with the tiles'
-// entropy sums (served by backends that compute the entropy output, refused by the others). For CUDA memory the targets (and
-// temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4)
-// bytes and a wait for the work already on opt.cuda_stream, before the partials are enqueued.
+// entropy sums (served by backends that compute the entropy output, refused by the others). For CUDA memory the targets
+// (and temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4) bytes and a
+// wait for the work already on opt.cuda_stream, before the partials are enqueued.
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt = {});
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order

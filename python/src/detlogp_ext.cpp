@@ -298,8 +298,7 @@ void set_usums(detlogp::ShardPartials& p, const std::optional<A>& usums, const s
   const A& u = *usums;
   if (u.ndim() != 2 || u.dtype() != nb::dtype<float>() || static_cast<int64_t>(u.shape(0)) != p.rows ||
       static_cast<int64_t>(u.shape(1)) != p.tiles)
-    value_error(at + "usums must be [N=" + std::to_string(p.rows) + ", tiles=" + std::to_string(p.tiles) +
-                "] float32");
+    value_error(at + "usums must be [N=" + std::to_string(p.rows) + ", tiles=" + std::to_string(p.tiles) + "] float32");
   if (p.rows * p.tiles > 0 && (u.stride(1) != 1 || (p.rows > 1 && u.stride(0) != p.tiles)))
     value_error(at + "usums must be contiguous");
   const Placement q = placement_of(u.device_type(), u.device_id(), "usums");

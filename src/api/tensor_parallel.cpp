@@ -40,8 +40,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend =
-      detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report);
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report);
   detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
   problem.stream = opt.cuda_stream;
   // The digests read the values the backend reads. In CUDA memory that is one copy to the host,

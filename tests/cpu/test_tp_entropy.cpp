@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
 #include "test_util.hpp"
-#include "core/backend.hpp"
 #include "tp/tp_operator.hpp"
 
 using namespace detlogp_test;
@@ -388,9 +388,9 @@ TEST(TensorParallelEntropy, ABackendWithoutItIsRefusedOnEveryRank) {
   const Problem p = tp_problem(2053, -1, 55);
   WithoutEntropy without;
   for (const int refusing : {0, 1, 2}) {  // 2: every rank's backend refuses
-    const std::vector<RankResult> rs =
-        run_operator(p, even_bounds(p.vocab, 2), false, [](int) { return true; },
-                     [&](int r) -> detlogp::tp::PartialsBackend* { return refusing == 2 || r == refusing ? &without : nullptr; });
+    const std::vector<RankResult> rs = run_operator(
+        p, even_bounds(p.vocab, 2), false, [](int) { return true; },
+        [&](int r) -> detlogp::tp::PartialsBackend* { return refusing == 2 || r == refusing ? &without : nullptr; });
     for (size_t r = 0; r < rs.size(); ++r) {
       EXPECT_NE(rs[r].error.find("does not compute the entropy output"), std::string::npos) << rs[r].error;
       EXPECT_NE(rs[r].error.find("refused on every rank"), std::string::npos) << rs[r].error;
@@ -399,7 +399,7 @@ TEST(TensorParallelEntropy, ABackendWithoutItIsRefusedOnEveryRank) {
     }
   }
   // Without the entropy the same backend serves.
-  const std::vector<RankResult> rs =
-      run_operator(p, even_bounds(p.vocab, 2), false, [](int) { return false; }, [&](int) { return &without; });
+  const std::vector<RankResult> rs = run_operator(
+      p, even_bounds(p.vocab, 2), false, [](int) { return false; }, [&](int) { return &without; });
   for (const RankResult& r : rs) EXPECT_TRUE(r.error.empty()) << r.error;
 }

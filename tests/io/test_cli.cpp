@@ -648,10 +648,10 @@ TEST_F(Cli, ShardPartialsWithEntropyMergeToTheFullEntropy) {
     shard.add("temperature", tensor_of(ElementType::f32, {problem.rows}, problem.temperatures));
     const std::string name = "shard" + std::to_string(s);
     detlogp::io::write_safetensors(dir / (name + ".safetensors"), shard);
-    const CliResult r = run_cli("run --entropy --input '" + (dir / (name + ".safetensors")).string() +
-                                "' --partials --vocab-start " + std::to_string(begin) + " --real-vocab " +
-                                std::to_string(problem.vocab) + " --out '" +
-                                (dir / (name + "_out.safetensors")).string() + "' --backend " + kCpu);
+    const CliResult r =
+        run_cli("run --entropy --input '" + (dir / (name + ".safetensors")).string() + "' --partials --vocab-start " +
+                std::to_string(begin) + " --real-vocab " + std::to_string(problem.vocab) + " --out '" +
+                (dir / (name + "_out.safetensors")).string() + "' --backend " + kCpu);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("sha256(tile_max|tile_sum|target_logit|target_owned|usums)"), std::string::npos) << r.out;
     const SafetensorsContents out = detlogp::io::read_safetensors(dir / (name + "_out.safetensors"));
@@ -660,7 +660,8 @@ TEST_F(Cli, ShardPartialsWithEntropyMergeToTheFullEntropy) {
     const int64_t tiles = detlogp::shard_tiles(end - begin);
     ASSERT_EQ(u->dtype, ElementType::f32);
     ASSERT_EQ(u->shape, (std::vector<int64_t>{problem.rows, tiles}));
-    const std::vector<float> maxes = values_of<float>(*out.find("tile_max")), sums = values_of<float>(*out.find("tile_sum"));
+    const std::vector<float> maxes = values_of<float>(*out.find("tile_max")),
+                             sums = values_of<float>(*out.find("tile_sum"));
     for (size_t i = 0; i < maxes.size(); ++i) summaries[s].push_back({maxes[i], sums[i]});
     target_logit[s] = values_of<float>(*out.find("target_logit"));
     owned[s] = values_of<uint8_t>(*out.find("target_owned"));
@@ -674,10 +675,11 @@ TEST_F(Cli, ShardPartialsWithEntropyMergeToTheFullEntropy) {
     partials[s].layout = layout_from_metadata(out.metadata);
   }
   std::vector<float> logp(static_cast<size_t>(problem.rows)), lse(logp.size()), entropy(logp.size());
-  detlogp::merge_partials(partials, detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows),
-                          detlogp::kDefaultIgnoreIndex, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
-                          detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows),
-                          detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, problem.rows));
+  detlogp::merge_partials(
+      partials, detlogp::TensorView::vector(problem.targets.data(), detlogp::DType::i32, problem.rows),
+      detlogp::kDefaultIgnoreIndex, detlogp::mutable_vector(logp.data(), detlogp::DType::f32, problem.rows),
+      detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows),
+      detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, problem.rows));
   const SafetensorsContents full_out = detlogp::io::read_safetensors(dir / "full_out.safetensors");
   expect_same_bits(logp, values_of<float>(*full_out.find("logp")), "merged logp");
   expect_same_bits(lse, values_of<float>(*full_out.find("lse")), "merged lse");
