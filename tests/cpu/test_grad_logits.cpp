@@ -112,20 +112,22 @@ double reference_grad(const GradCase& g, int64_t n, int64_t c) {
   return d * inv_t;
 }
 
-void expect_matches_float64(GradCase& g, const std::string& what) {
+// Every dz element of the case against a float64 reference (want, tol) = reference(n, c), padding
+// columns +0 exactly, and nothing written past C.
+struct Expected {
+  double want, tol;
+};
+void expect_dz_within(const GradCase& g, const std::string& what,
+                      const std::function<Expected(int64_t, int64_t)>& reference) {
   const Problem& p = g.full;
   int64_t bad = 0;
   for (int64_t n = 0; n < p.rows; ++n) {
-    const double inv_t = 1.0 / static_cast<double>(p.temperature_of(n));
-    const double scale = (std::fabs(g.g_logp[n]) + std::fabs(g.g_lse[n])) * inv_t;
     for (int64_t c = 0; c < g.cols; ++c) {
-      const double ref = reference_grad(g, n, c);
+      const Expected e = reference(n, c);
       const double got = bf16_to_float(g.at(n, c));
-      // bf16 rounding (half an ulp: 2^-9 relative) plus the fp32 pipeline (z, expc, the products).
-      const double tol = 0x1p-8 * std::fabs(ref) + 1e-6 * scale;
-      if (!(std::fabs(got - ref) <= tol) && bad++ < 5)
-        ADD_FAILURE() << what << ": dz[" << n << "][" << c << "] = " << got << ", float64 " << ref << " (tol " << tol
-                      << ")";
+      if (!(std::fabs(got - e.want) <= e.tol) && bad++ < 5)
+        ADD_FAILURE() << what << ": dz[" << n << "][" << c << "] = " << got << ", float64 " << e.want << " (tol "
+                      << e.tol << ")";
       if (g.vocab_start + c >= p.real_vocab) {
         EXPECT_EQ(g.at(n, c), 0) << what << ": padding column " << c << " of row " << n << " is not +0";
       }
@@ -134,6 +136,16 @@ void expect_matches_float64(GradCase& g, const std::string& what) {
       EXPECT_EQ(g.at(n, c), kPoison16) << what << ": dz[" << n << "][" << c << "] past C was written";
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the tolerance";
+}
+
+void expect_matches_float64(GradCase& g, const std::string& what) {
+  expect_dz_within(g, what, [&](int64_t n, int64_t c) {
+    const double inv_t = 1.0 / static_cast<double>(g.full.temperature_of(n));
+    const double scale = (std::fabs(g.g_logp[n]) + std::fabs(g.g_lse[n])) * inv_t;
+    const double ref = reference_grad(g, n, c);
+    // bf16 rounding (half an ulp: 2^-9 relative) plus the fp32 pipeline (z, expc, the products).
+    return Expected{ref, 0x1p-8 * std::fabs(ref) + 1e-6 * scale};
+  });
 }
 
 // The pinned formula on the CPU backend's own serving logits of the whole vocabulary.
@@ -340,25 +352,13 @@ EntropyRef entropy_reference_row(const GradCase& g, int64_t n) {
 }
 
 void expect_entropy_term_matches_float64(const GradCase& g, const std::string& what) {
-  const Problem& p = g.full;
-  int64_t bad = 0;
-  for (int64_t n = 0; n < p.rows; ++n) {
-    const EntropyRef ref = entropy_reference_row(g, n);
-    for (int64_t c = 0; c < g.cols; ++c) {
-      const double got = bf16_to_float(g.at(n, c));
-      const double want = ref.dz[static_cast<size_t>(c)];
-      const double tol = 0x1p-8 * std::fabs(want) + ref.slack[static_cast<size_t>(c)];
-      if (!(std::fabs(got - want) <= tol) && bad++ < 5)
-        ADD_FAILURE() << what << ": dz[" << n << "][" << c << "] = " << got << ", float64 " << want << " (tol " << tol
-                      << ")";
-      if (g.vocab_start + c >= p.real_vocab) {
-        EXPECT_EQ(g.at(n, c), 0) << what << ": padding column " << c << " of row " << n << " is not +0";
-      }
-    }
-    for (int64_t c = g.cols; c < g.dz_stride; ++c)
-      EXPECT_EQ(g.at(n, c), kPoison16) << what << ": dz[" << n << "][" << c << "] past C was written";
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements outside the tolerance";
+  int64_t row = -1;
+  EntropyRef ref;
+  expect_dz_within(g, what, [&](int64_t n, int64_t c) {
+    if (n != row) ref = entropy_reference_row(g, row = n);  // once per row: columns come in order
+    const double want = ref.dz[static_cast<size_t>(c)];
+    return Expected{want, 0x1p-8 * std::fabs(want) + ref.slack[static_cast<size_t>(c)]};
+  });
 }
 
 int64_t count_diff(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int64_t* first) {

@@ -72,11 +72,7 @@ struct Shard {
   detlogp::ShardPartials partials;
 
   void run(const Problem& p, bool with_usums) {
-    detlogp::LinearLogpInputs in = p.inputs();
-    in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
-    if (!p.bias.empty()) in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
-    in.vocab_start = start;
-    in.real_vocab = p.real_vocab;
+    detlogp::LinearLogpInputs in = p.shard_inputs(start, count);
     partials.rows = p.rows;
     partials.tiles = detlogp::shard_tiles(count);
     summaries.assign(static_cast<size_t>(p.rows * partials.tiles), {NAN, NAN});
@@ -312,11 +308,7 @@ std::vector<RankResult> run_operator(
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       const int64_t start = bounds[r], count = bounds[r + 1] - bounds[r];
-      detlogp::LinearLogpInputs in = p.inputs();
-      in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
-      if (!p.bias.empty()) in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
-      in.vocab_start = start;
-      in.real_vocab = p.real_vocab;
+      detlogp::LinearLogpInputs in = p.shard_inputs(start, count);
       detlogp::LinearLogpOutputs out = results[r].out.views();
       if (!entropy(r)) out.entropy = {};
       try {

@@ -47,11 +47,7 @@ std::vector<RankResult> run_ranks(
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       const int64_t start = bounds[r], count = bounds[r + 1] - bounds[r];
-      detlogp::LinearLogpInputs in = p.inputs();
-      in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
-      if (!p.bias.empty()) in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
-      in.vocab_start = start;
-      in.real_vocab = p.real_vocab;
+      detlogp::LinearLogpInputs in = p.shard_inputs(start, count);
       edit(r, in);
       try {
         results[r].report =

@@ -87,6 +87,16 @@ struct Problem {
     return in;
   }
 
+  // The inputs of one vocabulary shard: weight (and bias) rows [start, start + count), vocab_start
+  // = start, the whole problem's real_vocab.
+  detlogp::LinearLogpInputs shard_inputs(int64_t start, int64_t count) const {
+    detlogp::LinearLogpInputs in = inputs();
+    in.weight = detlogp::TensorView::matrix(weight.data() + start * dim, detlogp::DType::bf16, count, dim);
+    if (!bias.empty()) in.bias = detlogp::TensorView::vector(bias.data() + start, detlogp::DType::f32, count);
+    in.vocab_start = start;
+    return in;
+  }
+
   float h(int64_t n, int64_t k) const { return bf16_to_float(hidden[n * dim + k]); }
   float w(int64_t v, int64_t k) const { return bf16_to_float(weight[v * dim + k]); }
   float temperature_of(int64_t n) const { return temperature_rows.empty() ? temperature : temperature_rows[n]; }

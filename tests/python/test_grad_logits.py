@@ -11,6 +11,16 @@ import detlogp.torch as dt  # noqa: E402
 from detlogp._torch import backward  # noqa: E402
 
 
+
+def expect_compiled_grads_equal(loss, *tensors):
+    """loss(*tensors) backward, eager and under torch.compile(fullgraph=True): the same gradient bits."""
+    eager = [x.clone().requires_grad_() for x in tensors]
+    comp = [x.clone().requires_grad_() for x in tensors]
+    loss(*eager).backward()
+    torch.compile(loss, fullgraph=True)(*comp).backward()
+    for a, c in zip(eager, comp):
+        assert torch.equal(a.grad, c.grad)
+
 def problem(n, d, v, seed=0, real_vocab=None, ignore=(1,)):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, d, generator=g).bfloat16()
@@ -161,12 +171,7 @@ def test_fused_chunk_loop_under_torch_compile(monkeypatch):
         logp, lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
         return logp.sum() + 0.1 * lse.sum()
 
-    eager = [x.clone().requires_grad_() for x in (h, w, b)]
-    comp = [x.clone().requires_grad_() for x in (h, w, b)]
-    loss(*eager).backward()
-    torch.compile(loss, fullgraph=True)(*comp).backward()
-    for a, c in zip(eager, comp):
-        assert torch.equal(a.grad, c.grad)
+    expect_compiled_grads_equal(loss, h, w, b)
 
 
 # --- the entropy term (g_entropy with the forward's entropy) ------------------------------------
@@ -280,9 +285,4 @@ def test_fused_chunk_loop_with_entropy_under_torch_compile(monkeypatch):
                                             backend="cpu-linear-logp-contract-v1")  # fmt: skip
         return logp.sum() + 0.1 * lse.sum() - 0.3 * entropy.sum()
 
-    eager = [x.clone().requires_grad_() for x in (h, w, b)]
-    comp = [x.clone().requires_grad_() for x in (h, w, b)]
-    loss(*eager).backward()
-    torch.compile(loss, fullgraph=True)(*comp).backward()
-    for a, c in zip(eager, comp):
-        assert torch.equal(a.grad, c.grad)
+    expect_compiled_grads_equal(loss, h, w, b)
