@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const
 }
 
 // The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency;
-// and every row count with the entropy chain beside, kEntropy).
+// kEntropy: with the entropy chains beside).
 template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   prefetch_rows_l2(p, blockIdx.x, 1);
@@ -49,6 +49,18 @@ __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(co
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
   chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,
                                                p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
+}
+
+// The full-mode combine with the entropy chains above kCombineHeldMaxRows rows: one CTA per row in
+// the 32-register chunked form (the merge's, chain_row_cta), so several rows' serial chains share
+// a multiprocessor, where the held form's 151 registers keep one CTA on it.
+__global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_chunked_entropy_kernel(const CombineParams p) {
+  prefetch_rows_l2(p, blockIdx.x, 1);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (p.status->code != kStatusOk) return;
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
+  chain_row_cta<true>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
+                      p.lse, p.entropy);
 }
 
 // The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
@@ -131,8 +143,11 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
     config.dynamicSmemBytes = programmatic ? spread_dynamic_smem(reinterpret_cast<const void*>(kernel), grid) : 0;
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
   };
-  // With the entropy output: a CTA per row at every N (the held schedule with the U chain beside S).
-  if (p.entropy != nullptr)
+  // With the entropy output: a CTA per row at every N, the chains of S, U and C in one thread (the
+  // held schedule up to kCombineHeldMaxRows rows, the chunked one above).
+  if (p.entropy != nullptr && p.rows > kCombineHeldMaxRows)
+    launch(combine_rows_chunked_entropy_kernel, p.rows, kCombineCtaThreads);
+  else if (p.entropy != nullptr)
     launch(combine_rows_cta_kernel<true>, p.rows, kCombineCtaThreads);
   else if (p.rows > 2048)
     launch(combine_rows_lanes_kernel<8>, (p.rows + 7) / 8, kLanesThreads);
