@@ -167,13 +167,15 @@ DETLOGP_HD float entropy_chain_fma(float running_usum, float term_or_skip, float
 // tiles, each step adding about one ulp of S: the steps' roundings then bias S by up to one ulp of
 // 1 per tile, a large error relative to eps (and to H ~ eps log(1/eps)); their sum C restores it.
 DETLOGP_HD float chain_step_error(float sum_before, float sum_after, float tile_sum, float factor_or_skip) {
-  if (factor_or_skip == 0.0f) return 0.0f;
   const float t = fp::mul(tile_sum, factor_or_skip);
   const float product_error = fp::fma(tile_sum, factor_or_skip, fp::neg(t));
   const float sigma = fp::add(sum_before, t);
   const float t_part = fp::sub(sigma, sum_before);
   const float tau = fp::add(fp::sub(sum_before, fp::sub(sigma, t_part)), fp::sub(t, t_part));
-  return fp::add(fp::add(fp::sub(sigma, sum_after), tau), product_error);
+  const float error = fp::add(fp::add(fp::sub(sigma, sum_after), tau), product_error);
+  // A select, not an early return: the device chains then interleave their steps (a branch per
+  // step fences the scheduler). The skipped tile's operations have no effect on the result.
+  return factor_or_skip == 0.0f ? 0.0f : error;
 }
 // One step of the compensation chain beside S: C <- fl(C + chain_step_error(...)), ascending tiles.
 DETLOGP_HD float compensation_step(float running_comp, float sum_before, float sum_after, float tile_sum,

@@ -31,12 +31,13 @@ __device__ __forceinline__ void prefetch_rows_l2(const CombineParams& p, int64_t
 // The full-mode combine, kRows rows per CTA, one chain per lane (device/combine_chain.cuh). When
 // launched as a programmatic dependent of the fused kernel its CTAs may start during the fused
 // kernel's tail; this waits for the whole fused grid and its memory (a no-op for a plain launch).
-template <int kRows>
+// kEntropy: with the entropy chains beside.
+template <int kRows, bool kEntropy>
 __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const CombineParams p) {
   const int64_t first_row = int64_t{blockIdx.x} * kRows;
   prefetch_rows_l2(p, first_row, p.rows - first_row < kRows ? p.rows - first_row : kRows);
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  chain_rows_lanes<kRows>(p);
+  chain_rows_lanes<kRows, kEntropy>(p);
 }
 
 // The full-mode combine one CTA per row, the row's tiles held in registers (few rows: latency;
@@ -49,18 +50,6 @@ __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(co
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
   chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,
                                                p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
-}
-
-// The full-mode combine with the entropy chains above kCombineHeldMaxRows rows: one CTA per row in
-// the 32-register chunked form (the merge's, chain_row_cta), so several rows' serial chains share
-// a multiprocessor, where the held form's 151 registers keep one CTA on it.
-__global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_chunked_entropy_kernel(const CombineParams p) {
-  prefetch_rows_l2(p, blockIdx.x, 1);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (p.status->code != kStatusOk) return;
-  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
-  chain_row_cta<true>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                      p.lse, p.entropy);
 }
 
 // The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
@@ -143,18 +132,16 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
     config.dynamicSmemBytes = programmatic ? spread_dynamic_smem(reinterpret_cast<const void*>(kernel), grid) : 0;
     DETLOGP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
   };
-  // With the entropy output: a CTA per row at every N, the chains of S, U and C in one thread (the
-  // held schedule up to kCombineHeldMaxRows rows, the chunked one above).
-  if (p.entropy != nullptr && p.rows > kCombineHeldMaxRows)
-    launch(combine_rows_chunked_entropy_kernel, p.rows, kCombineCtaThreads);
-  else if (p.entropy != nullptr)
-    launch(combine_rows_cta_kernel<true>, p.rows, kCombineCtaThreads);
-  else if (p.rows > 2048)
-    launch(combine_rows_lanes_kernel<8>, (p.rows + 7) / 8, kLanesThreads);
+  // The same schedules with the entropy output, each lane or thread running the chains of S, U and C.
+  const bool entropy = p.entropy != nullptr;
+  if (p.rows > 2048)
+    launch(entropy ? combine_rows_lanes_kernel<8, true> : combine_rows_lanes_kernel<8, false>, (p.rows + 7) / 8,
+           kLanesThreads);
   else if (p.rows > kCombineHeldMaxRows)
-    launch(combine_rows_lanes_kernel<4>, (p.rows + 3) / 4, kLanesThreads);
+    launch(entropy ? combine_rows_lanes_kernel<4, true> : combine_rows_lanes_kernel<4, false>, (p.rows + 3) / 4,
+           kLanesThreads);
   else
-    launch(combine_rows_cta_kernel<false>, p.rows, kCombineCtaThreads);
+    launch(entropy ? combine_rows_cta_kernel<true> : combine_rows_cta_kernel<false>, p.rows, kCombineCtaThreads);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

@@ -202,7 +202,11 @@ TEST_F(Sm90Entropy, BitsDoNotDependOnNPositionOrChunking) {
     run_with_entropy(m, one.get(), 1, ti.get(), nullptr, v, false, r);
     alone[i] = r.entropy.to_host()[0];
   }
-  for (const int64_t n : {int64_t{7}, int64_t{64}, pool}) {
+  // N = 7 and 64: the held schedule; the pool (1200) and 2500 rows: the lanes schedule with 4 and
+  // 8 rows per CTA (chunked to fewer rows by the 1 MiB workspace).
+  std::vector<int64_t> sizes{7, 64, pool};
+  if (!options().small) sizes.push_back(2500);
+  for (const int64_t n : sizes) {
     for (const char* ws : {"", "1"}) {
       ScopedEnv env("DETLOGP_SM90_WORKSPACE_MB", ws[0] ? std::optional<std::string>(ws) : std::nullopt);
       // Rows in reverse order starting at the probe rows' mirror positions.
@@ -290,7 +294,7 @@ TEST_F(Sm90Entropy, DeviceMergeOfShardPartialsGivesTheTp1Bits) {
   GPU_CUDA(cudaDeviceSynchronize());
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(count_poison(shards[r].usums.get(), n * shards[r].tiles), 0) << "rank " << r << ": usums not written";
-  for (const bool few : {true, false}) {  // the held schedule (<= 256 rows) and the chunked one
+  for (const bool few : {true, false}) {  // the merge's held schedule (<= 256 rows) and its chunked one
     const int64_t rows = few ? std::min<int64_t>(n, 200) : n;
     DevBuf<float> lp(static_cast<size_t>(rows)), ls(static_cast<size_t>(rows)), ent(static_cast<size_t>(rows));
     ent.poison();

@@ -8,9 +8,9 @@
 //   chain_rows_lanes:   kRows rows of one segment per CTA, one chain per lane of a chain warp (kRows
 //                       chains per fma instruction) fed through two shared stages by four factor
 //                       warps (the full-mode combine above 256 rows).
-// With kEntropy the two CTA-per-row schedules also run the entropy chain U beside S (§10; its term
-// fma(s_g, d_g, u_g) formed off the serial path with the factor, one more fma per tile on it) and
-// write the entropy; chain_rows_lanes serves logp/lse alone.
+// With kEntropy every schedule also runs the entropy chain U and the compensation C beside S (§10;
+// U's term fma(s_g, d_g, u_g) formed off the serial path with the factor, entropy_chains_step on
+// it) and writes the entropy.
 // Shared by combine.cu (the kernels) and bench/bench_sm90_combine.cu (the A/B).
 #pragma once
 
@@ -53,6 +53,17 @@ __device__ __forceinline__ void finish_segmented_row(const MergeSegment* segment
   const RowResult res = finalize_row(global_max, sum, y_t, ignored);
   logp[row] = res.logp;
   lse[row] = res.lse;
+}
+
+// One ascending step of the three chains of §10 over tile g: S's fma, the compensation of its
+// rounding, and U's fma on the tile's term (entropy_chain_term_or_skip). U does not wait for S;
+// the compensation takes S's result. Every schedule's entropy runs exactly these operations.
+__device__ __forceinline__ void entropy_chains_step(float& sum, float& usum, float& comp, float tile_sum, float factor,
+                                                    float term) {
+  const float before = sum;
+  sum = chain_fma(sum, tile_sum, factor);
+  comp = compensation_step(comp, before, sum, tile_sum, factor);
+  usum = entropy_chain_fma(usum, term, factor);
 }
 
 // One CTA (kCombineCtaThreads) per row. The CTA computes the factors expc(m_g - M) of a chunk of
@@ -98,12 +109,7 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
       if (tid == 0) {  // the serial path: one dependent fma per tile (a plain loop keeps 32 registers)
         if constexpr (kEntropy) {
 #pragma unroll 16
-          for (int i = 0; i < n; ++i) {
-            const float before = sum;
-            sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
-            comp = compensation_step(comp, before, sum, chunk_sum[i], chunk_scale[i]);
-            usum = entropy_chain_fma(usum, chunk_term[i], chunk_scale[i]);
-          }
+          for (int i = 0; i < n; ++i) entropy_chains_step(sum, usum, comp, chunk_sum[i], chunk_scale[i], chunk_term[i]);
         } else {
 #pragma unroll 16
           for (int i = 0; i < n; ++i) sum = chain_fma(sum, chunk_sum[i], chunk_scale[i]);
@@ -146,6 +152,29 @@ __device__ __forceinline__ float chain_fma_pairs(float sum, const float2* v, int
   return sum;
 }
 
+// chain_fma_pairs with the entropy chains beside (entropy_chains_step): t[i] the tiles' entropy
+// terms (or -0 to skip), 16-byte aligned like v. Per block of kBlock tiles, two 16-byte loads of
+// pairs and one of terms feed four steps, all at immediate offsets from the block's base.
+template <int kBlock = 32>
+__device__ __forceinline__ void chain_fma_pairs_entropy(float& sum, float& usum, float& comp, const float2* v,
+                                                        const float* t, int n) {
+  static_assert(kBlock % 4 == 0, "whole 16-byte loads");
+  const float4* pairs = reinterpret_cast<const float4*>(v);
+  const float4* terms = reinterpret_cast<const float4*>(t);
+  int i = 0;
+  for (; i + kBlock <= n; i += kBlock, pairs += kBlock / 2, terms += kBlock / 4) {
+#pragma unroll
+    for (int k = 0; k < kBlock / 4; ++k) {
+      const float4 a = pairs[2 * k], b = pairs[2 * k + 1], term = terms[k];
+      entropy_chains_step(sum, usum, comp, a.x, a.y, term.x);
+      entropy_chains_step(sum, usum, comp, a.z, a.w, term.y);
+      entropy_chains_step(sum, usum, comp, b.x, b.y, term.z);
+      entropy_chains_step(sum, usum, comp, b.z, b.w, term.w);
+    }
+  }
+  for (; i < n; ++i) entropy_chains_step(sum, usum, comp, v[i].x, v[i].y, t[i]);
+}
+
 // The serial fma chain of one thread over a row staged in shared memory, v[i] = {s_g, factor},
 // ascending i, for chain_row_cta_held: two register buffers of kRound pairs take turns, one loaded
 // while the other's fmas run. Slower per step than chain_fma_pairs in isolation, yet the held
@@ -176,9 +205,8 @@ __device__ __forceinline__ float chain_fma_rounds(float sum, const float2* v, in
   return sum;
 }
 
-// chain_fma_rounds with the entropy chains beside: t[i] the tiles' entropy terms (or -0 to skip),
-// the same factors, and the compensation of S's roundings (compensation_step). The U chain does not
-// wait for S; the compensation takes each S step's result.
+// chain_fma_rounds with the entropy chains beside (entropy_chains_step): t[i] the tiles' entropy
+// terms (or -0 to skip), the same factors.
 template <int kRound = 16>
 __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum, float& comp, const float2* v,
                                                          const float* t, int n) {
@@ -192,15 +220,9 @@ __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum
       dt[k] = t[q * kRound + k];
     }
   };
-  auto step = [&](float tile_sum, float factor, float term) {
-    const float before = sum;
-    sum = chain_fma(sum, tile_sum, factor);
-    comp = compensation_step(comp, before, sum, tile_sum, factor);
-    usum = entropy_chain_fma(usum, term, factor);
-  };
   auto run = [&](const float2(&src)[kRound], const float(&st)[kRound]) {
 #pragma unroll
-    for (int k = 0; k < kRound; ++k) step(src[k].x, src[k].y, st[k]);
+    for (int k = 0; k < kRound; ++k) entropy_chains_step(sum, usum, comp, src[k].x, src[k].y, st[k]);
   };
   if (rounds > 0) load(a, ta, 0);
   int q = 0;
@@ -211,7 +233,7 @@ __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum
     run(b, tb);
   }
   if (q < rounds) run(a, ta);
-  for (int i = kRound * rounds; i < n; ++i) step(v[i].x, v[i].y, t[i]);
+  for (int i = kRound * rounds; i < n; ++i) entropy_chains_step(sum, usum, comp, v[i].x, v[i].y, t[i]);
 }
 
 // One CTA (kCombineCtaThreads) per row, latency first (the combine of up to a few hundred rows is
@@ -316,18 +338,23 @@ inline constexpr int kProbeChainEnd = 130;    // the chain lane's last fma is do
 // and a completed wait acquires them, so both hand-overs are ordered for compute-sanitizer's
 // racecheck too (named barriers with bar.arrive were not, for the write after read). The max pass
 // reads the tile maxima with every thread. Rows past p.rows repeat the CTA's last row and write
-// nothing.
-template <int kRows, class Probe = NoProbe>
+// nothing. kEntropy: the factor threads also load u_g and stage the term of U (a third array beside
+// the pairs, row stride kLanesChunk + 4 floats: 16-byte rows, conflict-free like the pairs), and
+// each chain lane runs S, U and C (chain_fma_pairs_entropy).
+template <int kRows, bool kEntropy = false, class Probe = NoProbe>
 __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const Probe& probe = Probe{}) {
   static_assert(kRows >= 1 && kRows <= 32 && 32 % kRows == 0, "kRows divides a warp");
   // Row stride kLanesChunk + 2 pairs (16-byte rows, 4 banks apart): the chain lanes' 16-byte reads
   // of one tile pair hit distinct banks.
   __shared__ alignas(16) float2 stage[2][kRows][kLanesChunk + 2];
+  __shared__ alignas(16) float term_stage[kEntropy ? 2 : 1][kEntropy ? kRows : 1][kLanesChunk + 4];
   __shared__ float warp_max[kLanesThreads / 32][kRows];
   __shared__ float row_max[kRows];
   __shared__ alignas(8) uint64_t full_bar[2], empty_bar[2];
-  static_assert(sizeof(stage) + sizeof(warp_max) + sizeof(row_max) + sizeof(full_bar) + sizeof(empty_bar) <= 48 * 1024,
-                "static shared memory");
+  static_assert(
+      sizeof(stage) + sizeof(term_stage) + sizeof(warp_max) + sizeof(row_max) + sizeof(full_bar) + sizeof(empty_bar) <=
+          48 * 1024,
+      "static shared memory");
   if (p.status->code != kStatusOk) return;  // uniform: before any barrier
 
   const int tid = threadIdx.x;
@@ -347,14 +374,22 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const P
   // Factor threads: tile f of each stage, the first chunk's loads issued now.
   const int f = tid - 32;
   const float2* rows_tiles[kRows];
+  const float* rows_usums[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    rows_tiles[r] = reinterpret_cast<const float2*>(p.summaries + (r0 + (r < rows_here ? r : rows_here - 1)) * n);
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row_offset = (r0 + (r < rows_here ? r : rows_here - 1)) * n;
+    rows_tiles[r] = reinterpret_cast<const float2*>(p.summaries + row_offset);
+    if constexpr (kEntropy) rows_usums[r] = p.usums + row_offset;
+  }
   float2 next[kRows];
+  float next_usum[kEntropy ? kRows : 1];
   auto load_stage = [&](int c) {
     const int64_t g = int64_t{c} * kLanesChunk + f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) next[r] = g < n ? rows_tiles[r][g] : float2{fp::neg_inf(), 0.0f};
+    for (int r = 0; r < kRows; ++r) {
+      next[r] = g < n ? rows_tiles[r][g] : float2{fp::neg_inf(), 0.0f};
+      if constexpr (kEntropy) next_usum[r] = g < n ? rows_usums[r][g] : 0.0f;
+    }
   };
   if (warp > 0) load_stage(0);
 
@@ -388,19 +423,24 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const P
   if (warp == 0) {              // the chains
     if (lane >= kRows) return;  // one lane per row: lanes reading other rows' words slow every shared load
     const int r = lane;
-    float sum = 0.0f;
+    float sum = 0.0f, usum = 0.0f, comp = 0.0f;
     for (int c = 0; c < chunks; ++c) {
       const int b = c & 1;
       ptx::mbar_wait(&full_bar[b], static_cast<uint32_t>(c >> 1) & 1u);  // use c >> 1 of stage b
       if (lane == 0 && c < 32) probe(kProbeChainChunk + c);
       const int64_t left = n - int64_t{c} * kLanesChunk;
-      sum = chain_fma_pairs(sum, stage[b][r], static_cast<int>(left < kLanesChunk ? left : kLanesChunk));
+      const int count = static_cast<int>(left < kLanesChunk ? left : kLanesChunk);
+      if constexpr (kEntropy)
+        chain_fma_pairs_entropy(sum, usum, comp, stage[b][r], term_stage[b][r], count);
+      else
+        sum = chain_fma_pairs(sum, stage[b][r], count);
       if (lane == 0 && c < 32) probe(kProbeChainDone + c, sum);
       if (c + 2 < chunks) ptx::mbar_arrive(&empty_bar[b]);  // stage b is free
     }
     if (lane == 0) probe(kProbeChainEnd, sum);
     if (lane >= rows_here) return;
     const int64_t rr = r0 + lane;
+    if constexpr (kEntropy) p.entropy[p.row_begin + rr] = finalize_entropy(sum, usum, comp);
     const int64_t t = load_target(p.targets, p.targets_i64, p.row_begin + rr);
     const bool ignored = t == p.ignore_index;
     const RowResult res = finalize_row(row_max[lane], sum, ignored ? 0.0f : p.target_logit[rr], ignored);
@@ -415,14 +455,23 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const P
   for (int c = 0; c < chunks; ++c) {
     const int b = c & 1;
     float2 cur[kRows];
+    float cur_usum[kEntropy ? kRows : 1];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) cur[r] = next[r];
+    for (int r = 0; r < kRows; ++r) {
+      cur[r] = next[r];
+      if constexpr (kEntropy) cur_usum[r] = next_usum[r];
+    }
     if (c + 1 < chunks) load_stage(c + 1);  // in flight while this stage is computed and handed over
     if (c >= 2) ptx::mbar_wait(&empty_bar[b], static_cast<uint32_t>((c >> 1) - 1) & 1u);  // read by the chains
     if (f == 0 && c < 32) probe(kProbeFactorWoke + c);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      stage[b][r][f] = float2{cur[r].y, chain_factor_or_skip(TileSummary{cur[r].x, cur[r].y}, global_max[r])};
+    for (int r = 0; r < kRows; ++r) {
+      const TileSummary tile{cur[r].x, cur[r].y};
+      const float factor = chain_factor_or_skip(tile, global_max[r]);
+      stage[b][r][f] = float2{tile.sum, factor};
+      if constexpr (kEntropy)
+        term_stage[b][r][f] = entropy_chain_term_or_skip(tile, cur_usum[r], global_max[r], factor);
+    }
     ptx::mbar_arrive(&full_bar[b]);
     if (f == 0 && c < 32) probe(kProbeFactorChunk + c);
   }
