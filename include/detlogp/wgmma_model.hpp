@@ -67,6 +67,10 @@ template <class I>
 inline I max_lanes(I a, I b) {
   return a > b ? a : b;
 }
+template <class I>
+inline I min_lanes(I a, I b) {
+  return a < b ? a : b;
+}
 
 // The exponent an fp32 accumulator (its bits) takes in step 2: -126 for a subnormal, kZeroExp for
 // +-0 (c = 0 takes no part).
@@ -90,11 +94,9 @@ inline I block_exponent(I product_max_exp, I c_bits) {
 // them sum exactly in int32 (at most 16 * 255^2 * 2^11 = 2130739200 < 2^31).
 template <class I>
 inline I align_product(I p, I shift) {
-  const I m = p >> 31;  // 0 or -1: the sign
-  const I mag = (p ^ m) - m;
-  const I s = shift > kMaxShift ? splat<I>(kMaxShift) : shift;
-  const I t = (mag << (kWindowFracBits - kProductFracBits)) >> s;
-  return (t ^ m) - m;
+  const I mag = p < 0 ? -p : p;
+  const I t = (mag << (kWindowFracBits - kProductFracBits)) >> min_lanes(shift, splat<I>(kMaxShift));
+  return p < 0 ? -t : t;
 }
 
 // A finite fp32 accumulator: |c| = mag * 2^(exp - 23), mag < 2^24; c = +-0 has mag = 0.

@@ -19,7 +19,7 @@ bool all_finite(const uint16_t* x, int64_t n) {
 constexpr int kLanes = 8;
 constexpr int kColBlock = 16;
 constexpr int kVecs = kColBlock / kLanes;
-constexpr int kRowBlock = 4;
+constexpr int kRowBlock = 2;
 typedef int32_t Lane8 __attribute__((vector_size(kLanes * sizeof(int32_t))));
 static_assert(kPanelCols % kColBlock == 0, "a panel is a whole number of column blocks");
 
@@ -110,18 +110,25 @@ void WgmmaModelGemm::load_panel(const uint16_t* weight, int64_t weight_stride, i
   panel.kpad = padded_dim(dim);
   panel.raw = weight + first_row * weight_stride;
   panel.raw_stride = weight_stride;
-  panel.sig.assign(static_cast<size_t>(panel.kpad * kPanelCols), 0);
-  panel.exp.assign(static_cast<size_t>(panel.kpad * kPanelCols), wgmma::kZeroExp);
-  for (int c = 0; c < kPanelCols; ++c) panel.finite[c] = 1;
-  for (int c = 0; c < cols; ++c) {
-    const uint16_t* w = panel.raw + c * weight_stride;
-    for (int64_t k = 0; k < dim; ++k) {
-      const wgmma::Bf16Parts p = wgmma::bf16_parts(w[k]);
-      panel.sig[static_cast<size_t>(k * kPanelCols + c)] = p.sig;
-      panel.exp[static_cast<size_t>(k * kPanelCols + c)] = p.exp;
+  panel.sig.resize(static_cast<size_t>(panel.kpad * kPanelCols));
+  panel.exp.resize(static_cast<size_t>(panel.kpad * kPanelCols));
+  // Decoded a k-block at a time across the columns (the k-major stores stay in cache); columns
+  // past `cols` and the k tail are zeros.
+  uint8_t nonfinite[kPanelCols] = {};
+  for (int64_t k0 = 0; k0 < panel.kpad; k0 += kBlockK) {
+    const int64_t kn = std::min<int64_t>(kBlockK, dim - k0);
+    for (int c = 0; c < kPanelCols; ++c) {
+      const uint16_t* w = panel.raw + c * weight_stride + k0;
+      for (int64_t kk = 0; kk < kBlockK; ++kk) {
+        const bool real = c < cols && kk < kn;
+        const wgmma::Bf16Parts p = real ? wgmma::bf16_parts(w[kk]) : wgmma::Bf16Parts{};
+        if (real) nonfinite[c] |= !wgmma::bf16_finite(w[kk]);
+        panel.sig[static_cast<size_t>((k0 + kk) * kPanelCols + c)] = p.sig;
+        panel.exp[static_cast<size_t>((k0 + kk) * kPanelCols + c)] = p.exp;
+      }
     }
-    panel.finite[c] = all_finite(w, dim);
   }
+  for (int c = 0; c < kPanelCols; ++c) panel.finite[c] = !nonfinite[c];
 }
 
 void WgmmaModelGemm::compute(const Rows& rows, int64_t row0, int count, const Panel& panel, float* out,
