@@ -8,7 +8,8 @@
 #   [,mainloop][,combine][,cycles][,wgmma] (default: all but profile, pyprofile, shapes, mainloop,
 #   combine, cycles and wgmma). wgmma: tests/gpu/sm90_wgmma_proof, the SM90 logits against the wgmma
 #   model on this machine's CPUs (WGMMA_PROOF_ARGS, default --quick; "--logits 1e8" for the full
-#   proof), into wgmma_proof_cases.csv and wgmma_proof.csv (every differing element). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench/experiments/bench_sm90_mainloop,
+#   proof; WGMMA_PROOF_TIMEOUT_S, default 590), into wgmma_proof_cases.csv and wgmma_proof.csv
+#   (every differing element). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench/experiments/bench_sm90_mainloop,
 #   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
 #   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: more
 #   model shapes (BENCH_SHAPES="D:V:N-list ...", default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B,
@@ -212,7 +213,7 @@ if has wgmma; then
     say "wgmma: sm90_wgmma_proof not built"
   else
     # shellcheck disable=SC2086
-    timeout 590 "$proof" ${WGMMA_PROOF_ARGS:---quick} --out "$OUT" >"$OUT/wgmma_proof.log" 2>&1
+    timeout "${WGMMA_PROOF_TIMEOUT_S:-590}" "$proof" ${WGMMA_PROOF_ARGS:---quick} --out "$OUT" >"$OUT/wgmma_proof.log" 2>&1
     rc=$?
     say "wgmma model proof: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (wgmma_proof.log, wgmma_proof_cases.csv, wgmma_proof.csv)"
     grep -E "^(sm90_wgmma_proof|model:|total:|verdict:)|  DIFF" "$OUT/wgmma_proof.log" | head -40 | cut -c1-240 >>"$SUMMARY"
