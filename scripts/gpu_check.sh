@@ -5,8 +5,11 @@
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
 #   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,shapes]
-#   [,mainloop][,combine][,cycles] (default: all but profile, pyprofile, shapes, mainloop, combine and
-#   cycles). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench/experiments/bench_sm90_mainloop,
+#   [,mainloop][,combine][,cycles][,wgmma] (default: all but profile, pyprofile, shapes, mainloop,
+#   combine, cycles and wgmma). wgmma: tests/gpu/sm90_wgmma_proof, the SM90 logits against the wgmma
+#   model on this machine's CPUs (WGMMA_PROOF_ARGS, default --quick; "--logits 1e8" for the full
+#   proof; WGMMA_PROOF_TIMEOUT_S, default 590), into wgmma_proof_cases.csv and wgmma_proof.csv
+#   (every differing element). cycles: scripts/ncu_cycles.sh on the built bench (CYCLES_ARGS). mainloop: bench/experiments/bench_sm90_mainloop,
 #   the mainloops alone against cuBLAS (MAINLOOP_ARGS="--n 4096"), into bench_mainloop.csv.
 #   combine: bench_sm90_combine, the combine's schedules with a bit check (COMBINE_ARGS). shapes: more
 #   model shapes (BENCH_SHAPES="D:V:N-list ...", default Qwen3-8B TP=2 shard, Llama-3-8B, Qwen3-0.6B,
@@ -201,6 +204,20 @@ if has golden; then
   rc=$?
   say "golden/L3/L4-L5: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (golden_check.log, golden/)"
   sed -n '/summary =/,$p' "$OUT/golden_check.log" | cut -c1-220 | head -60 >>"$SUMMARY"
+fi
+done_step
+
+if has wgmma; then
+  proof="$(find_bin sm90_wgmma_proof)"
+  if [[ -z "$proof" ]]; then
+    say "wgmma: sm90_wgmma_proof not built"
+  else
+    # shellcheck disable=SC2086
+    timeout "${WGMMA_PROOF_TIMEOUT_S:-590}" "$proof" ${WGMMA_PROOF_ARGS:---quick} --out "$OUT" >"$OUT/wgmma_proof.log" 2>&1
+    rc=$?
+    say "wgmma model proof: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL rc=$rc") (wgmma_proof.log, wgmma_proof_cases.csv, wgmma_proof.csv)"
+    grep -E "^(sm90_wgmma_proof|model:|total:|verdict:)|  DIFF" "$OUT/wgmma_proof.log" | head -40 | cut -c1-240 >>"$SUMMARY"
+  fi
 fi
 done_step
 

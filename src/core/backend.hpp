@@ -50,6 +50,9 @@ class Backend {
 // Each backend translation unit defines its accessor; the SM90 one exists in every build and
 // reports itself unavailable where CUDA was not compiled in or no SM90 device is present.
 const Backend& cpu_contract_backend();
+// The SM90 backend's logits on the host (the wgmma model, docs/contract.md §3.1.1); never chosen by
+// auto or as a fallback.
+const Backend& cpu_sm90_emulated_backend();
 const Backend& reference_materialized_backend();
 const Backend& sm90_contract_backend();
 // Non-contract CUDA lane (cuBLAS GEMM + log-softmax); reports itself unavailable without CUDA.
@@ -57,9 +60,9 @@ const Backend& cublas_materialized_backend();
 
 // Every backend, in the order list_backends reports them: the registry selects among them, the
 // environment check takes DETLOGP_BACKEND's values from them.
-inline std::array<const Backend*, 4> all_backends() {
-  return {&sm90_contract_backend(), &cpu_contract_backend(), &cublas_materialized_backend(),
-          &reference_materialized_backend()};
+inline std::array<const Backend*, 5> all_backends() {
+  return {&sm90_contract_backend(), &cpu_contract_backend(), &cpu_sm90_emulated_backend(),
+          &cublas_materialized_backend(), &reference_materialized_backend()};
 }
 
 }  // namespace detlogp::detail

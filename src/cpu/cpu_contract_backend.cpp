@@ -1,12 +1,16 @@
-// cpu-linear-logp-contract-v1: the whole contract on the host. Work is split into (vocab tile,
-// row block) tasks; each task computes z for its block, the tile summaries and the owned y_t;
-// a second pass runs the ascending chain per row.
+// The contract on the host, in two backends that differ only in the K walk of §3.1:
+// cpu-linear-logp-contract-v1 (the CPU's fp32 chain, arch cpu) and cpu-sm90-emulated-contract-v1
+// (the SM90 wgmma model, docs/contract.md §3.1.1: the arch sm90a bits, computed on the host). Work
+// is split into (vocab tile, row block) tasks; each task computes z for its block, the tile
+// summaries and the owned y_t; a second pass runs the ascending chain per row.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_wgmma_gemm.hpp"
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp::detail {
@@ -30,11 +34,17 @@ struct TileOutputs {
 
 // Bias, logits, scaling, summary (and entropy sum) and owned y_t of one row's z over one tile;
 // `at` is the row's index in `out`.
+// The SM90 emulation also writes a NaN z as the SM90's fp32 add does (wgmma::kWgmmaNanBits).
+template <class Gemm>
 void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, const TileOutputs& out,
                    int64_t at) {
   const int64_t col0 = tile * kVocabTile;
   if (p.bias)
     for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
+  if constexpr (std::is_same_v<Gemm, cpu::WgmmaModelGemm>)
+    if (p.bias)
+      for (int c = 0; c < cols; ++c)
+        if (fp::is_nan(z[c])) z[c] = fp::from_bits(wgmma::kWgmmaNanBits);
   if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
   const float inv_t = row_inverse_temperature(p, row);
   float y[kVocabTile];
@@ -58,15 +68,19 @@ void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, fl
 
 // Computes tile summaries (and logits, entropy sums, y_t) for rows [row0, row0 + rows) into row
 // r - row0 of `out` (cpu::for_each_z_panel: one GEMM panel is one vocab tile).
+template <class Gemm>
 void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, const TileOutputs& out) {
-  cpu::for_each_z_panel(
+  cpu::for_each_z_panel<Gemm>(
       p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, row0, rows, p.vocab_local, [](int64_t, int64_t) {},
-      [&](int64_t row, int64_t tile, int cols, float* z) { tile_epilogue(p, row, tile, cols, z, out, row - row0); });
+      [&](int64_t row, int64_t tile, int cols, float* z) {
+        tile_epilogue<Gemm>(p, row, tile, cols, z, out, row - row0);
+      });
 }
 
+template <class Gemm>
 class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
+  CpuContractBackend(const char* id, const char* arch, int cc) : CpuBackend(contract_provenance(id, arch, cc, true)) {}
   bool contract_bearing() const override { return true; }
 
   void run(const LogpProblem& p) const override {
@@ -75,7 +89,7 @@ class CpuContractBackend final : public CpuBackend {
     if (p.partial_mode()) {
       std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
       std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
-      compute_tile_summaries(p, 0, p.rows, {p.summaries, p.usums, p.target_logit, p.target_owned});
+      compute_tile_summaries<Gemm>(p, 0, p.rows, {p.summaries, p.usums, p.target_logit, p.target_owned});
       return;
     }
     const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));
@@ -90,7 +104,7 @@ class CpuContractBackend final : public CpuBackend {
     for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
       const int64_t rows = std::min(chunk, p.rows - row0);
       std::fill(owned.begin(), owned.end(), uint8_t{0});
-      compute_tile_summaries(p, row0, rows, out);
+      compute_tile_summaries<Gemm>(p, row0, rows, out);
       cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t r, int) {
         const int64_t row = row0 + r;
         const bool ignored = p.target(row) == p.ignore_index;
@@ -107,7 +121,13 @@ class CpuContractBackend final : public CpuBackend {
 }  // namespace
 
 const Backend& cpu_contract_backend() {
-  static const CpuContractBackend backend;
+  static const CpuContractBackend<cpu::Fp32ChainGemm> backend("cpu-linear-logp-contract-v1", "cpu", 0);
+  return backend;
+}
+
+// The SM90 backend's bits (arch sm90a, cc 90: the key of its golden fingerprints), on the host.
+const Backend& cpu_sm90_emulated_backend() {
+  static const CpuContractBackend<cpu::WgmmaModelGemm> backend("cpu-sm90-emulated-contract-v1", "sm90a", 90);
   return backend;
 }
 

@@ -16,7 +16,7 @@ void cpu_grad_logits(const GradLogitsProblem& p) {
   std::vector<GradRow> rows;  // per row of the current widening window
   std::vector<int64_t> target_col;
   int64_t window0 = 0;
-  cpu::for_each_z_panel(
+  cpu::for_each_z_panel<cpu::Fp32ChainGemm>(
       p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, 0, p.rows, p.cols,
       [&](int64_t w0, int64_t w_rows) {
         window0 = w0;

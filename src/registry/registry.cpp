@@ -6,10 +6,11 @@
 namespace detlogp::detail {
 namespace {
 
-std::string backend_ids() {
+std::string backend_ids(bool contract_bearing_only = false) {
   std::string ids;
-  for (const Backend* b : all_backends()) ids += (ids.empty() ? "" : ", ") + b->id();
-  return ids + ", auto";
+  for (const Backend* b : all_backends())
+    if (!contract_bearing_only || b->contract_bearing()) ids += (ids.empty() ? "" : ", ") + b->id();
+  return contract_bearing_only ? ids : ids + ", auto";
 }
 
 }  // namespace
@@ -36,8 +37,8 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
     DETLOGP_CHECK(chosen != nullptr, "unknown backend '" << requested << "'; known: " << backend_ids());
     DETLOGP_CHECK(!report.strict || chosen->contract_bearing(),
                   "strict mode refuses backend '"
-                      << requested << "': it does not bear the detlogp contract (contract-bearing: "
-                      << sm90_contract_backend().id() << ", " << cpu_contract_backend().id() << ")");
+                      << requested
+                      << "': it does not bear the detlogp contract (contract-bearing: " << backend_ids(true) << ")");
     std::string why;
     if (!chosen->available(&why)) {
       DETLOGP_CHECK(!report.strict,

@@ -618,9 +618,10 @@ const std::vector<KnobCase>& knob_cases() {
       {"DETLOGP_BACKEND",
        {"bogus", "", "AUTO"},
        " is not a backend id; use one of: auto, cuda-fused-linear-logp-sm90-contract-v1, cpu-linear-logp-contract-v1, "
-       "cuda-cublas-materialized, reference-materialized, torch-materialized-noncontract",
-       {"auto", "cpu-linear-logp-contract-v1", "cuda-fused-linear-logp-sm90-contract-v1", "reference-materialized",
-        "torch-materialized-noncontract"}},
+       "cpu-sm90-emulated-contract-v1, cuda-cublas-materialized, reference-materialized, "
+       "torch-materialized-noncontract",
+       {"auto", "cpu-linear-logp-contract-v1", "cpu-sm90-emulated-contract-v1",
+        "cuda-fused-linear-logp-sm90-contract-v1", "reference-materialized", "torch-materialized-noncontract"}},
   };
   return cases;
 }

@@ -28,19 +28,24 @@ def test_odd_vocab_matches_float64(v, with_bias, temp_rows):
     assert np.all(bits(r.logp[4::5]) == 0)  # ignored rows: +0.0 exactly
 
 
-@pytest.mark.parametrize("v", [17, 123, 2053])
-def test_bits_equal_cli(cli, tmp_path, v):
-    """The numpy path and the C++ CLI give the same bytes for the same .npy inputs."""
-    h, w, t, b, temp = make_problem(21, 72, v, seed=3, bias=True, temp_rows=True, ignore_every=4)
+def cli_serving_run(cli, tmp_path, h, w, t, b, temp, backend):
+    """`detlogp run --return-logits` on the .npy form of the inputs: its output tensors."""
     for name, a in (("h", h), ("w", w), ("t", t), ("b", b), ("T", temp)):
         np.save(tmp_path / f"{name}.npy", a)
     out = tmp_path / "out.safetensors"
     cmd = [cli, "run", "--hidden", tmp_path / "h.npy", "--weight", tmp_path / "w.npy", "--targets",
            tmp_path / "t.npy", "--bias", tmp_path / "b.npy", "--temperatures", tmp_path / "T.npy",
-           "--backend", CPU, "--return-logits", "--out", out]  # fmt: skip
+           "--backend", backend, "--return-logits", "--out", out]  # fmt: skip
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
-    cli_out = read_safetensors(out)
+    return read_safetensors(out)
+
+
+@pytest.mark.parametrize("v", [17, 123, 2053])
+def test_bits_equal_cli(cli, tmp_path, v):
+    """The numpy path and the C++ CLI give the same bytes for the same .npy inputs."""
+    h, w, t, b, temp = make_problem(21, 72, v, seed=3, bias=True, temp_rows=True, ignore_every=4)
+    cli_out = cli_serving_run(cli, tmp_path, h, w, t, b, temp, CPU)
     r = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True, backend=CPU)
     assert np.array_equal(bits(r.logp), bits(cli_out["logp"]))
     assert np.array_equal(bits(r.lse), bits(cli_out["lse"]))
@@ -407,3 +412,27 @@ def test_torch_tensors_through_the_array_api():
         detlogp.linear_logp(th.float().requires_grad_(), w, t)
     ref = detlogp.linear_logp(h, w, t, temperature=0.5).logp
     assert np.array_equal(bits(detlogp.linear_logp(th, w, t, temperature=torch.tensor(0.5)).logp), bits(ref))
+
+
+EMULATED = "cpu-sm90-emulated-contract-v1"
+
+
+def test_sm90_emulated_backend_is_selectable_and_keyed_as_sm90(cli, tmp_path):
+    """The SM90 logits on the host (docs/contract.md 3.1.1): listed, contract-bearing, keyed arch
+    sm90a / cc 90, the same bytes as the CLI, its statistics the reducer's over its logits, and other
+    logits than the CPU backend's fp32 chain."""
+    ids = {b["id"]: b for b in detlogp.backends()}
+    assert ids[EMULATED]["contract"] and ids[EMULATED]["available"]
+    p = detlogp.provenance(backend=EMULATED, strict=True)
+    assert p["backend_id"] == EMULATED and not p["fallback"]
+    assert p["provenance"]["arch"] == "sm90a" and p["provenance"]["cc"] == 90
+    h, w, t, b, temp = make_problem(9, 384, 517, seed=12, bias=True, temp_rows=True, ignore_every=4)
+    r = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True, backend=EMULATED)
+    assert r.report["backend_id"] == EMULATED
+    logp, lse = detlogp.reduce_logits(r.logits, t, temperature=temp)
+    assert np.array_equal(bits(logp), bits(r.logp)) and np.array_equal(bits(lse), bits(r.lse))
+    cpu = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, return_logits=True, backend=CPU)
+    assert np.count_nonzero(bits(cpu.logits) != bits(r.logits)) > 0
+    cli_out = cli_serving_run(cli, tmp_path, h, w, t, b, temp, EMULATED)
+    for key in ("logp", "lse", "logits"):
+        assert np.array_equal(bits(getattr(r, key)), bits(cli_out[key])), key
