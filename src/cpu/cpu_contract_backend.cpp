@@ -7,6 +7,7 @@
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_sample.hpp"
 #include "detlogp/detlogp.hpp"
 
 namespace detlogp::detail {
@@ -66,8 +67,9 @@ void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, co
 
 class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
+  CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true, true)) {}
   bool contract_bearing() const override { return true; }
+  SamplingReport run_sample(const SampleProblem& p) const override { return cpu_sample(p); }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;

@@ -14,7 +14,8 @@ std::string backend_ids() {
 
 }  // namespace
 
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report) {
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
+                              bool sampling) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -24,8 +25,11 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   const Backend* chosen = nullptr;
   if (requested == "auto") {
     std::string why;
-    if (sm90_contract_backend().available(&why)) {
-      chosen = &sm90_contract_backend();
+    const Backend& sm90 = sm90_contract_backend();
+    // Host tensors of a program the SM90 backend does not run go to the CPU backend; CUDA tensors stay
+    // with SM90, which then says what it lacks.
+    if (sm90.available(&why) && (!sampling || sm90.supports_sampling() || memory == Memory::cuda)) {
+      chosen = &sm90;
     } else {
       DETLOGP_CHECK(memory == Memory::host, "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
       chosen = &cpu_contract_backend();
@@ -54,6 +58,12 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   DETLOGP_CHECK(!entropy || chosen->supports_entropy(),
                 "backend '" << chosen->id() << "' does not compute the entropy output (docs/contract.md §10); "
                             << cpu_contract_backend().id() << " does, on host memory");
+  DETLOGP_CHECK(!sampling || chosen->supports_sampling(),
+                "backend '" << chosen->id()
+                            << "' does not run the sampling program (docs/contract.md §11) yet: it is not implemented "
+                               "for "
+                            << (chosen->memory() == Memory::cuda ? "CUDA tensors" : "this backend") << "; "
+                            << cpu_contract_backend().id() << " runs it, on host memory");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();

@@ -1,0 +1,76 @@
+// The validated problem of the sampling program's two entries (docs/contract.md §11): `sample`
+// (the rollout draws a token per row) and linear_logp with a SamplingProgram (the trainer replays
+// it for given targets). Host-resident parameter values are checked here, before anything is written.
+#pragma once
+
+#include <cstdint>
+
+#include "core/problem.hpp"
+#include "detlogp/detlogp.hpp"
+#include "detlogp/sample.hpp"
+
+namespace detlogp::detail {
+
+// The program's parameters as a backend reads them: a scalar, or a per-row array.
+struct ProgramOperands {
+  float temperature = 1.0f;
+  const float* temperature_rows = nullptr;
+  int64_t top_k = 0;
+  const void* top_k_rows = nullptr;
+  bool top_k_i64 = false;
+  float top_p = 1.0f;
+  const float* top_p_rows = nullptr;
+  float min_p = 0.0f;
+  const float* min_p_rows = nullptr;
+
+  float temperature_of(int64_t n) const { return temperature_rows ? temperature_rows[n] : temperature; }
+  int64_t top_k_of(int64_t n) const {
+    if (!top_k_rows) return top_k;
+    return top_k_i64 ? static_cast<const int64_t*>(top_k_rows)[n] : static_cast<const int32_t*>(top_k_rows)[n];
+  }
+  float top_p_of(int64_t n) const { return top_p_rows ? top_p_rows[n] : top_p; }
+  float min_p_of(int64_t n) const { return min_p_rows ? min_p_rows[n] : min_p; }
+  SampleRowParams row(int64_t n, int64_t real_vocab) const {
+    return sample_row_params(temperature_of(n), top_k_of(n), top_p_of(n), min_p_of(n), real_vocab);
+  }
+};
+
+struct SampleProblem : HeadOperands {
+  int64_t vocab_local = 0;
+  ProgramOperands program;
+  bool replay = false;  // linear_logp with a program: targets given, no draw
+
+  // sample: the rows' random keys.
+  uint64_t seed = 0;
+  const int64_t* seed_rows = nullptr;  // [rows] uint64 bits, or null
+  const int64_t* key = nullptr;        // [rows]
+
+  // Outputs, [rows] each unless said; optional ones may be null.
+  float* logp = nullptr;
+  float* logp_raw = nullptr;
+  float* lse = nullptr;
+  int64_t* support_size = nullptr;
+  int64_t* token = nullptr;      // sample
+  float* logits = nullptr;       // sample: [rows][vocab_local], or null
+  float* lse_support = nullptr;  // replay
+  float* support_max = nullptr;  // replay
+  float* cut_logit = nullptr;    // replay
+  int64_t* cut_id = nullptr;     // replay
+
+  uint64_t row_stream(int64_t n) const {
+    return sample_stream(seed_rows ? static_cast<uint64_t>(seed_rows[n]) : seed, key[n]);
+  }
+};
+
+// The rollout entry's problem: head checks as linear_logp's (the whole vocabulary), the program,
+// seed and key, the outputs.
+SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& out);
+// The replay's problem: linear_logp's checks (targets, ignore_index), the program, the outputs.
+SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
+                                        const SampledLogpOutputs& out);
+
+// The program's checks alone, for `rows` rows in memory `mem` (values read on the host only):
+// fills `p`; every bad value names the argument, the row and the value.
+void check_program(const SamplingProgram& program, int64_t rows, Memory mem, int device, ProgramOperands& p);
+
+}  // namespace detlogp::detail

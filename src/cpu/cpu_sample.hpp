@@ -1,0 +1,14 @@
+// The sampling program on the host (docs/contract.md §11): the CPU contract backend's rollout and
+// replay, over the contract GEMM's logits in bounded row chunks.
+#pragma once
+
+#include "core/sample.hpp"
+
+namespace detlogp::detail {
+
+// Runs a validated sampling problem (host memory): logits [chunk, V_local] at a time (the serving
+// logits when asked for, else a bounded buffer of about 64 MiB, or chunk_rows rows when > 0), each
+// row's program on the pool's threads. The chunk is a free axis: no bit depends on it.
+SamplingReport cpu_sample(const SampleProblem& p, int64_t chunk_rows = 0);
+
+}  // namespace detlogp::detail
