@@ -193,6 +193,29 @@ struct SampledLogpOutputs {
 CallReport linear_logp(const LinearLogpInputs& in, const SamplingProgram& program, const SampledLogpOutputs& out,
                        const CallOptions& opt = {});
 
+// The logit gradient of one vocabulary chunk for the replay above, its support fixed (the backward
+// of detlogp.torch's linear_logp with sampling=): in and the chunk as for linear_logp_grad_logits
+// (in.temperature 1, no temperature_rows: the program's), the program, and the replay's outputs.
+// Per column, with the global id and the recomputed contract z: dL/dy = onehot(t) (g_logp + g_logp_raw)
+// - g_logp [y in support] e^{y - lse_support} + (g_lse - g_logp_raw) e^{y - lse}, dL/dz = dL/dy / T
+// (docs/contract.md §11.10; detlogp/grad.hpp sampled_grad_logit). The support is decided per column
+// by in_support against the row's (support_max, cut_logit, cut_id, min_p). Rows whose forward logp is
+// -inf (a target outside the support) take no g_logp term. Host memory.
+struct SampledGradArgs {
+  TensorView logp;         // [N] f32: the replay's logp
+  TensorView lse;          // [N] f32: the replay's lse
+  TensorView lse_support;  // [N] f32
+  TensorView support_max;  // [N] f32
+  TensorView cut_logit;    // [N] f32
+  TensorView cut_id;       // [N] i64
+  TensorView g_logp;       // optional [N] f32 (absent: zeros)
+  TensorView g_lse;        // optional [N] f32
+  TensorView g_logp_raw;   // optional [N] f32
+};
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingProgram& program,
+                                   const SampledGradArgs& args, const MutableTensorView& dz,
+                                   const CallOptions& opt = {});
+
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
 struct ReduceLogitsInputs {

@@ -140,14 +140,18 @@ SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& o
   return p;
 }
 
-SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
-                                        const SampledLogpOutputs& out) {
+void check_program_temperature_only(const LinearLogpInputs& in) {
   DETLOGP_CHECK(in.temperature == 1.0f && !in.temperature_rows.present(),
                 "temperature=" << shortest(in.temperature)
                                << (in.temperature_rows.present() ? " with temperature_rows" : "")
                                << ": with a sampling program the temperature is the program's "
                                   "(SamplingProgram::temperature); leave LinearLogpInputs::temperature at 1 and "
                                   "temperature_rows absent");
+}
+
+SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
+                                        const SampledLogpOutputs& out) {
+  check_program_temperature_only(in);
   SampleProblem p;
   p.replay = true;
   p.vocab_local = check_operands(in, "V_local", "shard", p);

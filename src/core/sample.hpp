@@ -69,6 +69,9 @@ SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& o
 SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
                                         const SampledLogpOutputs& out);
 
+// With a program the temperature is the program's: in.temperature must be 1, temperature_rows absent.
+void check_program_temperature_only(const LinearLogpInputs& in);
+
 // The program's checks alone, for `rows` rows in memory `mem` (values read on the host only):
 // fills `p`; every bad value names the argument, the row and the value.
 void check_program(const SamplingProgram& program, int64_t rows, Memory mem, int device, ProgramOperands& p);

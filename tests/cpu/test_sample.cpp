@@ -764,4 +764,86 @@ TEST(SampleErrors, AcceptedBoundaryValues) {
   EXPECT_EQ(d.support_size, (std::vector<int64_t>{1, 1}));
 }
 
+// ---------------------------------------------------------------- the replay's logit gradient
+
+// dz of the replay, in two vocabulary chunks, against float64 of the same formula on the serving
+// logits: dL/dy = onehot(t) (g + g_raw) - g [y in support] e^{y - lse_support} + (g_lse - g_raw) e^{y - lse}.
+// The columns the backward counts in the support are the forward's support_size, row by row.
+TEST(SampleGrad, TheReplaysGradientHoldsTheSupportFixed) {
+  Problem p = random_problem(23, 300, 12);
+  const Program prog = varied_program(p.rows);
+  for (int64_t n = 0; n < p.rows; ++n) p.targets[static_cast<size_t>(n)] = (n * 41) % p.vocab;
+  p.targets[5] = detlogp::kDefaultIgnoreIndex;
+  const Replayed r = replay(p, prog);
+  ASSERT_GT(r.report.sampling.outside_support, 0);
+  const Drawn logits = draw(p, prog, row_keys(p.rows), true);  // the serving logits z
+  Rng rng(13);
+  std::vector<float> g(static_cast<size_t>(p.rows)), gs(g.size()), gr(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = static_cast<float>(rng.normal());
+    gs[i] = static_cast<float>(rng.normal());
+    gr[i] = static_cast<float>(rng.normal());
+  }
+  const auto vec = [&](const auto& v, DType t) { return TensorView::vector(v.data(), t, p.rows); };
+  detlogp::SampledGradArgs args;
+  args.logp = vec(r.logp, DType::f32);
+  args.lse = vec(r.lse, DType::f32);
+  args.lse_support = vec(r.lse_support, DType::f32);
+  args.support_max = vec(r.support_max, DType::f32);
+  args.cut_logit = vec(r.cut_logit, DType::f32);
+  args.cut_id = vec(r.cut_id, DType::i64);
+  args.g_logp = vec(g, DType::f32);
+  args.g_lse = vec(gs, DType::f32);
+  args.g_logp_raw = vec(gr, DType::f32);
+  std::vector<uint16_t> dz(static_cast<size_t>(p.rows * p.vocab), 0xFFFF);
+  for (const auto& [c0, c1] : {std::pair<int64_t, int64_t>{0, 200}, {200, p.vocab}}) {
+    detlogp::LinearLogpInputs in = p.shard_inputs(c0, c1 - c0);
+    in.real_vocab = p.real_vocab;
+    detlogp::MutableTensorView out{
+        TensorView::matrix(dz.data() + c0, DType::bf16, p.rows, c1 - c0, detlogp::Memory::host, p.vocab)};
+    detlogp::linear_logp_grad_logits(in, prog.view(), args, out);
+  }
+  double worst = 0;
+  for (int64_t n = 0; n < p.rows; ++n) {
+    const detlogp::SampleRowParams prm = detlogp::detail::ProgramOperands{prog.temperature,
+                                                                          prog.temperature_rows.data(),
+                                                                          0,
+                                                                          prog.top_k_rows.data(),
+                                                                          true,
+                                                                          1.0f,
+                                                                          prog.top_p_rows.data(),
+                                                                          0.0f,
+                                                                          prog.min_p_rows.data()}
+                                             .row(n, p.real_vocab);
+    const detlogp::SupportRow support{r.support_max[n], {r.cut_logit[n], r.cut_id[n]}, prm.min_p};
+    const int64_t t = p.targets[static_cast<size_t>(n)];
+    const bool ignored = t == detlogp::kDefaultIgnoreIndex;
+    const double gl = ignored || r.logp[n] == -INFINITY ? 0.0 : g[n];
+    const double glr = ignored ? 0.0 : gr[n];
+    int64_t in_support = 0;
+    for (int64_t v = 0; v < p.vocab; ++v) {
+      const float y = detlogp::scale_logit(logits.logits[static_cast<size_t>(n * p.vocab + v)], prm.inv_temperature);
+      const bool in = detlogp::in_support(y, v, support);
+      in_support += in;
+      const double raw = (gs[n] - glr) * std::exp(static_cast<double>(y) - r.lse[n]);
+      const double processed = in ? gl * std::exp(static_cast<double>(y) - r.lse_support[n]) : 0.0;
+      const double onehot = v == t ? gl + glr : 0.0;
+      const double ref = (raw - processed + onehot) * prm.inv_temperature;
+      // bf16's rounding of the result, and a few fp32 ulps of the largest term (the terms cancel).
+      const double scale = (std::fabs(raw) + std::fabs(processed) + std::fabs(onehot)) * prm.inv_temperature;
+      const double got = bf16_to_float(dz[static_cast<size_t>(n * p.vocab + v)]);
+      const double err = std::fabs(got - ref);
+      worst = std::max(worst, err / (0x1p-8 * std::fabs(ref) + 0x1p-20 * scale + 1e-38));
+      ASSERT_LE(err, 0x1p-8 * std::fabs(ref) + 0x1p-20 * scale + 1e-38)
+          << "row " << n << " column " << v << ": " << got << " vs " << ref;
+    }
+    EXPECT_EQ(in_support, r.support_size[n]) << "row " << n << ": the backward's support is the forward's";
+  }
+  std::printf("sampled logit gradient: the worst column uses %.3g of its error bound\n", worst);
+  // Refused on CUDA-less paths and without the replay's outputs, naming what is missing.
+  args.cut_id = {};
+  detlogp::MutableTensorView out{TensorView::matrix(dz.data(), DType::bf16, p.rows, p.vocab)};
+  expect_refused([&] { detlogp::linear_logp_grad_logits(p.inputs(), prog.view(), args, out); }, "cut_id is required");
+}
+
 }  // namespace
