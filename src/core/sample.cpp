@@ -86,7 +86,10 @@ void check_program(const SamplingProgram& program, int64_t rows, Memory mem, int
       static_cast<const float*>(row_values(program.top_p_rows, "top_p_rows", rows, {DType::f32}, mem, device));
   p.min_p_rows =
       static_cast<const float*>(row_values(program.min_p_rows, "min_p_rows", rows, {DType::f32}, mem, device));
-  if (mem != Memory::host) return;  // refused by the registry: no backend runs the program on the device
+  if (mem == Memory::host) check_program_rows(p, rows);  // device rows: the backend's (it reads them back)
+}
+
+void check_program_rows(const ProgramOperands& p, int64_t rows) {
   for (int64_t n = 0; n < rows; ++n) {
     if (p.temperature_rows) check_temperature(p.temperature_rows[n], n);
     if (p.top_k_rows) check_top_k(p.top_k_of(n), n);

@@ -80,51 +80,47 @@ bool run_row(const SampleProblem& p, int64_t n, const float* z, RowScratch& s) {
     s.tiles[static_cast<size_t>(g)] = tile_summary(y + g * kVocabTile, static_cast<int>(real));
   }
   const RowStats st = row_stats(s.tiles.data(), n_tiles);
-  p.lse[n] = st.lse;
-
-  const int64_t target = p.replay ? p.target(n) : 0;
-  const bool ignored = p.replay && target == p.ignore_index;
   const bool samplable = row_samplable(st);
   SupportRow support{st.max, no_cut(), r.min_p};
   if (samplable && has_cut(r, lanes)) support.cut = find_cut(y, lanes, st.max, r, s);
   SupportPass pass{0.0f, 0, kNoToken, 0.0f};
   if (samplable) pass = support_pass(y, lanes, 0, support, !p.replay, p.replay ? 0 : p.row_stream(n));
-  if (p.support_size) p.support_size[n] = pass.size;
+  const bool target_read = p.replay && p.target(n) != p.ignore_index;
+  return p.write_row(n, st, support, pass, target_read ? y[p.target(n)] : 0.0f);
+}
 
-  if (!p.replay) {
-    p.token[n] = pass.token;
-    p.logp[n] = samplable ? finalize_support(st.max, pass.sum, pass.token_logit).logp : fp::canonical_nan();
-    p.logp_raw[n] = samplable ? finalize_row(st.max, st.sum, pass.token_logit, false).logp : fp::canonical_nan();
-    return false;
+}  // namespace
+
+namespace {
+
+// Rows [row0, row0 + rows) of the program over their logits z ([rows][vocab_local]), on the pool.
+void run_rows(const SampleProblem& p, int64_t row0, int64_t rows, const float* z, std::vector<RowScratch>& scratch,
+              std::vector<uint8_t>& outside) {
+  cpu::parallel_for(rows, static_cast<int>(scratch.size()), [&](int64_t r, int w) {
+    outside[static_cast<size_t>(row0 + r)] =
+        run_row(p, row0 + r, z + r * p.vocab_local, scratch[static_cast<size_t>(w)]);
+  });
+}
+
+SamplingReport count_outside(const std::vector<uint8_t>& outside) {
+  SamplingReport report;
+  for (size_t n = 0; n < outside.size(); ++n) {
+    if (!outside[n]) continue;
+    if (report.outside_support == 0) report.first_outside_support = static_cast<int64_t>(n);
+    ++report.outside_support;
   }
-  const float y_t = ignored ? 0.0f : y[target];
-  p.logp_raw[n] = finalize_row(st.max, st.sum, y_t, ignored).logp;
-  const RowResult processed =
-      samplable ? finalize_support(st.max, pass.sum, y_t) : RowResult{fp::canonical_nan(), st.lse};
-  if (p.lse_support) p.lse_support[n] = processed.lse;
-  if (p.support_max) p.support_max[n] = st.max;
-  if (p.cut_logit) p.cut_logit[n] = support.cut.logit;
-  if (p.cut_id) p.cut_id[n] = support.cut.id;
-  if (ignored) {
-    p.logp[n] = 0.0f;
-    return false;
-  }
-  const bool outside = samplable && !in_support(y_t, target, support);
-  p.logp[n] = outside ? fp::neg_inf() : processed.logp;
-  return outside;
+  return report;
 }
 
 }  // namespace
 
 SamplingReport cpu_sample(const SampleProblem& p, int64_t chunk_rows) {
-  SamplingReport report;
-  if (p.rows == 0) return report;
+  if (p.rows == 0) return {};
   const int64_t v = p.vocab_local;
   int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(kLogitsBudgetBytes / (v * 4), 1, p.rows);
   if (chunk_rows > 0) chunk = std::min(chunk_rows, p.rows);
   std::vector<float> buffer(p.logits ? 0 : static_cast<size_t>(chunk * v));
-  const int workers = cpu::cpu_threads();
-  std::vector<RowScratch> scratch(static_cast<size_t>(std::max(1, workers)));
+  std::vector<RowScratch> scratch(static_cast<size_t>(std::max(1, cpu::cpu_threads())));
   std::vector<uint8_t> outside(static_cast<size_t>(p.rows), 0);
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
@@ -136,16 +132,17 @@ SamplingReport cpu_sample(const SampleProblem& p, int64_t chunk_rows) {
           float* out = z + (row - row0) * v + col0;
           for (int c = 0; c < cols; ++c) out[c] = p.bias ? add_bias(acc[c], p.bias[col0 + c]) : acc[c];
         });
-    cpu::parallel_for(rows, workers, [&](int64_t r, int w) {
-      outside[static_cast<size_t>(row0 + r)] = run_row(p, row0 + r, z + r * v, scratch[static_cast<size_t>(w)]);
-    });
+    run_rows(p, row0, rows, z, scratch, outside);
   }
-  for (int64_t n = 0; n < p.rows; ++n) {
-    if (!outside[static_cast<size_t>(n)]) continue;
-    if (report.outside_support == 0) report.first_outside_support = n;
-    ++report.outside_support;
-  }
-  return report;
+  return count_outside(outside);
+}
+
+SamplingReport cpu_sample_from_logits(const SampleProblem& p, const float* logits) {
+  if (p.rows == 0) return {};
+  std::vector<RowScratch> scratch(static_cast<size_t>(std::max(1, cpu::cpu_threads())));
+  std::vector<uint8_t> outside(static_cast<size_t>(p.rows), 0);
+  run_rows(p, 0, p.rows, logits, scratch, outside);
+  return count_outside(outside);
 }
 
 }  // namespace detlogp::detail

@@ -11,4 +11,9 @@ namespace detlogp::detail {
 // row's program on the pool's threads. The chunk is a free axis: no bit depends on it.
 SamplingReport cpu_sample(const SampleProblem& p, int64_t chunk_rows = 0);
 
+// The same program over given logits z [p.rows][p.vocab_local] f32 (host memory, bias included: the
+// serving logits of any backend); p's hidden, weight and bias are not read. Applied to an arch's own
+// serving logits it gives the bits that arch's sampling entry must give.
+SamplingReport cpu_sample_from_logits(const SampleProblem& p, const float* logits);
+
 }  // namespace detlogp::detail

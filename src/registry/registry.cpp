@@ -26,9 +26,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   if (requested == "auto") {
     std::string why;
     const Backend& sm90 = sm90_contract_backend();
-    // Host tensors of a program the SM90 backend does not run go to the CPU backend; CUDA tensors stay
-    // with SM90, which then says what it lacks.
-    if (sm90.available(&why) && (!sampling || sm90.supports_sampling() || memory == Memory::cuda)) {
+    // The sampling program on host tensors runs on the CPU backend (the SM90 backend runs it on CUDA
+    // tensors only, where it is available).
+    if (sm90.available(&why) && (!sampling || memory == Memory::cuda)) {
       chosen = &sm90;
     } else {
       DETLOGP_CHECK(memory == Memory::host, "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);

@@ -428,6 +428,20 @@ TEST(Sample, BitsDoNotDependOnBatchPositionChunksThreadsOrPadding) {
   expect_same_bits(draw(p, prog, scalar), draw(p, prog, unset), "scalar seed");
 }
 
+// The row program over given logits (what a device backend's bits are checked against) is the
+// entry's program over its own serving logits.
+TEST(Sample, TheProgramOverGivenLogitsIsTheEntrysProgram) {
+  Problem p = random_problem(19, 400, 14);
+  const Program prog = varied_program(p.rows);
+  const Keys keys = row_keys(p.rows, 3);
+  const Drawn base = draw(p, prog, keys, true);
+  Drawn again;
+  const detlogp::SampleOutputs o = sample_views(again, p.rows, p.vocab, false);
+  detlogp::detail::cpu_sample_from_logits(detlogp::detail::make_sample_problem(sample_inputs(p, prog, keys), o),
+                                          base.logits.data());
+  expect_same_bits(base, again, "from logits");
+}
+
 TEST(Sample, TheKeyAndTheSeedDrawDifferentTokens) {
   Problem p = random_problem(1, 200, 4, 0.5);  // a flat row: many likely tokens
   Program prog;

@@ -5,7 +5,8 @@ each column's membership by the forward's (max, cut, min_p) and writes the bf16 
 (detlogp/grad.hpp, sampled_grad_logit); two GEMMs per chunk take it to hidden, weight and bias.
 
 CPU tensors run on the CPU backend. CUDA tensors and tp_group are refused with
-NotImplementedYetError: no GPU backend runs the program yet."""
+NotImplementedYetError: the C++ SM90 path (src/sm90/sample.cu) is not wired to this face yet, and the
+replay's gradient has no CUDA kernel."""
 
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def _refuse_unsupported(entry: str, tensors, tp_group) -> None:
     for name, t in tensors:
         if t is not None and t.is_cuda:
             raise NotImplementedYetError(
-                f"{entry} on CUDA tensors is not implemented yet ({name} is on {t.device}): no GPU backend runs the "
-                f"sampling program (docs/contract.md §11); {_CPU_BACKEND_ID} runs it on CPU tensors"
+                f"{entry} on CUDA tensors is not implemented yet ({name} is on {t.device}): detlogp.torch runs the "
+                f"sampling program on CPU tensors ({_CPU_BACKEND_ID}); its CUDA path awaits the SM90 kernel's GPU "
+                "validation and a CUDA kernel for the replay's gradient"
             )
 
 
