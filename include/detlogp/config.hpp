@@ -39,6 +39,8 @@ inline constexpr const char* kNSplitPolicy = "none: per-64-lane tile summaries, 
 inline constexpr const char* kTemperatureId = "y=fl(z*fl(1/T))";
 // The entropy output (docs/contract.md §10): added beside logp/lse, no logp/lse bit depends on it.
 inline constexpr const char* kEntropyId = "H=logc(S)-(U-C)/S;u=adjpair64(e*x);U=fma(fma(s,d,u),f,U);C=sum(err(S))-v1";
+// The sampling program (docs/contract.md §11): added beside logp/lse, no logp/lse bit depends on it.
+inline constexpr const char* kSampleId = "sample/v1";
 inline constexpr int64_t kDefaultIgnoreIndex = -100;
 // Canonical quiet NaN written to lse/logp of any row whose statistics saw a NaN.
 inline constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;

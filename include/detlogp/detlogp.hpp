@@ -126,6 +126,96 @@ void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const Tens
                     const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
                     const CallOptions& opt = {});
 
+// The sampling program (docs/contract.md §11): temperature, then top-k, then top-p, then min-p,
+// Gumbel-max noise from (seed, key, global id). Each parameter is one value for every row, or one
+// per row when its *_rows view is present ([N], host memory). Off: top_k = 0, top_p = 1, min_p = 0.
+struct SamplingProgram {
+  float temperature = 1.0f;     // 0: greedy; else inside the range of §3.3
+  TensorView temperature_rows;  // optional [N] f32
+  int64_t top_k = 0;            // >= 0; >= real_vocab keeps every lane
+  TensorView top_k_rows;        // optional [N] i32 or i64
+  float top_p = 1.0f;           // in (0, 1]
+  TensorView top_p_rows;        // optional [N] f32
+  float min_p = 0.0f;           // in [0, 1)
+  TensorView min_p_rows;        // optional [N] f32
+};
+
+// The rollout side: the head's operands as for linear_logp (no targets, no temperature: the
+// program's), the program, and each row's random key.
+struct SampleInputs {
+  TensorView hidden;        // [N, D] bf16
+  TensorView weight;        // [V_local, D] bf16: the whole head (vocab_start = 0, V_local >= real_vocab)
+  TensorView bias;          // optional [V_local] f32
+  int64_t real_vocab = -1;  // -1: V_local; at most 2^24 (§11.1)
+  int64_t vocab_start = 0;
+  SamplingProgram program;
+  uint64_t seed = 0;     // used when seed_rows is absent
+  TensorView seed_rows;  // optional [N] i64: each row's seed, read as its uint64 bits
+  TensorView key;        // [N] i64: each row's key (a token position, a request id, ...)
+};
+
+// [N] each, host memory: token i64 (kNoToken = -1 for a row without a processed distribution),
+// logp f32 (the token's processed log-probability, §11.7), logp_raw f32 (the bits linear_logp gives
+// for that token at the row's T; T = 0: at 1), lse f32 (linear_logp's), support_size i64; logits,
+// when present, [N, V_local] f32 (the serving logits z). Never an [N, V] buffer otherwise.
+struct SampleOutputs {
+  MutableTensorView token;
+  MutableTensorView logp;
+  MutableTensorView logp_raw;
+  MutableTensorView lse;
+  MutableTensorView support_size;
+  MutableTensorView logits;
+};
+
+// Draws one token per row with the program. Bad parameters throw naming the argument, the row and
+// the value, before anything is written. Served by backends whose provenance names a sample_id.
+CallReport sample(const SampleInputs& in, const SampleOutputs& out, const CallOptions& opt = {});
+
+// The trainer side, replaying a program: [N] each, host memory. logp, logp_raw and lse are required;
+// the rest optional. logp: the targets' processed log-probability (-inf outside the support, counted
+// in CallReport::sampling); logp_raw and lse: linear_logp's bits (at T, or 1 for T = 0);
+// lse_support: the support's log-normalizer lse_Sigma; support_size i64; support_max (M), cut_logit
+// and cut_id (i64): what a chunked backward needs to decide the support (§11.10).
+struct SampledLogpOutputs {
+  MutableTensorView logp;
+  MutableTensorView logp_raw;
+  MutableTensorView lse;
+  MutableTensorView lse_support;
+  MutableTensorView support_size;
+  MutableTensorView support_max;
+  MutableTensorView cut_logit;
+  MutableTensorView cut_id;
+};
+
+// linear_logp replaying a sampling program: the temperature is the program's, so in.temperature
+// must stay 1 and in.temperature_rows absent. Seeds and keys do not enter (the processed
+// distribution does not depend on the noise). Ignored rows get logp = logp_raw = +0.
+CallReport linear_logp(const LinearLogpInputs& in, const SamplingProgram& program, const SampledLogpOutputs& out,
+                       const CallOptions& opt = {});
+
+// The logit gradient of one vocabulary chunk for the replay above, its support fixed (the backward
+// of detlogp.torch's linear_logp with sampling=): in and the chunk as for linear_logp_grad_logits
+// (in.temperature 1, no temperature_rows: the program's), the program, and the replay's outputs.
+// Per column, with the global id and the recomputed contract z: dL/dy = onehot(t) (g_logp + g_logp_raw)
+// - g_logp [y in support] e^{y - lse_support} + (g_lse - g_logp_raw) e^{y - lse}, dL/dz = dL/dy / T
+// (docs/contract.md §11.10; detlogp/grad.hpp sampled_grad_logit). The support is decided per column
+// by in_support against the row's (support_max, cut_logit, cut_id, min_p). Rows whose forward logp is
+// -inf (a target outside the support) take no g_logp term. Host memory.
+struct SampledGradArgs {
+  TensorView logp;         // [N] f32: the replay's logp
+  TensorView lse;          // [N] f32: the replay's lse
+  TensorView lse_support;  // [N] f32
+  TensorView support_max;  // [N] f32
+  TensorView cut_logit;    // [N] f32
+  TensorView cut_id;       // [N] i64
+  TensorView g_logp;       // optional [N] f32 (absent: zeros)
+  TensorView g_lse;        // optional [N] f32
+  TensorView g_logp_raw;   // optional [N] f32
+};
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingProgram& program,
+                                   const SampledGradArgs& args, const MutableTensorView& dz,
+                                   const CallOptions& opt = {});
+
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
 struct ReduceLogitsInputs {

@@ -10,6 +10,7 @@
 #include "detlogp/config.hpp"
 #include "detlogp/fpops.hpp"
 #include "detlogp/reduce.hpp"
+#include "detlogp/sample.hpp"
 #include "detlogp/transcendentals.hpp"
 
 namespace detlogp {
@@ -60,6 +61,37 @@ DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target
 // The stored gradient: bf16_round(grad_logit(...)).
 DETLOGP_HD uint16_t grad_logit_bf16(float z, const GradRow& r, bool real, bool is_target) {
   return bf16_round(grad_logit(z, r, real, is_target));
+}
+
+// The logit gradient of the sampling program's replay (docs/contract.md §11.10), the support Sigma
+// fixed: logp = y_t - lse_Sigma over Sigma, logp_raw = y_t - lse and lse over every real lane. Per
+// row: gl = dL/dlogp (+0 for an ignored row and for a target outside Sigma, whose logp is the
+// constant -inf), gs = dL/dlse, glr = dL/dlogp_raw (+0 for an ignored row), inv_t the program's
+// (1 for T = 0), the forward's lse and lse_Sigma, and the row's support (M, cut, min_p).
+struct SampledGradRow {
+  float inv_t;
+  float lse;
+  float lse_support;
+  SupportRow support;
+  float gl;
+  float gs;
+  float glr;
+};
+
+// dL/dz of one logit with global id `id`, in this exact order:
+//   padding: +0 exactly
+//   y = fl(z * inv_t);  p = expc(fl(y - lse));  d = fl(fl(gs - glr) * p)
+//   y in Sigma (in_support):  d = fma(-gl, expc(fl(y - lse_Sigma)), d)
+//   target column:  d = fl(d + fl(gl + glr))
+//   g = fl(d * inv_t)
+// that is dL/dy = onehot(t) (gl + glr) - gl [y in Sigma] p_Sigma + (gs - glr) p.
+DETLOGP_HD float sampled_grad_logit(float z, int64_t id, const SampledGradRow& r, bool real, bool is_target) {
+  if (!real) return 0.0f;
+  const float y = scale_logit(z, r.inv_t);
+  float d = fp::mul(fp::sub(r.gs, r.glr), expc(fp::sub(y, r.lse)));
+  if (in_support(y, id, r.support)) d = fp::fma(fp::neg(r.gl), expc(fp::sub(y, r.lse_support)), d);
+  if (is_target) d = fp::add(d, fp::add(r.gl, r.glr));
+  return fp::mul(d, r.inv_t);
 }
 
 }  // namespace detlogp

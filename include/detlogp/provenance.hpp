@@ -1,6 +1,7 @@
 // What served a call, in the terms of the contract (docs/contract.md §1 "Identity and provenance").
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace detlogp {
@@ -18,6 +19,14 @@ struct Provenance {
   std::string transcendental_id;
   std::string temperature_id;
   std::string entropy_id;  // kEntropyId where the backend computes the entropy output, else ""
+  std::string sample_id;   // kSampleId where the backend runs the sampling program (§11), else ""
+};
+
+// What a call with a sampling program found (docs/contract.md §11.10): the replay's targets that lie
+// outside their row's support (their logp is -inf), never silently finite.
+struct SamplingReport {
+  int64_t outside_support = 0;         // rows (not ignored) whose target is outside the support
+  int64_t first_outside_support = -1;  // the first such row, -1 if none
 };
 
 // What a call reports back (the "readback" of validation reports).
@@ -26,7 +35,8 @@ struct CallReport {
   bool strict = false;
   bool fallback = false;  // true when the requested backend could not serve
   std::string fallback_reason;
-  Provenance provenance;  // of the backend that served
+  Provenance provenance;    // of the backend that served
+  SamplingReport sampling;  // calls with a sampling program; zeros otherwise
 };
 
 std::string to_string(const Provenance& p);

@@ -58,34 +58,56 @@ struct TileEntropySummary {
 };
 
 namespace detail {
-// tile_summary's one definition; kEntropy also forms u_g from the same x and e.
-template <bool kEntropy>
-DETLOGP_HD TileEntropySummary tile_summary_impl(const float* y, int real_lanes) {
+// tile_summary's one definition over the lanes v of the tile with real(v) true (the rest are padding);
+// kEntropy also forms u_g from the same x and e. No lane outside real(v) is read.
+template <bool kEntropy, class Real>
+DETLOGP_HD TileEntropySummary tile_summary_impl(const float* y, Real real) {
   float m = fp::neg_inf();
-  for (int v = 0; v < real_lanes; ++v) m = fp::max_nan(m, y[v]);
+  DETLOGP_UNROLL
+  for (int v = 0; v < kVocabTile; ++v)
+    if (real(v)) m = fp::max_nan(m, y[v]);
   m = normalize_zero(m);
   if (m == fp::neg_inf()) return {{m, 0.0f}, 0.0f};  // no real lane, or all real lanes -inf
   float e[kVocabTile];
   float w[kEntropy ? kVocabTile : 1];
   DETLOGP_UNROLL
   for (int v = 0; v < kVocabTile; ++v) {
-    const float x = v < real_lanes ? fp::sub(y[v], m) : fp::neg_inf();
-    e[v] = v < real_lanes ? expc(x) : 0.0f;
+    const bool in = real(v);
+    const float x = in ? fp::sub(y[v], m) : fp::neg_inf();
+    e[v] = in ? expc(x) : 0.0f;
     if constexpr (kEntropy) w[v] = entropy_lane_term(e[v], x);
   }
   if constexpr (kEntropy) return {{m, tile_tree_sum(e)}, tile_tree_sum(w)};
   return {{m, tile_tree_sum(e)}, 0.0f};
 }
+
+// The real lanes of a tile are a prefix 0..real_lanes-1 (docs/contract.md §3.4).
+struct PrefixLanes {
+  int real_lanes;
+  DETLOGP_HD bool operator()(int v) const { return v < real_lanes; }
+};
+// The lanes whose bit is set in a 64-bit mask (bit v = lane v).
+struct MaskedLanes {
+  uint64_t mask;
+  DETLOGP_HD bool operator()(int v) const { return ((mask >> v) & 1u) != 0; }
+};
 }  // namespace detail
 
 // Summary of one tile from its scaled logits y[0..real_lanes); lanes real_lanes..63 are padding.
 // real_lanes is 0..64 (real lanes are always a prefix of a tile: see docs/contract.md §3).
 DETLOGP_HD TileSummary tile_summary(const float* y, int real_lanes) {
-  return detail::tile_summary_impl<false>(y, real_lanes).summary;
+  return detail::tile_summary_impl<false>(y, detail::PrefixLanes{real_lanes}).summary;
 }
 // The same summary (identical bits) and the tile's entropy sum u_g.
 DETLOGP_HD TileEntropySummary tile_entropy_summary(const float* y, int real_lanes) {
-  return detail::tile_summary_impl<true>(y, real_lanes);
+  return detail::tile_summary_impl<true>(y, detail::PrefixLanes{real_lanes});
+}
+// The summary of the lanes whose bit is set in `lanes`, every other lane a padding lane: the §5
+// summary with a mask, which the sampling program forms over its support (docs/contract.md §11.7).
+// With the mask of the first real_lanes lanes it is tile_summary bit for bit. Lanes outside the
+// mask are not read.
+DETLOGP_HD TileSummary tile_summary_masked(const float* y, uint64_t lanes) {
+  return detail::tile_summary_impl<false>(y, detail::MaskedLanes{lanes}).summary;
 }
 
 // Global max M over tile maxima: exact, so any order gives the same bits.

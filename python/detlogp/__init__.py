@@ -17,19 +17,32 @@ from typing import Any, NamedTuple, Optional, Sequence
 import numpy as np
 
 from . import _detlogp as _ext
-from ._errors import BackendError, ConfigError, DetlogpError, InputError, StrictModeError, TargetIndexError
+from . import _sampling
+from ._errors import (
+    BackendError,
+    ConfigError,
+    DetlogpError,
+    InputError,
+    NotImplementedYetError,
+    StrictModeError,
+    TargetIndexError,
+)
+from ._sampling import SampleResult, SamplingParams
 
 __all__ = [
     "BackendError",
     "ConfigError",
     "DetlogpError",
     "InputError",
+    "NotImplementedYetError",
     "StrictModeError",
     "TargetIndexError",
     "TORCH_BACKEND_ID",
     "Partials",
     "PartialsLayout",
     "Result",
+    "SampleResult",
+    "SamplingParams",
     "backends",
     "contract",
     "from_bf16_bits",
@@ -38,6 +51,7 @@ __all__ = [
     "merge_partials",
     "provenance",
     "reduce_logits",
+    "sample",
     "shard_tiles",
     "strict_from_env",
     "to_bf16_bits",
@@ -55,6 +69,11 @@ class Result(NamedTuple):
     logits: Any  # None on the trainer entry
     report: dict  # which backend served the call, with its provenance
     entropy: Any = None  # [N] f32 with return_entropy=True (docs/contract.md §10), else None
+    # With sampling= (docs/contract.md §11): logp is the processed logp of the targets (-inf outside the
+    # support, counted in report["sampling"]), lse linear_logp's, and these three are filled.
+    logp_raw: Any = None  # [N] f32: linear_logp's logp of the targets at the program's T (T = 0: at 1)
+    lse_support: Any = None  # [N] f32: the support's log-normalizer
+    support_size: Any = None  # [N] int64
 
 
 class PartialsLayout(NamedTuple):
@@ -133,6 +152,7 @@ def _noncontract_provenance(backend_id: str) -> dict:
         "transcendental_id": "",
         "temperature_id": "",
         "entropy_id": "",
+        "sample_id": "",
         "string": f"contract=none backend={backend_id}",
     }
 
@@ -334,7 +354,7 @@ def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_sta
 def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                 return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
                 backend: Optional[str] = None, strict: Optional[bool] = None,
-                return_entropy: bool = False) -> Result:  # fmt: skip
+                return_entropy: bool = False, sampling: Optional[SamplingParams] = None) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
@@ -343,7 +363,17 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report, entropy [N] f32 or None).
     return_entropy: each row's entropy -sum p log p in the same pass (docs/contract.md §10); served
     by the backends whose provenance names an entropy_id (the CPU backend today), refused by the
-    others."""
+    others.
+
+    sampling: a SamplingParams replaying the rollout's program (docs/contract.md §11): Result.logp is
+    then the targets' log-probability under the processed (filtered, renormalized) distribution, the
+    bits detlogp.sample recorded for that token; -inf for a target outside the support, counted in
+    report["sampling"]["outside_support"]. Result.logp_raw and Result.lse are the plain call's bits at
+    the program's temperature (temperature= stays 1.0: the program's is used), lse_support and
+    support_size describe the support. Not with return_logits or return_entropy."""
+    if sampling is not None:
+        return _linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index, return_logits,
+                                    vocab_start, real_vocab, backend, strict, return_entropy, sampling)  # fmt: skip
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     logp = np.empty(rows, np.float32)
     lse = np.empty(rows, np.float32)
@@ -351,6 +381,63 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
     entropy = np.empty(rows, np.float32) if return_entropy else None
     report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy)
     return Result(logp, lse, logits, report, entropy)
+
+
+def _sampling_exclusive(temperature, return_logits: bool, return_entropy: bool) -> None:
+    """What a replay with sampling= does not take, refused in its own words."""
+    if not (isinstance(temperature, numbers.Real) and not isinstance(temperature, (bool, np.bool_))
+            and float(temperature) == 1.0):  # fmt: skip
+        raise InputError(
+            f"temperature={_shown(repr(temperature))}: with sampling= the temperature is the program's "
+            "(SamplingParams.temperature); leave temperature at 1.0"
+        )
+    if return_logits:
+        raise InputError("return_logits is not served with sampling= (detlogp.sample returns the serving logits)")
+    if return_entropy:
+        raise InputError("return_entropy is not served with sampling= (the entropy is the raw distribution's)")
+
+
+def _linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index, return_logits, vocab_start,
+                         real_vocab, backend, strict, return_entropy, sampling) -> Result:  # fmt: skip
+    _sampling_exclusive(temperature, return_logits, return_entropy)
+    problem, rows = _problem(hidden, weight, targets, bias, 1.0, ignore_index, vocab_start, real_vocab)
+    program = _sampling.program_tuple(sampling, [rows])
+    logp, logp_raw, lse, lse_support = (np.empty(rows, np.float32) for _ in range(4))
+    support_size = np.empty(rows, np.int64)
+    report = _ext.linear_logp_sampled(
+        problem, program, logp, logp_raw, lse, lse_support, support_size, None, None, None, _backend_arg(backend),
+        _resolve_strict(strict),
+    )  # fmt: skip
+    return Result(logp, lse, None, report, None, logp_raw, lse_support, support_size)
+
+
+def sample(hidden, weight, params: SamplingParams, seed, key, *, bias=None, vocab_start: int = 0,
+           real_vocab: Optional[int] = None, return_logits: bool = False, backend: Optional[str] = None,
+           strict: Optional[bool] = None) -> SampleResult:  # fmt: skip
+    """One token per row drawn with the sampling program (docs/contract.md §11): temperature, top-k,
+    top-p, min-p over the contract logits, Gumbel-max noise from a counter hash of (seed, key, id).
+
+    hidden [N, D] and weight [V, D] bf16 (uint16 bit patterns for numpy; the whole head), params a
+    SamplingParams, seed an integer in [0, 2^64 - 1] or a uint64/int64 [N] array, key an int64 [N]
+    array. Returns SampleResult(token, logp, logp_raw, lse, support_size, logits, report): every bit
+    depends only on the row's inputs, params, seed and key. linear_logp(..., sampling=params) with
+    targets = token replays logp, logp_raw and lse bit for bit."""
+    hidden, weight = _host_array(hidden, "hidden"), _host_array(weight, "weight")
+    bias = None if bias is None else _host_array(bias, "bias")
+    rows = _leading(hidden)
+    program = _sampling.program_tuple(params, [rows])
+    seed_scalar, seed_rows = _sampling.seed_args(seed, [rows])
+    key = _sampling.key_arg(key, [rows])
+    rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    head = (hidden, weight, bias, rv, _int_arg(vocab_start, "vocab_start"))
+    token, support_size = np.empty(rows, np.int64), np.empty(rows, np.int64)
+    logp, logp_raw, lse = (np.empty(rows, np.float32) for _ in range(3))
+    logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
+    report = _ext.sample(
+        head, program, seed_scalar, seed_rows, key, token, logp, logp_raw, lse, support_size, logits,
+        _backend_arg(backend), _resolve_strict(strict),
+    )  # fmt: skip
+    return SampleResult(token, logp, logp_raw, lse, support_size, logits, report)
 
 
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,

@@ -29,3 +29,8 @@ class BackendError(DetlogpError, RuntimeError):
 
 class ConfigError(DetlogpError, RuntimeError):
     """A DETLOGP_* environment variable that detlogp refuses (unknown, or a frozen constant)."""
+
+
+class NotImplementedYetError(DetlogpError, NotImplementedError):
+    """What detlogp does not implement yet for these inputs (the sampling program on CUDA tensors,
+    or under tensor parallelism); the message says what is missing and what does work."""

@@ -28,6 +28,8 @@ from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
 from ._torch.op import last_report, linear_logp_op as _linear_logp_op
+from ._torch.sampling import linear_logp_sampled as _linear_logp_sampled
+from ._torch.sampling import sample
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
 from ._torch.tensors import check_devices as _check_devices
 from ._torch.tensors import check_tensors as _check_tensors
@@ -40,6 +42,7 @@ __all__ = [
     "last_backward_path",
     "last_report",
     "linear_logp",
+    "sample",
 ]
 
 # Read by bench/bench_backward.py: the fused chunk rows and the process-wide backward path record.
@@ -61,6 +64,8 @@ def linear_logp(
     strict: Optional[bool] = None,
     backend: Optional[str] = None,
     return_entropy: bool = False,
+    sampling=None,
+    return_raw: bool = False,
 ):
     """Per-token log-probabilities: logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T.
 
@@ -76,7 +81,26 @@ def linear_logp(
     else auto), a C++ backend id, or TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every
     non-contract lane. detlogp.torch.last_report() says which backend served the call and which
     operands were copied ("copies": a CUDA view the SM90 backend cannot read in place is copied
-    once into aligned storage)."""
+    once into aligned storage).
+
+    sampling: a detlogp.SamplingParams replaying the rollout's program (docs/contract.md §11): logp is
+    then the targets' processed log-probability (the bits detlogp.torch.sample recorded; -inf outside
+    the support, counted in last_report()["sampling"]) and lse the plain call's; return_raw adds
+    logp_raw, the plain call's logp: (logp, lse[, logp_raw]). Differentiable in hidden, weight and bias
+    with the support held fixed (d logp / d y = onehot - the support's renormalized probabilities).
+    temperature stays 1.0 (the program's is used); not with return_logits, return_entropy or
+    tp_group; CPU tensors only for now (CUDA: NotImplementedYetError)."""
+    if sampling is not None:
+        strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
+        backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
+        if backend == TORCH_BACKEND_ID:
+            raise InputError(f"sampling= needs a contract backend; '{TORCH_BACKEND_ID}' does not run the program")
+        return _linear_logp_sampled(
+            hidden, weight, targets, bias, temperature, ignore_index, return_logits, vocab_start, real_vocab, tp_group,
+            strict_on, backend, return_entropy, sampling, return_raw,
+        )  # fmt: skip
+    if return_raw:
+        raise InputError("return_raw needs sampling= (without a program logp is already the raw logp)")
     # Plain Python (no extension call) so torch.compile traces it; the library itself re-reads
     # DETLOGP_STRICT and refuses bad DETLOGP_* variables on every call.
     strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)

@@ -139,6 +139,7 @@ nb::dict provenance_dict(const detlogp::Provenance& p) {
                   {"transcendental_id", nb::cast(p.transcendental_id)},
                   {"temperature_id", nb::cast(p.temperature_id)},
                   {"entropy_id", nb::cast(p.entropy_id)},
+                  {"sample_id", nb::cast(p.sample_id)},
                   {"string", nb::cast(detlogp::to_string(p))}});
 }
 
@@ -149,7 +150,9 @@ nb::dict report_dict(const detlogp::CallReport& r) {
                   {"fallback_reason", nb::cast(r.fallback_reason)},
                   {"backend_id", nb::cast(r.provenance.backend_id)},
                   {"contract", nb::cast(r.provenance.contract_version > 0)},
-                  {"provenance", provenance_dict(r.provenance)}});
+                  {"provenance", provenance_dict(r.provenance)},
+                  {"sampling", dict_of({{"outside_support", nb::cast(r.sampling.outside_support)},
+                                        {"first_outside_support", nb::cast(r.sampling.first_outside_support)}})}});
 }
 
 detlogp::CallOptions options(const std::string& backend, bool strict, uintptr_t stream) {
@@ -205,25 +208,28 @@ int64_t int64_arg(nb::handle h, const char* name) {
   return v;
 }
 
-// A scalar temperature rounded to float32 (IEEE nearest). A value that rounding would turn into 0 or inf is
-// refused here, naming the value given; the valid range itself is the library's check.
-float temperature_arg(nb::handle h) {
+// A scalar float argument rounded to float32 (IEEE nearest): the temperature, the sampling program's
+// top_p and min_p. A value that rounding would turn into 0 or inf is refused here, naming the value
+// given; the valid range itself is the library's check.
+float float32_arg(nb::handle h, const char* name) {
   if (PyBool_Check(h.ptr()) || !(PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())))
-    value_error("temperature must be a float, got " + described(h));
+    value_error(std::string(name) + " must be a float, got " + described(h));
   const std::string given = shown(nb::repr(h).c_str());
   const double d = PyFloat_AsDouble(h.ptr());
   if (d == -1.0 && PyErr_Occurred()) {  // an int beyond the double range
     PyErr_Clear();
-    value_error("temperature=" + given + " is not representable as float32 (it would round to inf)");
+    value_error(std::string(name) + "=" + given + " is not representable as float32 (it would round to inf)");
   }
   // |T| <= 2^-150 (half the smallest subnormal, ties to even) rounds to 0; |T| >= 2^128 - 2^103 (halfway past
   // the largest finite float32) to inf, and converting it would be undefined behaviour.
   if (d != 0.0 && std::fabs(d) <= std::ldexp(1.0, -150))
-    value_error("temperature=" + given + " is not representable as float32 (it would round to 0)");
+    value_error(std::string(name) + "=" + given + " is not representable as float32 (it would round to 0)");
   if (std::isfinite(d) && std::fabs(d) >= std::ldexp(1.0, 128) - std::ldexp(1.0, 103))
-    value_error("temperature=" + given + " is not representable as float32 (it would round to inf)");
+    value_error(std::string(name) + "=" + given + " is not representable as float32 (it would round to inf)");
   return static_cast<float>(d);
 }
+
+float temperature_arg(nb::handle h) { return float32_arg(h, "temperature"); }
 
 // The problem every entry takes, passed as one Python tuple: (hidden, weight, targets, bias | None, temperature,
 // temperature_rows | None, real_vocab, vocab_start, ignore_index), parsed by inputs(). The arrays' memory belongs
@@ -250,6 +256,44 @@ detlogp::LinearLogpOutputs outputs(const OutArray& logp, const OutArray& lse, co
   detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
   if (logits) out.logits = out_view(*logits, "logits", 2);
   return out;
+}
+
+// The sampling program as Python hands it (python/detlogp/_sampling.py): (temperature,
+// temperature_rows | None, top_k, top_k_rows | None, top_p, top_p_rows | None, min_p, min_p_rows | None).
+// The arrays belong to the tuple's objects, which the caller holds for the whole call.
+detlogp::SamplingProgram program_of(const nb::tuple& t) {
+  if (t.size() != 8) value_error("the program tuple has " + std::to_string(t.size()) + " entries, expected 8");
+  detlogp::SamplingProgram p;
+  const auto rows = [&](size_t i, const char* name) {
+    auto v = opt_view(opt_array_arg(t[i], name), name, 1);
+    return v ? *v : detlogp::TensorView{};
+  };
+  p.temperature = float32_arg(t[0], "temperature");
+  p.temperature_rows = rows(1, "temperature_rows");
+  p.top_k = int64_arg(t[2], "top_k");
+  p.top_k_rows = rows(3, "top_k_rows");
+  p.top_p = float32_arg(t[4], "top_p");
+  p.top_p_rows = rows(5, "top_p_rows");
+  p.min_p = float32_arg(t[6], "min_p");
+  p.min_p_rows = rows(7, "min_p_rows");
+  return p;
+}
+
+// A uint64 argument (the sampling seed): an int in [0, 2^64 - 1], not bool.
+uint64_t uint64_arg(nb::handle h, const char* name) {
+  if (PyBool_Check(h.ptr()) || !PyLong_Check(h.ptr()))
+    value_error(std::string(name) + " must be an integer, got " + described(h));
+  const unsigned long long v = PyLong_AsUnsignedLongLong(h.ptr());
+  if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    value_error(std::string(name) + "=" + shown(nb::str(h).c_str()) + " is outside the uint64 range [0, 2^64 - 1]");
+  }
+  return v;
+}
+
+template <class A>
+detlogp::MutableTensorView opt_out_view(const std::optional<A>& a, const char* name) {
+  return a ? out_view(*a, name, 1) : detlogp::MutableTensorView{};
 }
 
 // Runs one library call without the GIL and returns its report.
@@ -446,6 +490,7 @@ NB_MODULE(_detlogp, m) {
                     {"n_split_policy", nb::cast(detlogp::kNSplitPolicy)},
                     {"temperature_id", nb::cast(detlogp::kTemperatureId)},
                     {"entropy_id", nb::cast(detlogp::kEntropyId)},
+                    {"sample_id", nb::cast(detlogp::kSampleId)},
                     {"default_ignore_index", nb::cast(detlogp::kDefaultIgnoreIndex)}});
   });
 
@@ -583,6 +628,90 @@ NB_MODULE(_detlogp, m) {
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a, "rank"_a, "size"_a,
       "gather"_a, "entropy"_a.none() = nb::none());
+
+  // The sampling program's rollout (docs/contract.md §11): head = (hidden, weight, bias | None, real_vocab,
+  // vocab_start), program as program_of, seed an int (used without seed_rows) and seed_rows [N] int64 | None,
+  // key [N] int64; outputs token [N] i64, logp, logp_raw, lse [N] f32, support_size [N] i64, logits | None.
+  m.def(
+      "sample",
+      [](const nb::tuple& head, const nb::tuple& program, nb::handle seed, nb::handle seed_rows, nb::handle key,
+         const OutArray& token, const OutArray& logp, const OutArray& logp_raw, const OutArray& lse,
+         const OutArray& support_size, const std::optional<OutArray>& logits, const std::string& backend, bool strict) {
+        if (head.size() != 5) value_error("the head tuple has " + std::to_string(head.size()) + " entries, expected 5");
+        detlogp::SampleInputs in;
+        in.hidden = view_of(array_arg(head[0], "hidden"), "hidden", 2, true);
+        in.weight = view_of(array_arg(head[1], "weight"), "weight", 2, true);
+        if (auto b = opt_view(opt_array_arg(head[2], "bias"), "bias", 1)) in.bias = *b;
+        in.real_vocab = int64_arg(head[3], "real_vocab");
+        in.vocab_start = int64_arg(head[4], "vocab_start");
+        in.program = program_of(program);
+        in.seed = uint64_arg(seed, "seed");
+        if (auto r = opt_view(opt_array_arg(seed_rows, "seed_rows"), "seed_rows", 1)) in.seed_rows = *r;
+        in.key = view_of(array_arg(key, "key"), "key", 1, false);
+        detlogp::SampleOutputs out;
+        out.token = out_view(token, "token", 1);
+        out.logp = out_view(logp, "logp", 1);
+        out.logp_raw = out_view(logp_raw, "logp_raw", 1);
+        out.lse = out_view(lse, "lse", 1);
+        out.support_size = out_view(support_size, "support_size", 1);
+        if (logits) out.logits = out_view(*logits, "logits", 2);
+        const detlogp::CallOptions opt = options(backend, strict, 0);
+        return reported([&] { return detlogp::sample(in, out, opt); });
+      },
+      "head"_a, "program"_a, "seed"_a, "seed_rows"_a.none(), "key"_a, "token"_a, "logp"_a, "logp_raw"_a, "lse"_a,
+      "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a);
+
+  // linear_logp replaying a sampling program: problem as linear_logp's (temperature 1, no rows: the
+  // program's), outputs logp, logp_raw, lse [N] f32 and the optional lse_support, support_max, cut_logit
+  // [N] f32, support_size, cut_id [N] i64. The report's "sampling" counts the targets outside the support.
+  m.def(
+      "linear_logp_sampled",
+      [](const Problem& problem, const nb::tuple& program, const OutArray& logp, const OutArray& logp_raw,
+         const OutArray& lse, const std::optional<OutArray>& lse_support, const std::optional<OutArray>& support_size,
+         const std::optional<OutArray>& support_max, const std::optional<OutArray>& cut_logit,
+         const std::optional<OutArray>& cut_id, const std::string& backend, bool strict) {
+        const detlogp::LinearLogpInputs in = inputs(problem);
+        const detlogp::SamplingProgram prog = program_of(program);
+        detlogp::SampledLogpOutputs out;
+        out.logp = out_view(logp, "logp", 1);
+        out.logp_raw = out_view(logp_raw, "logp_raw", 1);
+        out.lse = out_view(lse, "lse", 1);
+        out.lse_support = opt_out_view(lse_support, "lse_support");
+        out.support_size = opt_out_view(support_size, "support_size");
+        out.support_max = opt_out_view(support_max, "support_max");
+        out.cut_logit = opt_out_view(cut_logit, "cut_logit");
+        out.cut_id = opt_out_view(cut_id, "cut_id");
+        const detlogp::CallOptions opt = options(backend, strict, 0);
+        return reported([&] { return detlogp::linear_logp(in, prog, out, opt); });
+      },
+      "problem"_a, "program"_a, "logp"_a, "logp_raw"_a, "lse"_a, "lse_support"_a.none(), "support_size"_a.none(),
+      "support_max"_a.none(), "cut_logit"_a.none(), "cut_id"_a.none(), "backend"_a, "strict"_a);
+
+  // The replay's logit gradient of one vocabulary chunk (detlogp.torch's backward with sampling=):
+  // problem as linear_logp_grad_logits's, the program, the replay's outputs, the upstream gradients.
+  m.def(
+      "linear_logp_grad_logits_sampled",
+      [](const Problem& problem, const nb::tuple& program, const InArray& logp, const InArray& lse,
+         const InArray& lse_support, const InArray& support_max, const InArray& cut_logit, const InArray& cut_id,
+         const std::optional<InArray>& g_logp, const std::optional<InArray>& g_lse,
+         const std::optional<InArray>& g_logp_raw, const OutArray& dz) {
+        const detlogp::LinearLogpInputs in = inputs(problem);
+        const detlogp::SamplingProgram prog = program_of(program);
+        detlogp::SampledGradArgs args;
+        args.logp = view_of(logp, "logp", 1, false);
+        args.lse = view_of(lse, "lse", 1, false);
+        args.lse_support = view_of(lse_support, "lse_support", 1, false);
+        args.support_max = view_of(support_max, "support_max", 1, false);
+        args.cut_logit = view_of(cut_logit, "cut_logit", 1, false);
+        args.cut_id = view_of(cut_id, "cut_id", 1, false);
+        if (auto g = opt_view(g_logp, "g_logp", 1)) args.g_logp = *g;
+        if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
+        if (auto g = opt_view(g_logp_raw, "g_logp_raw", 1)) args.g_logp_raw = *g;
+        const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
+        return reported([&] { return detlogp::linear_logp_grad_logits(in, prog, args, out); });
+      },
+      "problem"_a, "program"_a, "logp"_a, "lse"_a, "lse_support"_a, "support_max"_a, "cut_logit"_a, "cut_id"_a,
+      "g_logp"_a.none(), "g_lse"_a.none(), "g_logp_raw"_a.none(), "dz"_a);
 
   // The library's row-value checks alone (detlogp.torch's plain lane computes without it).
   m.def(

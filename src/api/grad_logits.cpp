@@ -19,4 +19,16 @@ CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsA
   return report;
 }
 
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingProgram& program,
+                                   const SampledGradArgs& args, const MutableTensorView& dz, const CallOptions& opt) {
+  detail::check_environment();
+  CallReport report;
+  report.requested_backend = "auto";
+  report.strict = opt.strict || detail::env_strict();
+  detail::GradLogitsProblem p = detail::make_sampled_grad_logits_problem(in, program, args, dz);
+  p.stream = opt.cuda_stream;
+  detail::dispatch_grad_logits(p, report);
+  return report;
+}
+
 }  // namespace detlogp

@@ -5,14 +5,18 @@
 #include <string>
 
 #include "core/problem.hpp"
+#include "core/sample.hpp"
 #include "detlogp/config.hpp"
+#include "detlogp/error.hpp"
 #include "detlogp/provenance.hpp"
 
 namespace detlogp::detail {
 
-// Provenance of a backend bearing contract v1: the frozen ids plus its own arch and cc, and the
-// entropy id where the backend computes the entropy output.
-inline Provenance contract_provenance(const char* backend_id, const char* arch, int cc, bool entropy) {
+// Provenance of a backend bearing contract v1: the frozen ids plus its own arch and cc, the
+// entropy id where the backend computes the entropy output, the sample id where it runs the
+// sampling program.
+inline Provenance contract_provenance(const char* backend_id, const char* arch, int cc, bool entropy,
+                                      bool sample = false) {
   return {kContractName,
           kContractVersion,
           backend_id,
@@ -24,7 +28,8 @@ inline Provenance contract_provenance(const char* backend_id, const char* arch, 
           kTreeId,
           kTranscendentalId,
           kTemperatureId,
-          entropy ? kEntropyId : ""};
+          entropy ? kEntropyId : "",
+          sample ? kSampleId : ""};
 }
 
 class Backend {
@@ -40,6 +45,12 @@ class Backend {
   virtual bool supports_partials() const { return contract_bearing(); }
   // Whether run() fills LogpProblem::entropy (docs/contract.md §10): its provenance names the id.
   bool supports_entropy() const { return !provenance().entropy_id.empty(); }
+  // Whether run_sample runs the sampling program (docs/contract.md §11): its provenance names the id.
+  bool supports_sampling() const { return !provenance().sample_id.empty(); }
+  // Runs a validated sampling problem (rollout or replay); returns what the replay found.
+  virtual SamplingReport run_sample(const SampleProblem& /*problem*/) const {
+    DETLOGP_FAIL("backend '" << id() << "' does not run the sampling program");
+  }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages

@@ -1,6 +1,8 @@
 // The logit gradient's validated problem, and its host epilogue over given logits.
 #include "core/grad_logits.hpp"
 
+#include <utility>
+
 #include "core/validate.hpp"
 
 namespace detlogp::detail {
@@ -42,6 +44,33 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
   p.dz_stride = dz.row_stride;
 
   check_host_values(p);
+  return p;
+}
+
+GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, const SamplingProgram& program,
+                                                   const SampledGradArgs& args, const MutableTensorView& dz) {
+  check_program_temperature_only(in);
+  GradLogitsArgs plain;
+  plain.lse = args.lse;
+  plain.g_logp = args.g_logp;
+  plain.g_lse = args.g_lse;
+  GradLogitsProblem p = make_grad_logits_problem(in, plain, dz);
+  const Memory mem = p.memory;
+  const int dev = p.device;
+  p.sampled = true;
+  check_program(program, p.rows, mem, dev, p.program);
+  for (const auto& [t, name] : {std::pair{&args.logp, "logp"}, std::pair{&args.lse_support, "lse_support"},
+                                std::pair{&args.support_max, "support_max"}, std::pair{&args.cut_logit, "cut_logit"}})
+    DETLOGP_CHECK(t->present(), name << " is required (the replay's [N] f32 " << name << ")");
+  DETLOGP_CHECK(args.cut_id.present(), "cut_id is required (the replay's [N] i64 cut_id)");
+  p.forward_logp = checked_vector(args.logp, "logp", p.rows, mem, dev);
+  p.lse_support = checked_vector(args.lse_support, "lse_support", p.rows, mem, dev);
+  p.support_max = checked_vector(args.support_max, "support_max", p.rows, mem, dev);
+  p.cut_logit = checked_vector(args.cut_logit, "cut_logit", p.rows, mem, dev);
+  check_vector(args.cut_id, "cut_id", p.rows, {DType::i64});
+  check_memory(args.cut_id, "cut_id", mem, dev);
+  p.cut_id = static_cast<const int64_t*>(args.cut_id.data);
+  if (args.g_logp_raw.present()) p.g_logp_raw = checked_vector(args.g_logp_raw, "g_logp_raw", p.rows, mem, dev);
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/problem.hpp"
+#include "core/sample.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/grad.hpp"
 
@@ -23,6 +24,17 @@ struct GradLogitsProblem : HeadOperands {
 
   uint16_t* dz = nullptr;  // bf16 bits [rows][dz_stride]
   int64_t dz_stride = 0;
+
+  // The sampling replay's gradient (sampled_grad_logit) instead of the plain one: the program and
+  // the replay's per-row outputs (all [rows]).
+  bool sampled = false;
+  ProgramOperands program;
+  const float* forward_logp = nullptr;
+  const float* lse_support = nullptr;
+  const float* support_max = nullptr;
+  const float* cut_logit = nullptr;
+  const int64_t* cut_id = nullptr;
+  const float* g_logp_raw = nullptr;  // or null (zeros)
 
   // Chunk columns [0, real_cols()) have global ids < real_vocab.
   int64_t real_cols() const {
@@ -43,15 +55,38 @@ struct GradLogitsProblem : HeadOperands {
       r.gh = g_entropy[row];
       r.h = entropy[row];
     }
-    const int64_t local = t - vocab_start;
-    *target_col = (!ignored && local >= 0 && local < cols) ? local : -1;
+    *target_col = target_column(t, ignored);
     return r;
+  }
+  // The sampled form of grad_row (host memory).
+  SampledGradRow sampled_grad_row(int64_t row, int64_t* target_col) const {
+    const int64_t t = target(row);
+    const bool ignored = t == ignore_index;
+    const SampleRowParams prm = program.row(row, real_vocab);
+    SampledGradRow r;
+    r.inv_t = prm.inv_temperature;
+    r.lse = lse[row];
+    r.lse_support = lse_support[row];
+    r.support = {support_max[row], {cut_logit[row], cut_id[row]}, prm.min_p};
+    const bool outside = forward_logp[row] == fp::neg_inf();
+    r.gl = (ignored || outside || g_logp == nullptr) ? 0.0f : g_logp[row];
+    r.gs = g_lse == nullptr ? 0.0f : g_lse[row];
+    r.glr = (ignored || g_logp_raw == nullptr) ? 0.0f : g_logp_raw[row];
+    *target_col = target_column(t, ignored);
+    return r;
+  }
+  int64_t target_column(int64_t t, bool ignored) const {
+    const int64_t local = t - vocab_start;
+    return (!ignored && local >= 0 && local < cols) ? local : -1;
   }
 };
 
 // Shapes, dtypes, memory, strides and (host memory) target and temperature values.
 GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const GradLogitsArgs& args,
                                            const MutableTensorView& dz);
+// The sampled form: the same checks, the program's and the replay outputs'.
+GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, const SamplingProgram& program,
+                                                   const SampledGradArgs& args, const MutableTensorView& dz);
 
 // Host: recomputes z on the CPU contract GEMM and writes dz.
 void cpu_grad_logits(const GradLogitsProblem& p);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "detlogp/config.hpp"
 #include "detlogp/reduce.hpp"
 #include "detlogp/tensor.hpp"
 
@@ -33,7 +34,7 @@ struct HeadOperands {
   int device = 0;
   void* stream = nullptr;
 
-  int64_t target(int64_t row) const {
+  DETLOGP_HD int64_t target(int64_t row) const {
     return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
   }
 };

@@ -43,6 +43,7 @@ std::string to_string(const Provenance& p) {
      << " n_split=\"" << p.n_split_policy << "\" tree=" << p.tree_id << " transcendental=" << p.transcendental_id
      << " temperature=" << p.temperature_id;
   if (!p.entropy_id.empty()) os << " entropy=" << p.entropy_id;
+  if (!p.sample_id.empty()) os << " sample=" << p.sample_id;
   return os.str();
 }
 

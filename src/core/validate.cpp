@@ -37,33 +37,23 @@ void check_vector(const TensorView& t, const char* name, int64_t n, std::initial
   DETLOGP_CHECK(n == 0 || t.data != nullptr, name << " data pointer is null");
 }
 
-namespace {
-
-// The serving entry's logits: [N, V_local] f32, contiguous, with the other tensors.
-float* checked_logits(const MutableTensorView& logits, const LogpProblem& p, Memory mem, int dev) {
+float* checked_logits(const MutableTensorView& logits, int64_t rows, int64_t vocab_local, Memory mem, int dev) {
   check_matrix(logits, "logits", DType::f32);
-  DETLOGP_CHECK(logits.rows == p.rows && logits.cols == p.vocab_local,
-                "logits must be [N=" << p.rows << ", V_local=" << p.vocab_local << "], got [" << logits.rows << ", "
+  DETLOGP_CHECK(logits.rows == rows && logits.cols == vocab_local,
+                "logits must be [N=" << rows << ", V_local=" << vocab_local << "], got [" << logits.rows << ", "
                                      << logits.cols << "]");
-  DETLOGP_CHECK(logits.row_stride == p.vocab_local,
-                "logits must be contiguous (row_stride=" << logits.row_stride << ", expected " << p.vocab_local << ")");
+  DETLOGP_CHECK(logits.row_stride == vocab_local,
+                "logits must be contiguous (row_stride=" << logits.row_stride << ", expected " << vocab_local << ")");
   check_memory(logits, "logits", mem, dev);
-  DETLOGP_CHECK(p.rows == 0 || logits.data != nullptr, "logits data pointer is null");
+  DETLOGP_CHECK(rows == 0 || logits.data != nullptr, "logits data pointer is null");
   return static_cast<float*>(logits.mutable_data());
 }
 
-}  // namespace
-
-namespace {
-
-// The shortest decimal that reads back as t (nan, inf, -0 spelled so).
 std::string shortest(float t) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, t);
   return std::string(buf, r.ptr);
 }
-
-}  // namespace
 
 std::string temperature_range_message(const char* what, int64_t row, float t) {
   std::ostringstream m;
@@ -181,7 +171,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     p.target_logit = partials->target_logit;
     p.target_owned = partials->target_owned;
     p.usums = partials->usums;
-    if (partials->logits.present()) p.logits = checked_logits(partials->logits, p, mem, dev);
+    if (partials->logits.present()) p.logits = checked_logits(partials->logits, p.rows, p.vocab_local, mem, dev);
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,
                   "linear_logp needs the whole real vocabulary (vocab_start=0, V_local >= real_vocab); got shard ["
@@ -193,7 +183,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     check_memory(out->lse, "lse", mem, dev);
     p.logp = static_cast<float*>(out->logp.mutable_data());
     p.lse = static_cast<float*>(out->lse.mutable_data());
-    if (out->logits.present()) p.logits = checked_logits(out->logits, p, mem, dev);
+    if (out->logits.present()) p.logits = checked_logits(out->logits, p.rows, p.vocab_local, mem, dev);
     if (out->entropy.present()) {
       check_vector(out->entropy, "entropy", p.rows, {DType::f32});
       check_memory(out->entropy, "entropy", mem, dev);

@@ -24,6 +24,9 @@ void check_matrix(const TensorView& t, const char* name, DType dtype);
 // 1-D of `n` elements and one of `dtypes`, non-null data when n > 0.
 void check_vector(const TensorView& t, const char* name, int64_t n, std::initializer_list<DType> dtypes);
 
+// The serving entry's logits: [rows, vocab_local] f32, contiguous, in memory `mem` (device `dev`).
+float* checked_logits(const MutableTensorView& logits, int64_t rows, int64_t vocab_local, Memory mem, int dev);
+
 // hidden [N, D] and weight [rows, D], both bf16, in one memory: the checks every entry starts with.
 // `vocab_name` / `vocab_role` name the weight's rows in messages ("V_local" / "shard").
 struct HeadShape {
@@ -43,6 +46,9 @@ int64_t check_operands(const LinearLogpInputs& in, const char* vocab_name, const
 int64_t checked_real_vocab(const LinearLogpInputs& in, int64_t vocab, const char* vocab_name);
 // Host memory: every target in [0, real_vocab) or ignore_index, every row temperature valid.
 void check_host_values(const HeadOperands& p);
+
+// The shortest decimal that reads back as t (nan, inf, -0 spelled so): how messages show a float.
+std::string shortest(float t);
 
 // Host-side value checks, also used by reduce_logits.
 void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);

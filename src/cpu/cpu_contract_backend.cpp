@@ -4,12 +4,12 @@
 // is split into (vocab tile, row block) tasks; each task computes z for its block, the tile
 // summaries and the owned y_t; a second pass runs the ascending chain per row.
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_sample.hpp"
 #include "cpu/cpu_wgmma_gemm.hpp"
 #include "detlogp/detlogp.hpp"
 
@@ -34,17 +34,11 @@ struct TileOutputs {
 
 // Bias, logits, scaling, summary (and entropy sum) and owned y_t of one row's z over one tile;
 // `at` is the row's index in `out`.
-// The SM90 emulation also writes a NaN z as the SM90's fp32 add does (wgmma::kWgmmaNanBits).
 template <class Gemm>
 void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, const TileOutputs& out,
                    int64_t at) {
   const int64_t col0 = tile * kVocabTile;
-  if (p.bias)
-    for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
-  if constexpr (std::is_same_v<Gemm, cpu::WgmmaModelGemm>)
-    if (p.bias)
-      for (int c = 0; c < cols; ++c)
-        if (fp::is_nan(z[c])) z[c] = fp::from_bits(wgmma::kWgmmaNanBits);
+  if (p.bias) Gemm::add_bias(z, p.bias + col0, cols);
   if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
   const float inv_t = row_inverse_temperature(p, row);
   float y[kVocabTile];
@@ -80,8 +74,10 @@ void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, co
 template <class Gemm>
 class CpuContractBackend final : public CpuBackend {
  public:
-  CpuContractBackend(const char* id, const char* arch, int cc) : CpuBackend(contract_provenance(id, arch, cc, true)) {}
+  CpuContractBackend(const char* id, const char* arch, int cc)
+      : CpuBackend(contract_provenance(id, arch, cc, true, true)) {}
   bool contract_bearing() const override { return true; }
+  SamplingReport run_sample(const SampleProblem& p) const override { return cpu_sample<Gemm>(p); }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;

@@ -9,6 +9,7 @@
 
 #include "cpu/cpu_parallel.hpp"
 #include "detlogp/fpops.hpp"
+#include "detlogp/reduce.hpp"
 
 namespace detlogp::cpu {
 
@@ -52,6 +53,10 @@ struct Fp32ChainGemm {
   }
   static void compute(const Rows& rows, int64_t row0, int count, const Panel& panel, float* out, int64_t out_stride) {
     gemm_rows_panel(rows.f32.data() + row0 * rows.dim, count, rows.dim, panel, out, out_stride);
+  }
+  // The bias on z (the serving logits' z + b): the host's fp32 add.
+  static void add_bias(float* z, const float* bias, int cols) {
+    for (int c = 0; c < cols; ++c) z[c] = detlogp::add_bias(z[c], bias[c]);
   }
 };
 

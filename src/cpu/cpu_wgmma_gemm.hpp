@@ -37,6 +37,14 @@ struct WgmmaModelGemm {
                          Panel& panel);
   // z (fp32) of rows [row0, row0 + count) of `rows` against the panel: out[r * out_stride + c].
   static void compute(const Rows& rows, int64_t row0, int count, const Panel& panel, float* out, int64_t out_stride);
+  // The bias on z as the SM90 epilogue's fp32 add gives it: the host's add, except that a NaN is
+  // written as the SM90 writes it (kWgmmaNanBits; x86 keeps an operand's payload).
+  static void add_bias(float* z, const float* bias, int cols) {
+    for (int c = 0; c < cols; ++c) {
+      z[c] = detlogp::add_bias(z[c], bias[c]);
+      if (fp::is_nan(z[c])) z[c] = fp::from_bits(wgmma::kWgmmaNanBits);
+    }
+  }
 };
 
 }  // namespace detlogp::cpu

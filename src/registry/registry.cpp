@@ -15,7 +15,8 @@ std::string backend_ids(bool contract_bearing_only = false) {
 
 }  // namespace
 
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report) {
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
+                              bool sampling) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -25,8 +26,11 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   const Backend* chosen = nullptr;
   if (requested == "auto") {
     std::string why;
-    if (sm90_contract_backend().available(&why)) {
-      chosen = &sm90_contract_backend();
+    const Backend& sm90 = sm90_contract_backend();
+    // The sampling program on host tensors runs on the CPU backend (the SM90 backend runs it on CUDA
+    // tensors only, where it is available).
+    if (sm90.available(&why) && (!sampling || memory == Memory::cuda)) {
+      chosen = &sm90;
     } else {
       DETLOGP_CHECK(memory == Memory::host, "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
       chosen = &cpu_contract_backend();
@@ -55,6 +59,12 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   DETLOGP_CHECK(!entropy || chosen->supports_entropy(),
                 "backend '" << chosen->id() << "' does not compute the entropy output (docs/contract.md §10); "
                             << cpu_contract_backend().id() << " does, on host memory");
+  DETLOGP_CHECK(!sampling || chosen->supports_sampling(),
+                "backend '" << chosen->id()
+                            << "' does not run the sampling program (docs/contract.md §11) yet: it is not implemented "
+                               "for "
+                            << (chosen->memory() == Memory::cuda ? "CUDA tensors" : "this backend") << "; "
+                            << cpu_contract_backend().id() << " runs it, on host memory");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();
@@ -74,6 +84,10 @@ void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
     if (p.rows > 0) cpu_grad_logits(p);
     return;
   }
+  DETLOGP_CHECK(!p.sampled,
+                "the sampling replay's logit gradient is not implemented for CUDA tensors yet "
+                "(docs/contract.md §11.10); "
+                    << cpu_contract_backend().id() << " computes it, on host memory");
   const Backend& sm90 = sm90_contract_backend();
   std::string why;
   DETLOGP_CHECK(sm90.available(&why),

@@ -9,8 +9,10 @@ namespace detlogp::detail {
 struct GradLogitsProblem;
 
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
-// strict, fallback). Throws with the backend ids named when it cannot serve.
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report);
+// strict, fallback). Throws with the backend ids named when it cannot serve: partials, the entropy
+// output or the sampling program asked of a backend that has none.
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
+                              bool sampling = false);
 
 // Runs the problem on the backend, staging host tensors to a device backend when needed.
 void dispatch(const Backend& backend, const LogpProblem& problem);

@@ -9,10 +9,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/device_ops.hpp"
+#include "core/env.hpp"
+#include "core/validate.hpp"
 #include "cuda/device.hpp"
 #include "cuda/lane_backend.hpp"
 #include "cuda/status.hpp"
@@ -22,6 +25,7 @@
 #include "sm90/device/tile_schedule.hpp"
 #include "sm90/heuristics.hpp"
 #include "sm90/launch_table.hpp"
+#include "sm90/sample.hpp"
 #include "sm90/tma.hpp"
 #include "sm90/workspace.hpp"
 
@@ -35,10 +39,11 @@ using detail::DeviceAllocation;
 
 class Sm90Backend final : public detail::CudaLaneBackend {
  public:
-  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, true), true) { probe(); }
+  Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, true, true), true) { probe(); }
 
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;
+  SamplingReport run_sample(const detail::SampleProblem& p) const override;
 
  private:
   void probe() {
@@ -294,6 +299,126 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     if (hp.logits)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
   }
+}
+
+// A device vector of `rows` elements of `bytes` each read back to the host after the work already on
+// `stream` (a wait), or empty for a null one.
+std::vector<uint8_t> read_back(const void* device, int64_t rows, size_t bytes, cudaStream_t stream) {
+  std::vector<uint8_t> host(device ? static_cast<size_t>(rows) * bytes : 0);
+  if (host.empty()) return host;
+  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size(), cudaMemcpyDeviceToHost, stream));
+  DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+// The sampling program on CUDA tensors (docs/contract.md §11): per row chunk, the fused serving entry
+// writes the logits z (at T = 1, every target ignored: only its logits are used), then the row
+// program's kernel (sample.cu) reads them. The program's rows and the replay's targets are read back
+// and checked on the host first (one copy and a wait), so a bad value writes nothing.
+SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
+  DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
+  DETLOGP_CHECK(p.memory == Memory::cuda,
+                "the SM90 backend runs the sampling program on CUDA tensors; host tensors "
+                "run it on cpu-linear-logp-contract-v1");
+  SamplingReport report;
+  if (p.rows == 0) return report;
+  DeviceGuard guard(p.device);
+  check_sm90_device(p.device);
+  check_head_operands(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.rows, p.vocab_local, "V_local", p.dim,
+                      p.replay ? p.targets : nullptr, p.targets_i64, p.bias, p.program.temperature_rows);
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{p.logp, "logp"},
+                                  {p.logp_raw, "logp_raw"},
+                                  {p.lse, "lse"},
+                                  {p.lse_support, "lse_support"},
+                                  {p.support_max, "support_max"},
+                                  {p.cut_logit, "cut_logit"},
+                                  {p.logits, "logits"},
+                                  {p.program.top_p_rows, "top_p_rows"},
+                                  {p.program.min_p_rows, "min_p_rows"},
+                                  {p.program.top_k_rows, "top_k_rows"}})
+    if (ptr) check_alignment(ptr, 4, name);
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{p.token, "token"},
+                                  {p.support_size, "support_size"},
+                                  {p.cut_id, "cut_id"},
+                                  {p.seed_rows, "seed_rows"},
+                                  {p.key, "key"}})
+    if (ptr) check_alignment(ptr, 8, name);
+
+  if (p.program.top_k_rows) check_alignment(p.program.top_k_rows, p.program.top_k_i64 ? 8 : 4, "top_k_rows");
+
+  // The device-resident values, checked on the host.
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const std::vector<uint8_t> temps = read_back(p.program.temperature_rows, p.rows, 4, stream);
+  const std::vector<uint8_t> top_k = read_back(p.program.top_k_rows, p.rows, p.program.top_k_i64 ? 8 : 4, stream);
+  const std::vector<uint8_t> top_p = read_back(p.program.top_p_rows, p.rows, 4, stream);
+  const std::vector<uint8_t> min_p = read_back(p.program.min_p_rows, p.rows, 4, stream);
+  detail::ProgramOperands host = p.program;
+  host.temperature_rows = p.program.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
+  host.top_k_rows = p.program.top_k_rows ? top_k.data() : nullptr;
+  host.top_p_rows = p.program.top_p_rows ? reinterpret_cast<const float*>(top_p.data()) : nullptr;
+  host.min_p_rows = p.program.min_p_rows ? reinterpret_cast<const float*>(min_p.data()) : nullptr;
+  detail::check_program_rows(host, p.rows);
+  if (p.replay) {
+    const std::vector<uint8_t> targets = read_back(p.targets, p.rows, p.targets_i64 ? 8 : 4, stream);
+    detail::check_targets_host(targets.data(), p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
+  }
+
+  const int64_t v = p.vocab_local;
+  const int64_t tiles = (p.real_vocab + kVocabTile - 1) / kVocabTile;
+  // Rows per chunk: the logits (unless the caller's), the scratch summaries and factors, the fused
+  // entry's ignored targets and its logp/lse, within the workspace budget (a free axis).
+  const int64_t row_bytes = (p.logits ? 0 : v * 4) + tiles * int64_t{sizeof(TileSummary) + 4} + 16;
+  const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
+  const int64_t chunk = std::clamp<int64_t>(budget / row_bytes, 1, p.rows);
+  const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
+  StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "sampling logits", hint);
+  StreamBuffer summaries(static_cast<size_t>(chunk * tiles) * sizeof(TileSummary), stream, p.device,
+                         "sampling summaries", hint);
+  StreamBuffer factors(static_cast<size_t>(chunk * tiles) * 4, stream, p.device, "sampling factors", hint);
+  StreamBuffer ignored(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling targets", hint);
+  StreamBuffer fused_out(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling logp/lse", hint);
+  StreamBuffer outside(p.replay ? static_cast<size_t>(p.rows) : 0, stream, p.device, "sampling outside", hint);
+  DETLOGP_CUDA_CHECK(cudaMemsetAsync(ignored.get(), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
+
+  for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
+    const int64_t rows = std::min(chunk, p.rows - row0);
+    detail::LogpProblem q;
+    static_cast<detail::HeadOperands&>(q) = p;
+    q.rows = rows;
+    q.hidden = p.hidden + row0 * p.hidden_stride;
+    q.targets = ignored.get();
+    q.targets_i64 = true;
+    q.ignore_index = -1;
+    q.temperature = 1.0f;
+    q.temperature_rows = nullptr;
+    q.stream = stream;
+    q.vocab_local = v;
+    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
+    q.logp = reinterpret_cast<float*>(fused_out.get());
+    q.lse = q.logp + chunk;
+    run(q);  // the serving entry's z, validated, and the verdict awaited
+    SampleRowsParams s;
+    s.problem = p;
+    s.row_begin = row0;
+    s.rows = rows;
+    s.logits = q.logits;
+    s.tiles_per_row = tiles;
+    s.tiles = reinterpret_cast<TileSummary*>(summaries.get());
+    s.factors = reinterpret_cast<float*>(factors.get());
+    s.outside = p.replay ? outside.get() : nullptr;
+    launch_sample_rows(s, stream);
+  }
+  if (p.replay) {
+    std::vector<uint8_t> flags(static_cast<size_t>(p.rows));
+    DETLOGP_CUDA_CHECK(cudaMemcpyAsync(flags.data(), outside.get(), flags.size(), cudaMemcpyDeviceToHost, stream));
+    DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int64_t n = 0; n < p.rows; ++n) {
+      if (!flags[static_cast<size_t>(n)]) continue;
+      if (report.outside_support == 0) report.first_outside_support = n;
+      ++report.outside_support;
+    }
+  }
+  return report;
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ TEST(Registry, ListsTheCpuContractBackendAndTheNonContractReferenceLane) {
   EXPECT_EQ(cpu->provenance.transcendental_id, detlogp::kTranscendentalId);
   EXPECT_EQ(cpu->provenance.temperature_id, detlogp::kTemperatureId);
   EXPECT_EQ(cpu->provenance.entropy_id, detlogp::kEntropyId);  // the CPU backend computes the entropy output
+  EXPECT_EQ(cpu->provenance.sample_id, detlogp::kSampleId);    // and runs the sampling program
   EXPECT_EQ(cpu->provenance.n_split_policy, detlogp::kNSplitPolicy);
 
   const auto* ref = find_backend(all, kReferenceId);
@@ -78,6 +79,7 @@ TEST(Registry, ListsTheCpuContractBackendAndTheNonContractReferenceLane) {
   EXPECT_TRUE(ref->available);
   EXPECT_EQ(ref->provenance.contract_version, 0);
   EXPECT_EQ(ref->provenance.entropy_id, "");
+  EXPECT_EQ(ref->provenance.sample_id, "");
 
   const auto* sm90 = find_backend(all, kSm90Id);
   ASSERT_NE(sm90, nullptr) << "no " << kSm90Id << " in list_backends()";

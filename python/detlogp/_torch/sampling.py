@@ -1,0 +1,169 @@
+"""The sampling program on the torch face (docs/contract.md §11): ``sample`` (the rollout) and the
+replay behind ``linear_logp(..., sampling=params)``, an autograd Function whose backward holds the
+support fixed: one vocabulary chunk at a time, the library recomputes the contract logits, decides
+each column's membership by the forward's (max, cut, min_p) and writes the bf16 logit gradient
+(detlogp/grad.hpp, sampled_grad_logit); two GEMMs per chunk take it to hidden, weight and bias.
+
+CPU tensors run on the CPU backend. CUDA tensors and tp_group are refused with
+NotImplementedYetError: the C++ SM90 path (src/sm90/sample.cu) is not wired to this face yet, and the
+replay's gradient has no CUDA kernel."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _detlogp as _ext, _int_arg, _sampling, _what
+from .._errors import InputError, NotImplementedYetError
+from .._sampling import SampleResult, SamplingParams
+from . import backward
+from .op import set_report
+from .tensors import check_devices, contiguous_rows, library_problem, rows_of, vec
+
+_CPU_BACKEND_ID = "cpu-linear-logp-contract-v1"
+
+
+def _refuse_unsupported(entry: str, tensors, tp_group) -> None:
+    if tp_group is not None:
+        raise NotImplementedYetError(
+            f"{entry} with tp_group is not implemented yet: the sampling program has no tensor-parallel path "
+            "(docs/contract.md §11.9 says how it will gather the candidates); pass the whole head without tp_group"
+        )
+    for name, t in tensors:
+        if t is not None and t.is_cuda:
+            raise NotImplementedYetError(
+                f"{entry} on CUDA tensors is not implemented yet ({name} is on {t.device}): detlogp.torch runs the "
+                f"sampling program on CPU tensors ({_CPU_BACKEND_ID}); its CUDA path awaits the SM90 kernel's GPU "
+                "validation and a CUDA kernel for the replay's gradient"
+            )
+
+
+def _tensors(named) -> None:
+    for name, t in named:
+        if t is not None and not isinstance(t, Tensor):
+            raise InputError(f"{name} must be a torch tensor, got {_what(t)}")
+    check_devices(named)
+
+
+def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Tensor, *, bias: Optional[Tensor] = None,
+           vocab_start: int = 0, real_vocab: Optional[int] = None, tp_group=None, return_logits: bool = False,
+           backend: Optional[str] = None, strict: Optional[bool] = None) -> SampleResult:  # fmt: skip
+    """One token per row with the sampling program (docs/contract.md §11). hidden [..., D] bf16,
+    weight [V, D] bf16 (the whole head), params a detlogp.SamplingParams (per-row fields shaped like
+    key), seed an integer or a uint64/int64 tensor shaped like key, key an int64 tensor of the rows'
+    shape. Returns detlogp.SampleResult of tensors shaped like key (logits [..., V] with
+    return_logits); not differentiable (the rollout side). CPU tensors only for now."""
+    _tensors((("hidden", hidden), ("weight", weight), ("key", key), ("bias", bias)))
+    _refuse_unsupported("detlogp.torch.sample", (("hidden", hidden), ("weight", weight), ("key", key)), tp_group)
+    shape = tuple(key.shape)
+    if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
+        raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (key), got {list(hidden.shape)}")
+    n = key.numel()
+    flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
+    program = _sampling.program_tuple(params, shape, Tensor, flat)
+    seed_scalar, seed_rows = _sampling.seed_args(seed, shape, Tensor, flat)
+    h2 = contiguous_rows(hidden.detach().reshape(n, hidden.shape[-1]))
+    rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    head = (h2, contiguous_rows(weight.detach()), vec(None if bias is None else bias.detach()), rv,
+            _int_arg(vocab_start, "vocab_start"))  # fmt: skip
+    v = rows_of(weight)
+    token = torch.empty(n, dtype=torch.int64)
+    support_size = torch.empty(n, dtype=torch.int64)
+    logp, logp_raw, lse = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+    logits = torch.empty((n, v), dtype=torch.float32) if return_logits else None
+    report = _ext.sample(
+        head, program, seed_scalar, seed_rows, flat(key), token, logp, logp_raw, lse, support_size, logits,
+        backend or "", bool(strict),
+    )  # fmt: skip
+    set_report(dict(report, copies=[]))
+    out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
+    return SampleResult(*out, None if logits is None else logits.reshape(shape + (v,)), report)
+
+
+class SampledLinearLogp(torch.autograd.Function):
+    """(logp, lse, logp_raw) of the replay; differentiable in hidden, weight and bias with the
+    support fixed (docs/contract.md §11.10)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, program, real_vocab, ignore_index, backend, strict):
+        n = rows_of(hidden)
+        problem = library_problem(hidden, weight, targets, bias, 1.0, None, real_vocab, 0, ignore_index)
+        f32 = [torch.empty(n, dtype=torch.float32) for _ in range(6)]
+        logp, logp_raw, lse, lse_support, support_max, cut_logit = f32
+        support_size, cut_id = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        report = _ext.linear_logp_sampled(
+            problem, program, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id, backend,
+            strict,
+        )  # fmt: skip
+        set_report(dict(report, copies=[]))
+        ctx.save_for_backward(hidden, weight, bias, targets, logp, lse, lse_support, support_max, cut_logit, cut_id)
+        ctx.program = program
+        ctx.real_vocab = real_vocab
+        ctx.ignore_index = ignore_index
+        ctx.mark_non_differentiable(support_size)
+        ctx.set_materialize_grads(False)
+        return logp, lse, logp_raw, support_size
+
+    @staticmethod
+    def backward(ctx, g_logp, g_lse, g_logp_raw, _g_support):
+        hidden, weight, bias, targets, logp, lse, lse_support, support_max, cut_logit, cut_id = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        n, d = hidden.shape
+        v = weight.shape[0]
+        grad_h = torch.zeros((n, d), dtype=torch.float32) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = torch.empty_like(bias) if need_b else None
+        grads = tuple(None if g is None else g.float().contiguous() for g in (g_logp, g_lse, g_logp_raw))
+        h = contiguous_rows(hidden)
+        for c0 in range(0, v, backward.BACKWARD_VOCAB_CHUNK):
+            c1 = min(v, c0 + backward.BACKWARD_VOCAB_CHUNK)
+            w_c = contiguous_rows(weight[c0:c1])
+            b_c = None if bias is None else bias[c0:c1].contiguous()
+            problem = library_problem(h, w_c, targets, b_c, 1.0, None, ctx.real_vocab, c0, ctx.ignore_index)
+            dz = torch.empty((n, c1 - c0), dtype=torch.bfloat16)
+            _ext.linear_logp_grad_logits_sampled(
+                problem, ctx.program, logp, lse, lse_support, support_max, cut_logit, cut_id, *grads, dz
+            )
+            dzf = dz.float()
+            if need_h:
+                grad_h += dzf @ w_c.float()
+            if need_w:
+                grad_w[c0:c1] = (dzf.t() @ h.float()).to(weight.dtype)
+            if need_b:
+                grad_b[c0:c1] = dzf.sum(0).to(bias.dtype)
+        backward.last_backward["path"] = "sampled"
+        gh = None if grad_h is None else grad_h.to(hidden.dtype)
+        return gh, grad_w, grad_b, None, None, None, None, None, None
+
+
+def linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index, return_logits, vocab_start,
+                        real_vocab, tp_group, strict_on, backend, return_entropy, sampling, return_raw):  # fmt: skip
+    """detlogp.torch.linear_logp with sampling=: (logp, lse) or, with return_raw, (logp, lse, logp_raw),
+    shaped like targets (docs/contract.md §11.10)."""
+    from .. import _sampling_exclusive
+
+    _sampling_exclusive(temperature, return_logits, return_entropy)
+    if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
+        raise InputError("hidden, weight and targets must be torch tensors (numpy arrays go to detlogp.linear_logp)")
+    _tensors((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
+    _refuse_unsupported("detlogp.torch.linear_logp with sampling=",
+                        (("hidden", hidden), ("weight", weight), ("targets", targets)), tp_group)  # fmt: skip
+    shape = tuple(targets.shape)
+    if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
+        raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (targets), got {list(hidden.shape)}")
+    if _int_arg(vocab_start, "vocab_start") != 0:
+        raise InputError("vocab_start must be 0 with sampling= (the whole head; no tensor-parallel path yet)")
+    n = targets.numel()
+    flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
+    program = _sampling.program_tuple(sampling, shape, Tensor, flat)
+    v_local = weight.shape[0] if weight.dim() > 0 else 0
+    rv = v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    h2 = contiguous_rows(hidden.reshape(n, hidden.shape[-1]))
+    logp, lse, logp_raw, _ = SampledLinearLogp.apply(
+        h2, contiguous_rows(weight), bias, targets.reshape(n).contiguous(), program, rv,
+        _int_arg(ignore_index, "ignore_index"), backend, strict_on,
+    )  # fmt: skip
+    out = (logp.reshape(shape), lse.reshape(shape))
+    return out + (logp_raw.reshape(shape),) if return_raw else out

@@ -1,0 +1,25 @@
+// The sampling program's kernel over a chunk of the serving logits (sample.cu): one CTA per row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/sample.hpp"
+
+namespace detlogp::sm90 {
+
+struct SampleRowsParams {
+  detail::SampleProblem problem;  // device pointers: the program, keys, targets and outputs of every row
+  int64_t row_begin = 0;          // the chunk's first row
+  int64_t rows = 0;               // rows in the chunk
+  const float* logits = nullptr;  // the chunk's z, [rows][problem.vocab_local]
+  int64_t tiles_per_row = 0;      // ceil(real_vocab / 64)
+  TileSummary* tiles = nullptr;   // scratch [rows][tiles_per_row]
+  float* factors = nullptr;       // scratch [rows][tiles_per_row]
+  uint8_t* outside = nullptr;     // [problem.rows] or null: 1 where a replayed target is outside the support
+};
+
+void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);
+
+}  // namespace detlogp::sm90
