@@ -160,8 +160,9 @@ def linear_logp(
 def weight_fingerprint(weight) -> str:
     """The weight-version fingerprint (docs/validation.md, section 3) of a bf16 lm_head weight
     [V, D], or of the list of its vocabulary shards in rank order (the whole head's value), on any
-    device: a CUDA tensor is copied to the host to be hashed (a synchronization). The bytes the contract reads, so two sides with the same value and
-    the same hidden states get the same logp bits."""
+    device: a CUDA tensor is copied to the host to be hashed (a synchronization). It names the bytes
+    the contract reads: two sides with the same value and the same hidden states get the same logp
+    bits."""
     shards = list(weight) if isinstance(weight, (list, tuple)) else [weight]
     for i, s in enumerate(shards):
         if not isinstance(s, Tensor):
