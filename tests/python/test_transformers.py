@@ -279,6 +279,58 @@ def test_heads_the_adapter_cannot_compute_are_refused():
     dtx.token_logprobs(m, ids)
 
 
+# --- the frameworks' entry points (docs/integrations.md) ------------------------------------------------
+
+
+def test_trl_entry_gives_what_trl_computes_from_the_logits():
+    """TRL's _get_per_token_logps_and_entropies computes logits[:, :-1][:, -k:] / T, then
+    log_softmax at input_ids[:, -k:] and the entropy of each row; the drop-in gives those values
+    (against float64) without logits, in its (logps, entropies, aux_loss) form, chunked by batch_size."""
+    from types import SimpleNamespace
+
+    m = tiny()
+    ids, mask, _ = padded_batch(torch.Generator().manual_seed(8))
+    mask[1, 6:] = 1  # TRL pads prompts on the left; completions are masked by TRL afterwards
+    k = 4
+    trainer = SimpleNamespace(temperature=T)
+    logps, ent, aux = dtx.trl_get_per_token_logps_and_entropies(trainer, m, ids, mask, k, batch_size=2,
+                                                                compute_entropy=True)  # fmt: skip
+    assert logps.shape == (3, k) and ent.shape == (3, k) and aux is None
+    with torch.no_grad():
+        h = dtx.hidden_states(m, ids, mask)
+    logq = torch.log_softmax((h.double() @ m.lm_head.weight.double().T)[:, :-1][:, -k:] / T, -1)
+    ref = logq.gather(-1, ids[:, -k:, None])[..., 0]
+    assert torch.allclose(logps.double(), ref, atol=2e-5, rtol=0)
+    assert torch.allclose(ent.double(), -(logq.exp() * logq).sum(-1), atol=2e-5, rtol=0)
+    whole, none, _ = dtx.trl_get_per_token_logps_and_entropies(trainer, m, ids, mask, k)
+    assert none is None and torch.equal(whole.view(torch.int32), logps.view(torch.int32))  # chunking: same bits
+    with pytest.raises(detlogp.InputError, match="text-only .* got pixel_values"):
+        dtx.trl_get_per_token_logps_and_entropies(trainer, m, ids, mask, k, pixel_values=torch.zeros(1))
+
+
+def test_verl_entry_gives_verls_rolled_log_probs_and_entropy_on_packed_rows():
+    """verl's fused forward rolls the labels by one (remove-padding rows: one packed row with
+    position_ids) and returns hidden-aligned log_probs and entropy at temperature."""
+    m = tiny()
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 512, (1, 11), generator=gen)
+    pos = torch.cat([torch.arange(6), torch.arange(5)])[None]
+    m.__class__.forward, original = dtx.verl_fused_forward, m.__class__.forward
+    try:
+        out = m(input_ids=ids, attention_mask=None, position_ids=pos, use_cache=False, temperature=T)
+    finally:
+        m.__class__.forward = original
+    assert out.log_probs.shape == ids.shape and out.entropy.shape == ids.shape
+    with torch.no_grad():
+        h = dtx.hidden_states(m, ids, None, pos)
+    logq = torch.log_softmax((h.double() @ m.lm_head.weight.double().T) / T, -1)
+    rolled = torch.roll(ids, -1, -1)
+    assert torch.allclose(out.log_probs.double(), logq.gather(-1, rolled[..., None])[..., 0], atol=2e-5, rtol=0)
+    assert torch.allclose(out.entropy.double(), -(logq.exp() * logq).sum(-1), atol=2e-5, rtol=0)
+    out.log_probs.sum().backward()
+    assert m.lm_head.weight.grad is not None
+
+
 # --- the rollout loop -------------------------------------------------------------------------------
 
 

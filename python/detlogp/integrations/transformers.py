@@ -41,6 +41,8 @@ __all__ = [
     "rollout",
     "shift_labels",
     "token_logprobs",
+    "trl_get_per_token_logps_and_entropies",
+    "verl_fused_forward",
 ]
 
 # Config attributes that put something between lm_head(h) and the logits the model samples from
@@ -348,3 +350,62 @@ def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, 
         input_ids, attention, position, p_len, tokens, version >= 0, logp_raw, version, [fingerprint],
         float(temperature), hidden, steps,
     )  # fmt: skip
+
+
+# --- drop-ins for RL frameworks' own entry points (docs/integrations.md) ------------------------------
+
+
+def trl_get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                          compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+    """TRL's GRPOTrainer._get_per_token_logps_and_entropies (trl/trainer/grpo_trainer.py) through
+    detlogp, for text-only batches: (logps [B, logits_to_keep], entropies or None, None), the
+    completion tokens' logp at self.temperature and the entropy of the distribution predicting
+    each, as TRL computes them from model(...).logits, without the logits. Use it as the method:
+    ``class Trainer(GRPOTrainer): _get_per_token_logps_and_entropies = trl_get_per_token_logps_and_entropies``.
+    Multimodal inputs and the MoE auxiliary loss (router logits) are refused."""
+    given = sorted(k for k, v in multimodal.items() if v is not None)
+    if given or compute_aux_loss:
+        what = ", ".join(given) if given else "compute_aux_loss=True"
+        raise InputError(f"detlogp's TRL entry serves text-only batches without the MoE auxiliary loss; got {what}")
+    unwrap = getattr(getattr(self, "accelerator", None), "unwrap_model", None)
+    causal_lm = unwrap(model) if unwrap is not None else model
+    batch_size = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+        out = token_logprobs(causal_lm, ids, mask, temperature=self.temperature, return_entropy=compute_entropy)
+        logps.append(out.logp[:, -logits_to_keep:])
+        if compute_entropy:
+            entropies.append(out.entropy[:, -logits_to_keep:])
+    return torch.cat(logps, 0), torch.cat(entropies, 0) if compute_entropy else None, None
+
+
+class VerlOutput(NamedTuple):
+    """What verl's actor reads from its fused-kernel forward: log_probs and entropy [B, S] fp32,
+    hidden-aligned (position s: the logp of the label rolled in from s + 1)."""
+
+    log_probs: Tensor
+    entropy: Tensor
+
+
+def verl_fused_forward(self, input_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+                       position_ids: Optional[Tensor] = None, labels: Optional[Tensor] = None,
+                       temperature: float = 1.0, **kwargs) -> VerlOutput:  # fmt: skip
+    """verl's fused-kernel forward (verl/models/transformers/dense_common.py,
+    forward_with_torch_backend / forward_with_triton_backend) through detlogp: the decoder's
+    hidden states, targets torch.roll(labels or input_ids, -1) as verl rolls them (packed
+    `remove padding` rows included), and (log_probs, entropy) at temperature from one detlogp call.
+    Install it as the model class's forward where verl installs its own
+    (``model.__class__.forward = verl_fused_forward``, actor_rollout_ref.model.use_fused_kernels)."""
+    for name in ("past_key_values", "cache", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            raise InputError(f"detlogp's verl entry takes input_ids only, got {name}")
+    ids = labels if labels is not None else input_ids
+    if ids is None:
+        raise InputError("detlogp's verl entry needs labels or input_ids")
+    weight, bias = check_servable(self)
+    h = hidden_states(self, input_ids, attention_mask, position_ids)
+    hb, wb = _bf16_operands(h, weight)
+    logp, _, entropy = dt.linear_logp(hb, wb, torch.roll(ids, shifts=-1, dims=-1), bias=bias, temperature=temperature,
+                                      return_entropy=True)  # fmt: skip
+    return VerlOutput(logp, entropy)
