@@ -22,10 +22,17 @@ import detlogp  # noqa: E402
 import detlogp.integrations.transformers as dtx  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("grpo_transformers", ROOT / "examples" / "grpo_transformers.py")
-ex = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = ex  # its dataclasses look their module up
-_spec.loader.exec_module(ex)
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+ex = _load("grpo_transformers", ROOT / "examples" / "grpo_transformers.py")
 
 T = 0.9
 
@@ -177,6 +184,7 @@ def test_autocast_casts_like_lm_head_and_other_dtypes_are_refused():
     assert torch.equal(out.logp[:, 1:].view(torch.int32), lp[:, :-1].view(torch.int32))
 
 
+@pytest.mark.slow
 def test_torch_compile_of_the_loss_gives_the_eager_head_bits():
     """torch.compile of a loss calling token_logprobs (the whole model traced by dynamo): the head's
     bits given the compiled body's hidden states are detlogp's, and the gradients match eager
@@ -443,24 +451,14 @@ _why = "needs torch with CUDA (an H100/H200 for the SM90 backend); this machine 
 @pytest.mark.parametrize("hidden, layers", [(1024, 2), (2048, 8)])
 def test_gpu_grpo_on_a_qwen3_vocabulary(hidden, layers):
     m = ex.build_model(ex.gpu_config(hidden, layers), "cuda", 0)
-    curve, rows, drift, exact = ex.train(m, steps=30, seed=0, lr=1e-4)
+    curve, rows, drift, exact = ex.train(m, steps=30, seed=0, lr=1e-2)
     print(ex.format_parity(rows))
     print(ex.format_drift(drift))
     print("reward:", " ".join(f"{x:.3f}" for x in curve))
     assert dt.last_report()["backend_id"] == "cuda-fused-linear-logp-sm90-contract-v1"
     assert exact and rows[0].max_k3 == 0 and rows[0].bit_equal == 1  # (a)
     assert rows[3].max_abs > 0  # (c)
-    assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.05, curve  # (d)
-
-
-def _peak_step(fn):
-    """Peak bytes allocated above the starting point during fn() (forward and backward)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - start
+    assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.15, curve  # (d)
 
 
 @pytest.mark.gpu
@@ -492,10 +490,11 @@ def test_gpu_memory_at_the_qwen3_8b_head_has_no_n_by_v_buffer():
 
     for p in m.parameters():  # gradients allocated once, before the measurement
         p.grad = torch.zeros_like(p)
+    peak_extra_bytes = _load("bench_backward", ROOT / "bench" / "bench_backward.py").peak_extra_bytes
     peaks = {}
     for name, fn in (("body", body_only), ("detlogp", detlogp_step), ("logits", logits_step)):
         fn()  # warm-up (allocator, kernels)
-        peaks[name] = _peak_step(fn)
+        peaks[name] = peak_extra_bytes(fn)
     nv4 = n * v * 4
     head = peaks["detlogp"] - peaks["body"]
     print(f"N={n} D={d} V={v}: peak above start, GiB: body {peaks['body'] / 2**30:.2f}, detlogp "
