@@ -60,12 +60,19 @@ build/example-cpp/detlogp_example
 
 # Python package (docs/python.md): built by pip (CPU-only) into the venv, then the numpy and
 # torch tests against the CPU backend and the CLI built above. torch comes from its CPU wheel
-# index, else from PyPI; where neither answers, the torch tests skip and say so.
+# index, else from PyPI; where neither answers, the torch tests skip and say so. Then transformers.
 "$venv/bin/python" -m pip install -q nanobind scikit-build-core numpy pytest
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --retries 1 --timeout 10 torch --index-url https://download.pytorch.org/whl/cpu ||
     "$venv/bin/python" -m pip install -q torch ||
     echo "test.sh: WARNING: torch could not be installed; the torch tests will be skipped"
+fi
+# transformers for the integration tests (tests/python/test_transformers.py: a Qwen3 model built from
+# a config, no download), where torch is there; without it those tests skip and say so.
+if "$venv/bin/python" -c 'import torch' 2>/dev/null && ! "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
+  "$venv/bin/python" -m pip install -q --retries 3 --timeout 60 "transformers>=4.56,<6" ||
+    "$venv/bin/python" -m pip install -q --retries 3 --timeout 60 "transformers>=4.56,<6" ||
+    echo "test.sh: WARNING: transformers could not be installed; the transformers integration tests will be skipped"
 fi
 # --config-settings, not -C: Debian 12's venv has pip 23.0, older than the short form.
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps . \

@@ -55,6 +55,7 @@ __all__ = [
     "shard_tiles",
     "strict_from_env",
     "to_bf16_bits",
+    "weight_fingerprint",
 ]
 
 __version__ = _ext.version()
@@ -187,6 +188,17 @@ def from_bf16_bits(b) -> np.ndarray:
     out = np.empty(u.shape, np.float32)
     _ext.bf16_to_float(u.reshape(-1), out.reshape(-1))
     return out
+
+
+def weight_fingerprint(weight) -> str:
+    """The weight-version fingerprint of an lm_head (docs/validation.md, section 3): the hex SHA-256
+    of a header naming its shape and its row-major bf16 bytes. weight: one bf16 host matrix [V, D]
+    (uint16 bit patterns for numpy), or a list of its vocabulary shards in rank order, which give the
+    whole head's value. detlogp.torch.weight_fingerprint takes torch tensors on any device."""
+    shards = list(weight) if isinstance(weight, (list, tuple)) else [weight]
+    if not shards:
+        raise InputError("weight_fingerprint needs at least one shard")
+    return _ext.weight_fingerprint([_host_array(s, f"shards[{i}]") for i, s in enumerate(shards)])
 
 
 # DLPack device types (dlpack.h) the extension takes: kDLCPU, kDLCUDA, kDLCUDAHost.

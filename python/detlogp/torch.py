@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from . import TORCH_BACKEND_ID, _int_arg, _split_temperature, _what
+from . import weight_fingerprint as _weight_fingerprint
 from ._errors import InputError, StrictModeError
 from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
@@ -43,6 +44,7 @@ __all__ = [
     "last_report",
     "linear_logp",
     "sample",
+    "weight_fingerprint",
 ]
 
 # Read by bench/bench_backward.py: the fused chunk rows and the process-wide backward path record.
@@ -177,6 +179,21 @@ def linear_logp(
     if return_logits:
         out += (logits.reshape(tuple(batch_shape) + (v_local,)),)
     return out
+
+
+def weight_fingerprint(weight) -> str:
+    """The weight-version fingerprint (docs/validation.md, section 3) of a bf16 lm_head weight
+    [V, D], or of the list of its vocabulary shards in rank order (the whole head's value), on any
+    device: a CUDA tensor is copied to the host to be hashed (a synchronization). It names the bytes
+    the contract reads: two sides with the same value and the same hidden states get the same logp
+    bits."""
+    shards = list(weight) if isinstance(weight, (list, tuple)) else [weight]
+    for i, s in enumerate(shards):
+        if not isinstance(s, Tensor):
+            raise InputError(f"weight_fingerprint takes torch tensors here, got {_what(s)} for shard {i}")
+        if s.dtype != torch.bfloat16:
+            raise InputError(f"weight_fingerprint: shard {i} has dtype {s.dtype}; the fingerprint names bf16 bytes")
+    return _weight_fingerprint([s.detach().to("cpu") for s in shards])
 
 
 def _forwarded(name: str) -> property:

@@ -19,6 +19,7 @@
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
 #include "detlogp/fpops.hpp"
+#include "io/weight_fingerprint.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -712,6 +713,22 @@ NB_MODULE(_detlogp, m) {
       },
       "problem"_a, "program"_a, "logp"_a, "lse"_a, "lse_support"_a, "support_max"_a, "cut_logit"_a, "cut_id"_a,
       "g_logp"_a.none(), "g_lse"_a.none(), "g_logp_raw"_a.none(), "dz"_a);
+
+  // The weight-version fingerprint of an lm_head given as its rank-ordered bf16 host shards.
+  m.def(
+      "weight_fingerprint",
+      [](const nb::sequence& shards) {
+        std::vector<InArray> arrays;
+        std::vector<detlogp::TensorView> views;
+        for (size_t r = 0; r < nb::len(shards); ++r) {
+          const std::string name = "shards[" + std::to_string(r) + "]";
+          arrays.push_back(array_arg(shards[r], name.c_str()));
+          views.push_back(view_of(arrays.back(), name.c_str(), 2, true));
+        }
+        nb::gil_scoped_release release;
+        return detlogp::io::weight_fingerprint(views);
+      },
+      "shards"_a);
 
   // The library's row-value checks alone (detlogp.torch's plain lane computes without it).
   m.def(

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "detlogp/tensor.hpp"
+#include "io/weight_fingerprint.hpp"
 
 namespace detlogp::golden {
 
@@ -57,10 +58,7 @@ void hidden_row(uint64_t seed, uint64_t key, int64_t dim, float gain, const uint
 float dominant_logit(int64_t dim);
 float dominant_mix(int64_t dim);
 
-// Weight-version fingerprint (docs/validation.md): SHA-256 over the ASCII header
-// "detlogp-weight-v1 bf16 rows=<R> cols=<D>\n" followed by the row-major bf16 bytes of the
-// rank-ordered shards. The concatenation of the shards is the whole head, so any TP degree gives
-// the value of TP = 1. Host memory (copy a device shard to the host first).
-std::string weight_fingerprint(const std::vector<TensorView>& shards_in_rank_order);
+// The weight-version fingerprint (docs/validation.md), defined beside the hashing in io/.
+using io::weight_fingerprint;
 
 }  // namespace detlogp::golden

@@ -436,3 +436,24 @@ def test_sm90_emulated_backend_is_selectable_and_keyed_as_sm90(cli, tmp_path):
     cli_out = cli_serving_run(cli, tmp_path, h, w, t, b, temp, EMULATED)
     for key in ("logp", "lse", "logits"):
         assert np.array_equal(bits(getattr(r, key)), bits(cli_out[key])), key
+
+
+def test_weight_fingerprint_is_the_documented_hash_and_split_free():
+    """docs/validation.md section 3: SHA-256 of the header and the row-major bf16 bytes; rank-ordered
+    shards give the whole head's value; one changed bit changes it; non-bf16 and empty input refused."""
+    import hashlib
+
+    w = detlogp.to_bf16_bits(np.random.default_rng(3).standard_normal((300, 32), dtype=np.float32))
+    expect = hashlib.sha256(b"detlogp-weight-v1 bf16 rows=300 cols=32\n" + w.tobytes()).hexdigest()
+    assert detlogp.weight_fingerprint(w) == expect
+    assert detlogp.weight_fingerprint([w[:128], w[128:256], w[256:]]) == expect
+    padded = np.zeros((300, 40), np.uint16)
+    padded[:, :32] = w
+    assert detlogp.weight_fingerprint(padded[:, :32]) == expect  # a row stride is not part of the bytes
+    w2 = w.copy()
+    w2[299, 31] ^= 1
+    assert detlogp.weight_fingerprint(w2) != expect
+    with pytest.raises(detlogp.InputError, match="shard 0 is not a bf16 matrix"):
+        detlogp.weight_fingerprint(np.zeros((2, 2), np.float32))
+    with pytest.raises(detlogp.InputError, match="at least one shard"):
+        detlogp.weight_fingerprint([])
