@@ -10,6 +10,7 @@
 #include "detlogp/error.hpp"
 #include "detlogp/provenance.hpp"
 #include "detlogp/reduce.hpp"
+#include "detlogp/shards.hpp"
 #include "detlogp/tensor.hpp"
 
 namespace detlogp {
@@ -23,7 +24,7 @@ struct LinearLogpInputs {
   float temperature = 1.0f;     // used when temperature_rows is absent
   TensorView temperature_rows;  // optional [N] f32, one T per row
   int64_t real_vocab = -1;      // V_real; ids >= V_real are padding. -1: vocab_start + V_local
-  int64_t vocab_start = 0;      // global id of weight row 0; a multiple of 64
+  int64_t vocab_start = 0;      // global id of weight row 0 (any id: shards need not be 64-aligned)
   int64_t ignore_index = kDefaultIgnoreIndex;
 };
 
@@ -87,31 +88,40 @@ struct PartialsLayout {
   uint64_t backend_digest = 0;      // the serving backend: id, contract, arch and its frozen ids
 };
 
-// Rank-local partials for tensor parallelism: tile summaries of this shard's global tiles and,
-// for rows whose target this shard owns, the scaled target logit y_t.
+// Rank-local partials for tensor parallelism: summaries of the global tiles this shard finishes
+// (its whole tiles, detlogp/shards.hpp), the scaled logits of its lanes in the tiles that straddle a
+// shard boundary (edge lanes; none for a 64-aligned shard) and, for rows whose target this shard
+// owns, the scaled target logit y_t.
 struct ShardPartials {
   int64_t rows = 0;
-  int64_t tiles = 0;                 // ceil(V_local / 64)
-  TileSummary* summaries = nullptr;  // [rows][tiles]
+  int64_t tiles = 0;                 // shard_geometry(...).tiles: ceil(V_local / 64) for an aligned shard
+  TileSummary* summaries = nullptr;  // [rows][tiles]: global tiles first_tile .. first_tile + tiles - 1
   float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
   uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
   float* usums = nullptr;            // optional [rows][tiles]: the tiles' entropy sums u_g (§10), for a
                                      // merge that writes entropy; filled when non-null
+  int64_t edge_lanes = 0;            // shard_geometry(...).edge_lanes(): 0 for an aligned shard
+  float* edge_logits = nullptr;      // [rows][edge_lanes]: y of the head lanes, then of the tail lanes
   Memory memory = Memory::host;
   int device = 0;            // CUDA device of the buffers (memory == cuda)
   MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard
   PartialsLayout layout;     // written by linear_logp_partials, with the buffers
 };
+// Whole tiles of a 64-aligned shard of V_local rows: ceil(V_local / 64). Any shard:
+// shard_geometry(vocab_start, V_local, real_vocab) (detlogp/shards.hpp).
 int64_t shard_tiles(int64_t vocab_local);
-// Fills out's buffers and out.layout (nothing on error); out.usums, when non-null, with the tiles'
+// Fills out's buffers and out.layout (nothing on error): out.tiles and out.edge_lanes must be
+// shard_geometry's, out.edge_logits non-null where edge_lanes > 0; out.usums, when non-null, with the tiles'
 // entropy sums (served by backends that compute the entropy output, refused by the others). For CUDA memory the targets
 // (and temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4) bytes and a
 // wait for the work already on opt.cuda_stream, before the partials are enqueued.
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt = {});
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order
-// (= ascending global tile order). No floating-point reduction happens in transit. Before writing
-// anything it checks the layouts: ranks in ascending vocab_start order, contiguous from 0 and
+// (= ascending global tile order). No floating-point reduction happens in transit; a tile that
+// straddles a shard boundary is summarized once, here, from its holders' edge lanes, in rank order
+// (docs/contract.md §7). Before writing anything it checks the layouts: ranks in ascending
+// vocab_start order (any boundaries, 64-aligned or not), contiguous from 0 and
 // covering real_vocab, all agreeing on real_vocab, rows, ignore_index, temperatures and backend,
 // and `targets` / `ignore_index` equal to those the partials were computed with. Host memory runs
 // on the CPU; CUDA memory (partials, targets, logp and lse on one device) reads the targets back
@@ -152,6 +162,10 @@ void check_row_values(const TensorView& targets, int64_t real_vocab, int64_t ign
 // out.entropy, when present, gets the TP = 1 entropy bits (the partials then carry usums).
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt = {});
+// The same over the shards [bounds[r], bounds[r + 1]) of the weight's rows: bounds ascending from 0
+// to V_local, at any ids (an engine's split, e.g. V / R, need not be 64-aligned); R = bounds.size() - 1.
+CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vector<int64_t>& bounds,
+                                    const LinearLogpOutputs& out, const CallOptions& opt = {});
 
 // Registry view.
 struct BackendInfo {

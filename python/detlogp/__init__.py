@@ -29,6 +29,7 @@ __all__ = [
     "TORCH_BACKEND_ID",
     "Partials",
     "PartialsLayout",
+    "ShardGeometry",
     "Result",
     "backends",
     "contract",
@@ -38,6 +39,7 @@ __all__ = [
     "merge_partials",
     "provenance",
     "reduce_logits",
+    "shard_geometry",
     "shard_tiles",
     "strict_from_env",
     "to_bf16_bits",
@@ -70,14 +72,37 @@ class PartialsLayout(NamedTuple):
     backend_digest: int  # the serving backend: id, contract, arch and its frozen ids
 
 
+class ShardGeometry(NamedTuple):
+    """Where a vocabulary shard's partials sit among the global 64-lane tiles (the C++
+    ShardGeometry, docs/contract.md §7): its local columns are [0, head_cols) before its first
+    whole tile (the first head_lanes of them real), then whole tiles first_tile ..
+    first_tile + tiles - 1 (whole_cols columns), then tail_lanes columns of a tile that goes on past
+    the shard. A 64-aligned shard has no edge lanes."""
+
+    first_tile: int
+    tiles: int
+    head_cols: int
+    head_lanes: int
+    whole_cols: int
+    tail_lanes: int
+
+    @property
+    def edge_lanes(self) -> int:
+        return self.head_lanes + self.tail_lanes
+
+
 class Partials(NamedTuple):
-    summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's global tiles
+    summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's whole global tiles
     target_logit: Any  # [N] float32: scaled target logit where the shard owns the target, else +0
     target_owned: Any  # [N] uint8
     logits: Any  # [N, V_local] float32 on the serving entry, else None
     report: dict
     layout: PartialsLayout
     usums: Any = None  # [N, tiles] float32 with return_entropy=True: the tiles' entropy sums u_g, else None
+    # [N, edge_lanes] float32: the scaled logits of the shard's lanes in the tiles that straddle its
+    # boundaries (head lanes, then tail lanes; shard_geometry), which the merge assembles; [N, 0] for
+    # a 64-aligned shard.
+    edge_logits: Any = None
 
 
 def contract() -> dict:
@@ -147,8 +172,17 @@ def provenance(backend: Optional[str] = None, strict: Optional[bool] = None) -> 
 
 
 def shard_tiles(vocab_local: int) -> int:
-    """Number of 64-wide global vocabulary tiles a shard of vocab_local rows spans."""
+    """Number of 64-wide global vocabulary tiles a 64-aligned shard of vocab_local rows spans (any
+    shard: shard_geometry(...).tiles)."""
     return _ext.shard_tiles(vocab_local)
+
+
+def shard_geometry(vocab_start: int, vocab_local: int, real_vocab: int) -> ShardGeometry:
+    """The whole tiles and edge lanes of the shard [vocab_start, vocab_start + vocab_local) of a
+    vocabulary of real_vocab real ids: the sizes of its partials (docs/tensor-parallel.md)."""
+    return ShardGeometry(*_ext.shard_geometry(_int_arg(vocab_start, "vocab_start"),
+                                              _int_arg(vocab_local, "vocab_local"),
+                                              _int_arg(real_vocab, "real_vocab")))  # fmt: skip
 
 
 def to_bf16_bits(x) -> np.ndarray:
@@ -363,17 +397,23 @@ def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ig
     merge_partials(..., return_entropy=True) needs from every rank (docs/contract.md §10); served by
     the backends that compute the entropy output, refused by the others."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
-    tiles = shard_tiles(int(weight.shape[0]))
-    summaries = np.zeros((rows, tiles, 2), np.float32)
+    v_local = _leading(weight)
+    start = _int_arg(vocab_start, "vocab_start")
+    rv = start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    # A shard the library refuses sizes nothing: it names the reason in its own words.
+    g = shard_geometry(start, v_local, rv) if start >= 0 and v_local > 0 and rv > 0 else ShardGeometry(0, 0, 0, 0, 0, 0)
+    summaries = np.zeros((rows, g.tiles, 2), np.float32)
     target_logit = np.zeros(rows, np.float32)
     target_owned = np.zeros(rows, np.uint8)
-    logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
-    usums = np.zeros((rows, tiles), np.float32) if return_entropy else None
+    logits = np.empty((rows, v_local), np.float32) if return_logits else None
+    usums = np.zeros((rows, g.tiles), np.float32) if return_entropy else None
+    edge_logits = np.zeros((rows, g.edge_lanes), np.float32)
     report, layout = _ext.linear_logp_partials(
         problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0,
-        usums,
+        usums, edge_logits,
     )  # fmt: skip
-    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums)
+    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums,
+                    edge_logits)  # fmt: skip
 
 
 def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100,
@@ -391,9 +431,10 @@ def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: in
     lse = np.empty(rows, np.float32)
     entropy = np.empty(rows, np.float32) if return_entropy else None
     parts = [
-        (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None))
+        (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None),
+         getattr(p, "edge_logits", None))
         for p in ranks_in_order
-    ]
+    ]  # fmt: skip
     _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy)
     return (logp, lse, entropy) if return_entropy else (logp, lse)
 

@@ -306,6 +306,22 @@ void set_usums(detlogp::ShardPartials& p, const std::optional<A>& usums, const s
   p.usums = static_cast<float*>(const_cast<void*>(static_cast<const void*>(u.data())));
 }
 
+// The optional edge lanes of partials `p`: edge_logits [N, edge_lanes] f32, contiguous, in p's
+// memory (an unaligned shard's scaled logits of its lanes in the tiles straddling its boundaries).
+template <class A>
+void set_edge_logits(detlogp::ShardPartials& p, const std::optional<A>& edge, const std::string& at) {
+  if (!edge) return;
+  const A& e = *edge;
+  if (e.ndim() != 2 || e.dtype() != nb::dtype<float>() || static_cast<int64_t>(e.shape(0)) != p.rows)
+    value_error(at + "edge_logits must be [N=" + std::to_string(p.rows) + ", edge_lanes] float32");
+  p.edge_lanes = static_cast<int64_t>(e.shape(1));
+  if (p.rows * p.edge_lanes > 0 && (e.stride(1) != 1 || (p.rows > 1 && e.stride(0) != p.edge_lanes)))
+    value_error(at + "edge_logits must be contiguous");
+  const Placement q = placement_of(e.device_type(), e.device_id(), "edge_logits");
+  if (q.memory != p.memory || q.device != p.device) value_error(at + "partials must all live in one memory");
+  p.edge_logits = static_cast<float*>(const_cast<void*>(static_cast<const void*>(e.data())));
+}
+
 // A PartialsLayout as Python holds it (detlogp.PartialsLayout): (vocab_start, vocab_local,
 // real_vocab, ignore_index, targets_digest, temperature_digest, backend_digest).
 using Layout = std::tuple<int64_t, int64_t, int64_t, int64_t, uint64_t, uint64_t, uint64_t>;
@@ -428,6 +444,17 @@ NB_MODULE(_detlogp, m) {
   m.def("version", &detlogp::version_string);
   m.def("check_environment", &detlogp::check_environment);
   m.def("shard_tiles", &detlogp::shard_tiles, "vocab_local"_a);
+  // (first_tile, tiles, head_cols, head_lanes, whole_cols, tail_lanes) of a shard (detlogp/shards.hpp).
+  m.def(
+      "shard_geometry",
+      [](int64_t vocab_start, int64_t vocab_local, int64_t real_vocab) {
+        if (vocab_start < 0) value_error("vocab_start=" + std::to_string(vocab_start) + " must be >= 0");
+        if (vocab_local < 1) value_error("vocab_local=" + std::to_string(vocab_local) + " must be >= 1");
+        if (real_vocab < 1) value_error("real_vocab=" + std::to_string(real_vocab) + " must be >= 1");
+        const detlogp::ShardGeometry g = detlogp::shard_geometry(vocab_start, vocab_local, real_vocab);
+        return std::make_tuple(g.first_tile, g.tiles, g.head_cols, g.head_lanes, g.whole_cols, g.tail_lanes);
+      },
+      "vocab_start"_a, "vocab_local"_a, "real_vocab"_a);
   m.def(
       "error_class", [](const std::string& msg) { return std::string(error_class(msg)); }, "message"_a);
   m.attr("TENSOR_PARALLEL_REFUSAL") = kTensorParallelRefusal;
@@ -481,17 +508,18 @@ NB_MODULE(_detlogp, m) {
       "linear_logp_partials",
       [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
          const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream,
-         const std::optional<OutArray>& usums) {
+         const std::optional<OutArray>& usums, const std::optional<OutArray>& edge_logits) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
         set_usums(p, usums, "");
+        set_edge_logits(p, edge_logits, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::dict report = reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
         return std::make_tuple(report, layout_tuple(p.layout));
       },
       "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
-      "stream"_a, "usums"_a.none() = nb::none());
+      "stream"_a, "usums"_a.none() = nb::none(), "edge_logits"_a.none() = nb::none());
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
@@ -516,19 +544,21 @@ NB_MODULE(_detlogp, m) {
       "g_entropy"_a.none() = nb::none());
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
-  // layout | None, usums | None)]; the library checks the layouts, and with `entropy` that every
-  // rank carries usums.
+  // layout | None, usums | None, edge_logits | None)]; the library checks the layouts (and that each
+  // rank's edge lanes fit its shard), and with `entropy` that every rank carries usums.
   m.def(
       "merge_partials",
-      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>>>& ranks,
+      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>,
+                                      std::optional<InArray>>>& ranks,
          const InArray& targets, int64_t ignore_index, const OutArray& logp, const OutArray& lse,
          const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
-          const auto& [s, tl, own, layout, usums] = ranks[r];
+          const auto& [s, tl, own, layout, usums, edge] = ranks[r];
           const std::string at = "rank " + std::to_string(r) + " ";
           parts.push_back(partials_of(s, tl, own, at));
           set_usums(parts.back(), usums, at);
+          set_edge_logits(parts.back(), edge, at);
           parts.back().layout = layout_of(layout);
         }
         const detlogp::TensorView t = view_of(targets, "targets", 1, false);
@@ -555,7 +585,13 @@ NB_MODULE(_detlogp, m) {
         in.targets = first_rows(in.targets, 0);
         in.temperature_rows = first_rows(in.temperature_rows, 0);
         detlogp::ShardPartials none;
-        none.tiles = in.weight.rows > 0 ? detlogp::shard_tiles(in.weight.rows) : 0;
+        // The geometry of a shard the check accepts (it checks the shard before the partials).
+        const int64_t real_vocab = in.real_vocab < 0 ? in.vocab_start + in.weight.rows : in.real_vocab;
+        if (in.weight.rows > 0 && in.vocab_start >= 0 && real_vocab > 0) {
+          const detlogp::ShardGeometry g = detlogp::shard_geometry(in.vocab_start, in.weight.rows, real_vocab);
+          none.tiles = g.tiles;
+          none.edge_lanes = g.edge_lanes();
+        }
         none.memory = in.hidden.memory;
         none.device = in.hidden.device;
         none.logits = {first_rows(out.logits, 0)};

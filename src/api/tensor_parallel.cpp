@@ -75,14 +75,30 @@ void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const Tens
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt) {
   DETLOGP_CHECK(ranks >= 1, "ranks=" << ranks << " must be >= 1");
+  DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
+  const int64_t vocab = in.weight.rows;
+  const int64_t per_rank = (vocab + ranks - 1) / ranks;
+  const int64_t shard = std::max<int64_t>(kVocabTile, (per_rank + kVocabTile - 1) / kVocabTile * kVocabTile);
+  std::vector<int64_t> bounds{0};
+  for (int r = 0; r < ranks && bounds.back() < vocab; ++r) bounds.push_back(std::min(vocab, bounds.back() + shard));
+  if (vocab == 0) bounds.push_back(0);  // the partials' own checks name the empty weight
+  return simulate_tensor_parallel(in, bounds, out, opt);
+}
+
+CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vector<int64_t>& bounds,
+                                    const LinearLogpOutputs& out, const CallOptions& opt) {
   DETLOGP_CHECK(in.hidden.memory == Memory::host, "simulate_tensor_parallel runs on host tensors");
   DETLOGP_CHECK(in.weight.ndim == 2 && in.weight.dtype == DType::bf16, "weight must be a 2-D bf16 tensor");
   DETLOGP_CHECK(in.vocab_start == 0,
                 "simulate_tensor_parallel shards the whole vocabulary; vocab_start=" << in.vocab_start);
   const int64_t vocab = in.weight.rows;
   const int64_t rows = in.hidden.rows;
-  const int64_t per_rank = (vocab + ranks - 1) / ranks;
-  const int64_t shard = std::max<int64_t>(kVocabTile, (per_rank + kVocabTile - 1) / kVocabTile * kVocabTile);
+  DETLOGP_CHECK(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() == vocab,
+                "shard bounds must run from 0 to the weight's V_local=" << vocab << " (R + 1 ascending ids)");
+  for (size_t r = 0; r + 1 < bounds.size(); ++r)
+    DETLOGP_CHECK(bounds[r + 1] > bounds[r] || vocab == 0,
+                  "shard bounds[" << r + 1 << "]=" << bounds[r + 1] << " must exceed bounds[" << r << "]=" << bounds[r]
+                                  << ": every shard holds rows");
   const int64_t real_vocab = in.real_vocab < 0 ? vocab : in.real_vocab;
 
   struct RankBuffers {
@@ -90,15 +106,16 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
     std::vector<float> target_logit;
     std::vector<uint8_t> owned;
     std::vector<float> usums;  // with the entropy output only
+    std::vector<float> edge_logits;
   };
   const bool entropy = out.entropy.present();
+  const int ranks = static_cast<int>(bounds.size()) - 1;
   std::vector<RankBuffers> buffers(static_cast<size_t>(ranks));
   std::vector<ShardPartials> partials;
   CallReport report;
   for (int r = 0; r < ranks; ++r) {
-    const int64_t start = std::min<int64_t>(vocab, r * shard);
-    const int64_t count = std::min<int64_t>(shard, vocab - start);
-    if (r > 0 && count == 0) break;  // the ranks past the vocabulary's end own no tile
+    const int64_t start = bounds[r];
+    const int64_t count = bounds[r + 1] - start;
     LinearLogpInputs shard_in = in;
     shard_in.weight = TensorView::matrix(static_cast<const uint16_t*>(in.weight.data) + start * in.weight.row_stride,
                                          DType::bf16, count, in.weight.cols, Memory::host, in.weight.row_stride);
@@ -106,17 +123,21 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const
       shard_in.bias = TensorView::vector(static_cast<const float*>(in.bias.data) + start, DType::f32, count);
     shard_in.vocab_start = start;
     shard_in.real_vocab = real_vocab;
+    const ShardGeometry g = count > 0 && real_vocab > 0 ? shard_geometry(start, count, real_vocab) : ShardGeometry{};
     RankBuffers& b = buffers[static_cast<size_t>(r)];
     ShardPartials p;
     p.rows = rows;
     p.memory = Memory::host;
-    p.tiles = shard_tiles(count);
+    p.tiles = g.tiles;
+    p.edge_lanes = g.edge_lanes();
     b.summaries.resize(static_cast<size_t>(rows * p.tiles));
     b.target_logit.resize(static_cast<size_t>(rows));
     b.owned.resize(static_cast<size_t>(rows));
+    b.edge_logits.resize(static_cast<size_t>(rows * p.edge_lanes));
     p.summaries = b.summaries.data();
     p.target_logit = b.target_logit.data();
     p.target_owned = b.owned.data();
+    p.edge_logits = b.edge_logits.data();
     if (entropy) {
       b.usums.resize(static_cast<size_t>(rows * p.tiles));
       p.usums = b.usums.data();

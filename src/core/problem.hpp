@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "detlogp/reduce.hpp"
+#include "detlogp/shards.hpp"
 #include "detlogp/tensor.hpp"
 
 namespace detlogp::detail {
@@ -46,14 +47,21 @@ struct LogpProblem : HeadOperands {
   float* lse = nullptr;
   float* logits = nullptr;
   float* entropy = nullptr;  // [rows] or null: the row's entropy (docs/contract.md §10)
-  // Partial mode (summaries != null): tile summaries and target partials instead of logp/lse.
-  TileSummary* summaries = nullptr;  // [rows][local_tiles()]
+  // Partial mode: tile summaries and target partials instead of logp/lse.
+  bool partial = false;
+  TileSummary* summaries = nullptr;  // [rows][geometry().tiles] (may be null where that is 0)
   float* target_logit = nullptr;
   uint8_t* target_owned = nullptr;
   float* usums = nullptr;  // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
+  // Partial mode, a shard that is not 64-aligned: the scaled logits of its edge lanes
+  // [rows][geometry().edge_lanes()] (detlogp/shards.hpp); summaries cover geometry().tiles tiles.
+  float* edge_logits = nullptr;
 
+  ShardGeometry geometry() const { return shard_geometry(vocab_start, vocab_local, real_vocab); }
+  // Local 64-column tiles from column 0: for a 64-aligned shard (every full-mode problem) the global
+  // tiles, summarized in place (partial mode too: geometry().tiles equals it then).
   int64_t local_tiles() const { return (vocab_local + kVocabTile - 1) / kVocabTile; }
-  // Lanes of local tile j that are real: a prefix of the tile, 0..64.
+  // A 64-aligned shard's real lanes of local tile j: a prefix of the tile, 0..64.
   int real_lanes(int64_t tile) const {
     const int64_t first = vocab_start + tile * kVocabTile;
     int64_t end = vocab_start + vocab_local;
@@ -61,7 +69,7 @@ struct LogpProblem : HeadOperands {
     const int64_t n = end - first;
     return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
   }
-  bool partial_mode() const { return summaries != nullptr; }
+  bool partial_mode() const { return partial; }
 };
 
 }  // namespace detlogp::detail

@@ -159,28 +159,35 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
   p.vocab_local = check_operands(in, "V_local", "shard", p);
   const Memory mem = p.memory;
   const int dev = p.device;
-  DETLOGP_CHECK(in.vocab_start % kVocabTile == 0,
-                "vocab_start=" << in.vocab_start << " is not a multiple of VOCAB_TILE=" << kVocabTile
-                               << ": shard boundaries must fall on global vocab tile boundaries");
   p.real_vocab = checked_real_vocab(in, p.vocab_local, "V_local");
   const int64_t shard_end = p.vocab_start + p.vocab_local;
-  DETLOGP_CHECK(shard_end >= p.real_vocab || p.vocab_local % kVocabTile == 0,
-                "weight shard [" << p.vocab_start << ", " << shard_end
-                                 << ") ends inside the real vocabulary (real_vocab=" << p.real_vocab
-                                 << ") at a non-multiple of VOCAB_TILE=" << kVocabTile
-                                 << "; a tile would straddle two shards");
 
   if (partials != nullptr) {
+    // Any boundaries: the shard's whole tiles and edge lanes (detlogp/shards.hpp).
+    const ShardGeometry g = p.geometry();
     DETLOGP_CHECK(partials->memory == mem, "partials are not in the same memory as hidden");
     DETLOGP_CHECK(partials->rows == p.rows, "partials.rows=" << partials->rows << " but N=" << p.rows);
-    DETLOGP_CHECK(partials->tiles == p.local_tiles(),
-                  "partials.tiles=" << partials->tiles << " but the shard has " << p.local_tiles() << " tiles");
-    DETLOGP_CHECK(p.rows == 0 || (partials->summaries && partials->target_logit && partials->target_owned),
-                  "partials has a null buffer (summaries, target_logit and target_owned are all required)");
+    DETLOGP_CHECK(partials->tiles == g.tiles, "partials.tiles=" << partials->tiles << " but the shard ["
+                                                                << p.vocab_start << ", " << shard_end << ") has "
+                                                                << g.tiles << " whole tiles (shard_geometry)");
+    DETLOGP_CHECK(partials->edge_lanes == g.edge_lanes(),
+                  "partials.edge_lanes=" << partials->edge_lanes << " but the shard [" << p.vocab_start << ", "
+                                         << shard_end << ") has " << g.edge_lanes() << " edge lanes (" << g.head_lanes
+                                         << " at its start, " << g.tail_lanes << " at its end: shard_geometry)");
+    DETLOGP_CHECK(
+        p.rows == 0 || ((g.tiles == 0 || partials->summaries) && partials->target_logit && partials->target_owned),
+        "partials has a null buffer (summaries, target_logit and target_owned are all required)");
+    DETLOGP_CHECK(p.rows == 0 || g.edge_lanes() == 0 || partials->edge_logits,
+                  "partials.edge_logits is null but the shard [" << p.vocab_start << ", " << shard_end << ") has "
+                                                                 << g.edge_lanes()
+                                                                 << " edge lanes per row (a tile straddles its "
+                                                                    "boundary): give it [N, edge_lanes] f32");
+    p.partial = true;
     p.summaries = partials->summaries;
     p.target_logit = partials->target_logit;
     p.target_owned = partials->target_owned;
     p.usums = partials->usums;
+    p.edge_logits = g.edge_lanes() > 0 ? partials->edge_logits : nullptr;
     if (partials->logits.present()) p.logits = checked_logits(partials->logits, p, mem, dev);
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,

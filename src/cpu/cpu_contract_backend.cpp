@@ -1,6 +1,6 @@
 // cpu-linear-logp-contract-v1: the whole contract on the host. Work is split into (vocab tile,
-// row block) tasks; each task computes z for its block, the tile summaries and the owned y_t;
-// a second pass runs the ascending chain per row.
+// row block) tasks; each task computes z for its block, the tile summaries (or a shard's edge
+// lanes) and the owned y_t; a second pass runs the ascending chain per row.
 #include <algorithm>
 #include <vector>
 
@@ -20,32 +20,48 @@ float row_inverse_temperature(const LogpProblem& p, int64_t row) {
 }
 
 // Where one row block's per-tile results go: summaries [rows][tiles], the entropy sums beside them
-// when the entropy is asked for, the owned scaled target logit and its flag.
+// when the entropy is asked for, a shard's edge lanes [rows][edge_lanes], the owned scaled target
+// logit and its flag.
 struct TileOutputs {
+  int64_t tiles = 0;
   TileSummary* summaries = nullptr;
   float* usums = nullptr;
+  int64_t edge_lanes = 0;
+  float* edge_logits = nullptr;
   float* target_logit = nullptr;
   uint8_t* target_owned = nullptr;
 };
 
-// Bias, logits, scaling, summary (and entropy sum) and owned y_t of one row's z over one tile;
-// `at` is the row's index in `out`.
-void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, float* z, const TileOutputs& out,
-                   int64_t at) {
-  const int64_t col0 = tile * kVocabTile;
+// What one 64-column panel of z is: a whole global tile (its summary slot and real lanes), or the
+// shard's lanes of a straddling tile (its first `edge_count` lanes are the edge lanes from `edge`).
+struct PanelRole {
+  int64_t slot = -1;
+  int real_lanes = 0;
+  int64_t edge = -1;
+  int64_t edge_count = 0;
+};
+
+// Bias, logits, scaling, summary (and entropy sum) or edge lanes, and owned y_t of one row's z over
+// one panel of `cols` columns from local column col0; `at` is the row's index in `out`.
+void panel_epilogue(const LogpProblem& p, int64_t row, int64_t col0, int cols, float* z, const TileOutputs& out,
+                    int64_t at, const PanelRole& role) {
   if (p.bias)
     for (int c = 0; c < cols; ++c) z[c] = add_bias(z[c], p.bias[col0 + c]);
   if (p.logits) std::copy(z, z + cols, p.logits + row * p.vocab_local + col0);
   const float inv_t = row_inverse_temperature(p, row);
   float y[kVocabTile];
   for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
-  const int64_t slot = at * p.local_tiles() + tile;
-  if (out.usums) {
-    const TileEntropySummary s = tile_entropy_summary(y, p.real_lanes(tile));
-    out.summaries[slot] = s.summary;
-    out.usums[slot] = s.usum;
+  if (role.slot >= 0) {
+    const int64_t slot = at * out.tiles + role.slot;
+    if (out.usums) {
+      const TileEntropySummary s = tile_entropy_summary(y, role.real_lanes);
+      out.summaries[slot] = s.summary;
+      out.usums[slot] = s.usum;
+    } else {
+      out.summaries[slot] = tile_summary(y, role.real_lanes);
+    }
   } else {
-    out.summaries[slot] = tile_summary(y, p.real_lanes(tile));
+    std::copy(y, y + role.edge_count, out.edge_logits + at * out.edge_lanes + role.edge);
   }
   const int64_t t = p.target(row);
   if (t == p.ignore_index) return;
@@ -56,12 +72,28 @@ void tile_epilogue(const LogpProblem& p, int64_t row, int64_t tile, int cols, fl
   }
 }
 
-// Computes tile summaries (and logits, entropy sums, y_t) for rows [row0, row0 + rows) into row
-// r - row0 of `out` (cpu::for_each_z_panel: one GEMM panel is one vocab tile).
+// Computes tile summaries (and logits, entropy sums, edge lanes, y_t) for rows [row0, row0 + rows)
+// into row r - row0 of `out`. The panels (cpu::for_each_z_panel: one GEMM panel is 64 columns) fall
+// on global tile boundaries: the columns before the shard's first whole tile are one panel of their
+// own, then the whole tiles, then the tail's edge lanes. z does not depend on the panels (one
+// K-ascending accumulator per output).
 void compute_tile_summaries(const LogpProblem& p, int64_t row0, int64_t rows, const TileOutputs& out) {
-  cpu::for_each_z_panel(
-      p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, row0, rows, p.vocab_local, [](int64_t, int64_t) {},
-      [&](int64_t row, int64_t tile, int cols, float* z) { tile_epilogue(p, row, tile, cols, z, out, row - row0); });
+  const ShardGeometry g = p.geometry();
+  const auto no_window = [](int64_t, int64_t) {};
+  if (g.head_cols > 0)
+    cpu::for_each_z_panel(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, row0, rows, g.head_cols,
+                          no_window, [&](int64_t row, int64_t, int cols, float* z) {
+                            panel_epilogue(p, row, 0, cols, z, out, row - row0, {-1, 0, 0, g.head_lanes});
+                          });
+  const int64_t rest = p.vocab_local - g.head_cols;
+  if (rest == 0) return;
+  cpu::for_each_z_panel(p.hidden, p.hidden_stride, p.weight + g.head_cols * p.weight_stride, p.weight_stride, p.dim,
+                        row0, rows, rest, no_window, [&](int64_t row, int64_t panel, int cols, float* z) {
+                          const PanelRole role = panel < g.tiles
+                                                     ? PanelRole{panel, g.real_lanes(panel, p.real_vocab), -1, 0}
+                                                     : PanelRole{-1, 0, g.head_lanes, g.tail_lanes};
+                          panel_epilogue(p, row, g.head_cols + panel * kVocabTile, cols, z, out, row - row0, role);
+                        });
 }
 
 class CpuContractBackend final : public CpuBackend {
@@ -75,7 +107,9 @@ class CpuContractBackend final : public CpuBackend {
     if (p.partial_mode()) {
       std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
       std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
-      compute_tile_summaries(p, 0, p.rows, {p.summaries, p.usums, p.target_logit, p.target_owned});
+      const ShardGeometry g = p.geometry();
+      compute_tile_summaries(
+          p, 0, p.rows, {g.tiles, p.summaries, p.usums, g.edge_lanes(), p.edge_logits, p.target_logit, p.target_owned});
       return;
     }
     const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));
@@ -86,7 +120,8 @@ class CpuContractBackend final : public CpuBackend {
     std::vector<float> target_logit(static_cast<size_t>(chunk));
     std::vector<uint8_t> owned(static_cast<size_t>(chunk));
     std::vector<float> usums(p.entropy ? static_cast<size_t>(chunk * tiles) : 0);
-    const TileOutputs out{summaries.data(), p.entropy ? usums.data() : nullptr, target_logit.data(), owned.data()};
+    const TileOutputs out{
+        tiles, summaries.data(), p.entropy ? usums.data() : nullptr, 0, nullptr, target_logit.data(), owned.data()};
     for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
       const int64_t rows = std::min(chunk, p.rows - row0);
       std::fill(owned.begin(), owned.end(), uint8_t{0});

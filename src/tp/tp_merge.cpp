@@ -5,16 +5,26 @@
 #include <sstream>
 
 #include "core/device_ops.hpp"
+#include "core/straddle.hpp"
 #include "detlogp/fpops.hpp"
 
 namespace detlogp::tp {
 namespace {
+
+using detail::plan_straddles;
+using detail::RankEdges;
+using detail::straddle_summary;
+using detail::StraddlePlan;
 
 std::string hex(uint64_t v) {
   std::ostringstream os;
   os << "0x" << std::hex << std::setw(16) << std::setfill('0') << v;
   return os.str();
 }
+
+// Whether a rank's partials hold any tile or lane (a shard of padding inside one tile holds none,
+// and owns no target).
+bool contributes(const ShardPartials& r) { return r.tiles > 0 || r.edge_lanes > 0; }
 
 // The partials' buffers and rows, and targets/logp/lse (and entropy) beside them: what every merge
 // checks, before anything is written.
@@ -28,9 +38,10 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
     DETLOGP_CHECK(ranks[r].memory == memory && (memory == Memory::host || ranks[r].device == device),
                   "rank " << r << " partials are not in the same memory as rank 0's");
     DETLOGP_CHECK(ranks[r].rows == rows, "rank " << r << " has " << ranks[r].rows << " rows, rank 0 has " << rows);
-    DETLOGP_CHECK(
-        rows == 0 || ranks[r].tiles == 0 || (ranks[r].summaries && ranks[r].target_logit && ranks[r].target_owned),
-        "rank " << r << " partials have a null buffer");
+    DETLOGP_CHECK(rows == 0 || ((ranks[r].tiles == 0 || ranks[r].summaries) &&
+                                (!contributes(ranks[r]) || (ranks[r].target_logit && ranks[r].target_owned)) &&
+                                (ranks[r].edge_lanes == 0 || ranks[r].edge_logits)),
+                  "rank " << r << " partials have a null buffer");
     // The entropy needs every tile's u_g: a rank without them would silently drop its tiles' terms.
     DETLOGP_CHECK(!entropy.present() || rows == 0 || ranks[r].tiles == 0 || ranks[r].usums,
                   "the entropy output needs every rank's usums, but rank "
@@ -57,7 +68,15 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
   DETLOGP_CHECK(rows == 0 || targets.data != nullptr, "targets data pointer is null");
 }
 
-// The merge itself, after check_operands.
+// The straddling tiles of the ranks' shards (their layouts give the shards), reading the edge lanes
+// from the partials' buffers.
+StraddlePlan plan_of(const std::vector<ShardPartials>& ranks) {
+  std::vector<RankEdges> edges;
+  for (const ShardPartials& r : ranks) edges.push_back({r.layout.vocab_start, r.layout.vocab_local, r.edge_logits});
+  return plan_straddles(edges, ranks.front().layout.real_vocab);
+}
+
+// The merge itself, after check_operands, over checked layouts.
 void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
                 const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
                 void* stream) {
@@ -65,16 +84,17 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
   if (rows == 0) return;
   const bool i64 = targets.dtype == DType::i64;
   float* entropy_out = entropy.present() ? static_cast<float*>(entropy.mutable_data()) : nullptr;
+  const StraddlePlan plan = plan_of(ranks);
   if (ranks.front().memory == Memory::cuda) {
     // Ownership lives on the device: exactly one rank's target_owned is 1 per non-ignored row
     // because the shards are contiguous and cover real_vocab, and every rank flagged the same
     // targets (the protocol's header exchange, or merge_partials' layout checks).
     std::vector<detail::DeviceMergeRank> views;
     for (const auto& r : ranks)
-      if (r.tiles > 0)
-        views.push_back({r.summaries, r.tiles, r.target_logit, r.target_owned, entropy_out ? r.usums : nullptr});
+      views.push_back({r.summaries, r.tiles, contributes(r) ? r.target_logit : nullptr,
+                       contributes(r) ? r.target_owned : nullptr, entropy_out ? r.usums : nullptr});
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
-                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out);
+                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out, &plan);
     return;
   }
   auto target_of = [&](int64_t n) {
@@ -84,30 +104,43 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
   for (int64_t n = 0; n < rows; ++n) {
     if (target_of(n) == ignore_index) continue;
     int owners = 0;
-    for (const auto& r : ranks) owners += r.tiles > 0 && r.target_owned[n] ? 1 : 0;
+    for (const auto& r : ranks) owners += contributes(r) && r.target_owned[n] ? 1 : 0;
     DETLOGP_CHECK(owners == 1, "targets[" << n << "]=" << target_of(n) << " is owned by " << owners
                                           << " shards; exactly one shard must own each non-ignored target");
   }
+  // The straddling tile each rank completes, if any: it goes right before that rank's whole tiles.
+  std::vector<int> completes(ranks.size(), -1);
+  for (size_t k = 0; k < plan.tiles.size(); ++k)
+    completes[static_cast<size_t>(plan.tiles[k].completed_by)] = static_cast<int>(k);
   float* logp_out = static_cast<float*>(logp.mutable_data());
   float* lse_out = static_cast<float*>(lse.mutable_data());
+  std::vector<TileEntropySummary> straddles(plan.tiles.size());
   for (int64_t n = 0; n < rows; ++n) {
+    for (size_t k = 0; k < plan.tiles.size(); ++k)
+      straddles[k] = entropy_out ? straddle_summary<true>(plan.tiles[k], plan.runs.data(), n)
+                                 : straddle_summary<false>(plan.tiles[k], plan.runs.data(), n);
     float global_max = fp::neg_inf();
+    for (const TileEntropySummary& s : straddles) global_max = chain_max(global_max, s.summary.max);
     for (const auto& r : ranks)
       for (int64_t g = 0; g < r.tiles; ++g) global_max = chain_max(global_max, r.summaries[n * r.tiles + g].max);
-    // Rank order is ascending global tile order: the same chain steps, in the same order, as
+    // Rank order is ascending global tile order, each straddling tile placed before the whole tiles
+    // of the rank that completes it: the same chain steps, in the same order, as
     // reduce_row_summaries and entropy_row_summaries run over one shard's tiles.
     float sum = 0.0f, usum = 0.0f, comp = 0.0f, y_t = 0.0f;
-    for (const auto& r : ranks) {
-      for (int64_t g = 0; g < r.tiles; ++g) {
-        const TileSummary& tile = r.summaries[n * r.tiles + g];
-        const float before = sum;
-        sum = chain_step(sum, tile, global_max);
-        if (entropy_out) {
-          comp = compensation_step(comp, before, sum, tile.sum, chain_factor_or_skip(tile, global_max));
-          usum = entropy_chain_step(usum, tile, r.usums[n * r.tiles + g], global_max);
-        }
+    const auto step = [&](const TileSummary& tile, float tile_usum) {
+      const float before = sum;
+      sum = chain_step(sum, tile, global_max);
+      if (entropy_out) {
+        comp = compensation_step(comp, before, sum, tile.sum, chain_factor_or_skip(tile, global_max));
+        usum = entropy_chain_step(usum, tile, tile_usum, global_max);
       }
-      if (r.tiles > 0 && r.target_owned[n]) y_t = r.target_logit[n];
+    };
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const ShardPartials& r = ranks[i];
+      if (completes[i] >= 0) step(straddles[completes[i]].summary, straddles[completes[i]].usum);
+      for (int64_t g = 0; g < r.tiles; ++g)
+        step(r.summaries[n * r.tiles + g], entropy_out ? r.usums[n * r.tiles + g] : 0.0f);
+      if (contributes(r) && r.target_owned[n]) y_t = r.target_logit[n];
     }
     const RowResult res = finalize_row(global_max, sum, y_t, target_of(n) == ignore_index);
     logp_out[n] = res.logp;
@@ -193,7 +226,8 @@ void check_layouts(const std::vector<PartialsLayout>& ls) {
                       << r << "): the partials of one call must come from one backend, contract and arch");
   }
   // Shards in rank order, contiguous from 0 and covering [0, real_vocab): every valid target then
-  // has exactly one owner, and rank order is ascending global tile order.
+  // has exactly one owner, rank order is ascending global tile order, and every tile that straddles
+  // a boundary gets all its real lanes from the ranks that hold them. Boundaries at any id.
   for (int r = 1; r < ranks; ++r)
     DETLOGP_CHECK(ls[r].vocab_start >= ls[r - 1].vocab_start,
                   "rank " << r << " shard starts at vocab_start=" << ls[r].vocab_start << ", before rank " << (r - 1)
@@ -202,9 +236,6 @@ void check_layouts(const std::vector<PartialsLayout>& ls) {
   int64_t covered = 0;
   for (int r = 0; r < ranks; ++r) {
     const int64_t start = ls[r].vocab_start;
-    DETLOGP_CHECK(start % kVocabTile == 0, "rank " << r << " shard starts at vocab_start=" << start
-                                                   << ", which is not a multiple of VOCAB_TILE=" << kVocabTile
-                                                   << ": shard boundaries must fall on global vocab tile boundaries");
     if (r == 0) {
       DETLOGP_CHECK(start == 0, "rank 0 shard starts at vocab_start=" << start << ": vocab ids [0, " << start
                                                                       << ") are owned by no rank; shards must be "
@@ -241,9 +272,18 @@ void merge_partials_checked(const std::vector<ShardPartials>& ranks, const Tenso
     DETLOGP_CHECK(l.vocab_local > 0, "rank " << r << " partials carry no layout (layout.vocab_local=" << l.vocab_local
                                              << "): compute them with linear_logp_partials, which records the shard, "
                                                 "real_vocab, ignore_index and the digests merge_partials checks");
-    DETLOGP_CHECK(ranks[r].tiles == shard_tiles(l.vocab_local),
-                  "rank " << r << " partials have tiles=" << ranks[r].tiles << " but their layout's V_local="
-                          << l.vocab_local << " spans " << shard_tiles(l.vocab_local) << " tiles");
+    DETLOGP_CHECK(l.vocab_start >= 0 && l.real_vocab >= 1,
+                  "rank " << r << " partials carry a layout with vocab_start=" << l.vocab_start << " and real_vocab="
+                          << l.real_vocab << ": linear_logp_partials records vocab_start >= 0 and real_vocab >= 1");
+    const ShardGeometry g = shard_geometry(l.vocab_start, l.vocab_local, l.real_vocab);
+    DETLOGP_CHECK(ranks[r].tiles == g.tiles, "rank " << r << " partials have tiles=" << ranks[r].tiles
+                                                     << " but their layout's shard [" << l.vocab_start << ", "
+                                                     << l.vocab_start + l.vocab_local << ") has " << g.tiles
+                                                     << " whole tiles (shard_geometry)");
+    DETLOGP_CHECK(ranks[r].edge_lanes == g.edge_lanes(),
+                  "rank " << r << " partials have edge_lanes=" << ranks[r].edge_lanes << " but their layout's shard ["
+                          << l.vocab_start << ", " << l.vocab_start + l.vocab_local << ") has " << g.edge_lanes()
+                          << " edge lanes (shard_geometry)");
     layouts.push_back(l);
   }
   check_layouts(layouts);

@@ -46,19 +46,20 @@ uint64_t backend_digest(const Provenance& served);
 
 // What the ranks' layouts must satisfy for their merge to be the TP = 1 answer, in rank order:
 // the same real_vocab, ignore_index, targets, temperatures and backend, and shards in ascending
-// vocab_start order, each starting at a multiple of VOCAB_TILE, contiguous from vocab id 0 and
-// covering [0, real_vocab). Throws naming the rank and the value (a gap or an overlap with the
-// ids it leaves unowned or owns twice).
+// vocab_start order (boundaries at any id), contiguous from vocab id 0 and covering [0,
+// real_vocab). Throws naming the rank and the value (a gap or an overlap with the ids it leaves
+// unowned or owns twice).
 void check_layouts(const std::vector<PartialsLayout>& ranks_in_order);
 
 // Every rank's value equals rank 0's; else throws "ranks disagree on <name>" with both values.
 void check_ranks_agree(const std::vector<int64_t>& values, const char* name);
 
 // The merge of checked layouts (the protocol's): host memory on the CPU, CUDA memory with the
-// device merge on `stream`. Checks the buffers and tensors, and on the host that every non-ignored
-// target has exactly one owner. `entropy`, when present ([N] f32 in the partials' memory), gets
-// each row's entropy from the ranks' usums (every rank must carry them): the entropy chain of
-// docs/contract.md §10 runs beside the S chain over the same rank-ordered tiles.
+// device merge on `stream`. Each rank's `layout` gives its shard, whose geometry places its whole
+// tiles and edge lanes (the straddling tiles are summarized here, core/straddle.hpp). Checks the
+// buffers and tensors, and on the host that every non-ignored target has exactly one owner. `entropy`, when present
+// ([N] f32 in the partials' memory), gets each row's entropy from the ranks' usums (every rank must carry them): the
+// entropy chain of docs/contract.md §10 runs beside the S chain over the same rank-ordered tiles.
 void merge_owned(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                  const MutableTensorView& logp, const MutableTensorView& lse, void* stream,
                  const MutableTensorView& entropy = {});

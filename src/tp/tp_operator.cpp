@@ -17,7 +17,8 @@
 namespace detlogp::tp {
 namespace {
 
-constexpr uint64_t kHeaderMagic = 0x32305054504C4444ull;  // "DDLPTP02"
+// "DDLPTP03": the gathered slots carry the edge lanes of shards that are not 64-aligned.
+constexpr uint64_t kHeaderMagic = 0x33305054504C4444ull;
 constexpr size_t kMessageBytes = 448;
 
 // What every rank tells every other rank before any data moves. Fixed size, trivially copyable.
@@ -40,15 +41,23 @@ static_assert(sizeof(RankHeader) == 32 + sizeof(PartialsLayout) + 16 + kMessageB
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// One rank's slot of the gather buffer for a chunk of `chunk` rows.
+template <class T>
+T* byte_offset(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(base) + offset);
+}
+
+// One rank's slot of the gather buffer for a chunk of `chunk` rows. The edge lanes' region exists
+// only when some rank's shard is not 64-aligned (max_edge > 0), so aligned shards gather the same
+// bytes as before it existed.
 struct SlotLayout {
   size_t summaries = 0;  // offset of [chunk][tiles_r] summaries
   size_t target_logit = 0;
   size_t owned = 0;
-  size_t usums = 0;  // offset of [chunk][tiles_r] entropy sums, with the entropy output
+  size_t usums = 0;        // offset of [chunk][tiles_r] entropy sums, with the entropy output
+  size_t edge_logits = 0;  // offset of [chunk][edge_lanes_r] scaled logits of the rank's edge lanes
   size_t bytes = 0;
 };
-SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, bool entropy) {
+SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, bool entropy) {
   SlotLayout s;
   s.bytes = round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(TileSummary), 256);
   s.target_logit = s.bytes;
@@ -59,7 +68,31 @@ SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, bool entropy) {
     s.usums = s.bytes;
     s.bytes += round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(float), 256);
   }
+  if (max_edge > 0) {
+    s.edge_logits = s.bytes;
+    s.bytes += round_up(static_cast<size_t>(chunk * max_edge) * sizeof(float), 256);
+  }
   return s;
+}
+
+// Rank r's partials in its gathered slot `s` (n rows), with its layout (the merge reads the shard's
+// geometry from it).
+ShardPartials slot_partials(void* s, const SlotLayout& slot, const PartialsLayout& layout, int64_t n, bool entropy,
+                            Memory memory, int device) {
+  const ShardGeometry g = shard_geometry(layout.vocab_start, layout.vocab_local, layout.real_vocab);
+  ShardPartials p;
+  p.rows = n;
+  p.tiles = g.tiles;
+  p.summaries = byte_offset<TileSummary>(s, slot.summaries);
+  p.target_logit = byte_offset<float>(s, slot.target_logit);
+  p.target_owned = byte_offset<uint8_t>(s, slot.owned);
+  if (entropy) p.usums = byte_offset<float>(s, slot.usums);
+  p.edge_lanes = g.edge_lanes();
+  if (p.edge_lanes > 0) p.edge_logits = byte_offset<float>(s, slot.edge_logits);
+  p.memory = memory;
+  p.device = device;
+  p.layout = layout;
+  return p;
 }
 
 // Either every rank returns, or every rank throws the same message (the decision reads only the
@@ -92,11 +125,6 @@ void decide(const std::vector<RankHeader>& hs) {
   std::vector<PartialsLayout> layouts;
   for (const RankHeader& h : hs) layouts.push_back(h.layout);
   check_layouts(layouts);
-}
-
-template <class T>
-T* byte_offset(void* base, size_t offset) {
-  return reinterpret_cast<T*>(static_cast<uint8_t*>(base) + offset);
 }
 
 // Row view [row0, row0 + rows) of a 1-D or 2-D tensor (no copy).
@@ -165,10 +193,17 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     static uint8_t validation_flag;
     ShardPartials shape;
     shape.rows = in.hidden.rows;
-    shape.tiles = in.weight.rows > 0 ? shard_tiles(in.weight.rows) : 0;
+    // The geometry of a shard make_problem accepts (it checks the shard before the partials).
+    const int64_t shape_real_vocab = in.real_vocab < 0 ? in.vocab_start + in.weight.rows : in.real_vocab;
+    if (in.weight.rows > 0 && in.vocab_start >= 0 && shape_real_vocab > 0) {
+      const ShardGeometry g = shard_geometry(in.vocab_start, in.weight.rows, shape_real_vocab);
+      shape.tiles = g.tiles;
+      shape.edge_lanes = g.edge_lanes();
+    }
     shape.summaries = &validation_summary;
     shape.target_logit = &validation_float;
     shape.target_owned = &validation_flag;
+    shape.edge_logits = &validation_float;
     shape.memory = memory;
     shape.device = device;
     shape.logits = out.logits;
@@ -212,14 +247,18 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   // 3. Partials by row chunk, all-gathered in rank order, merged on every rank.
   const int64_t rows = mine.rows;
   if (rows == 0) return report;
-  int64_t max_tiles = 1;
-  for (const RankHeader& h : headers) max_tiles = std::max(max_tiles, shard_tiles(h.layout.vocab_local));
+  int64_t max_tiles = 1, max_edge = 0;
+  for (const RankHeader& h : headers) {
+    const ShardGeometry g = shard_geometry(h.layout.vocab_start, h.layout.vocab_local, h.layout.real_vocab);
+    max_tiles = std::max(max_tiles, g.tiles);
+    max_edge = std::max(max_edge, g.edge_lanes());
+  }
   const bool entropy = mine.entropy != 0;  // the same on every rank (decide)
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (entropy ? sizeof(float) : 0));
-  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + 5);
+  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + max_edge * 4 + 5);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
-  const SlotLayout slot = slot_layout(chunk, max_tiles, entropy);
+  const SlotLayout slot = slot_layout(chunk, max_tiles, max_edge, entropy);
   const size_t gather_bytes = slot.bytes * static_cast<size_t>(ranks);
 
   // The gather buffer can fail to allocate on one rank only: agree on that too before gathering.
@@ -240,7 +279,6 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     std::strncpy(alloc_status.message, e.what(), kMessageBytes - 1);
   }
   decide(exchange(comm, alloc_status, staging.get(), stream));
-  const int64_t my_tiles = shard_tiles(mine.layout.vocab_local);
   for (int64_t row0 = 0; row0 < rows; row0 += chunk) {
     const int64_t n = std::min(chunk, rows - row0);
     LinearLogpInputs part_in = in;
@@ -248,15 +286,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     part_in.targets = row_slice(in.targets, row0, n);
     part_in.temperature_rows = row_slice(in.temperature_rows, row0, n);
     void* my_slot = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(me));
-    ShardPartials part;
-    part.rows = n;
-    part.tiles = my_tiles;
-    part.summaries = byte_offset<TileSummary>(my_slot, slot.summaries);
-    part.target_logit = byte_offset<float>(my_slot, slot.target_logit);
-    part.target_owned = byte_offset<uint8_t>(my_slot, slot.owned);
-    if (entropy) part.usums = byte_offset<float>(my_slot, slot.usums);
-    part.memory = memory;
-    part.device = device;
+    ShardPartials part = slot_partials(my_slot, slot, mine.layout, n, entropy, memory, device);
     if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
     detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
     problem.stream = stream;
@@ -266,30 +296,11 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
 
     const MutableTensorView logp = row_slice(out.logp, row0, n), lse = row_slice(out.lse, row0, n);
     const MutableTensorView entropy_rows = row_slice(out.entropy, row0, n);
-    if (memory == Memory::host) {
-      std::vector<ShardPartials> views(static_cast<size_t>(ranks));
-      for (int r = 0; r < ranks; ++r) {
-        void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
-        views[r].rows = n;
-        views[r].tiles = shard_tiles(headers[r].layout.vocab_local);
-        views[r].summaries = byte_offset<TileSummary>(s, slot.summaries);
-        views[r].target_logit = byte_offset<float>(s, slot.target_logit);
-        views[r].target_owned = byte_offset<uint8_t>(s, slot.owned);
-        if (entropy) views[r].usums = byte_offset<float>(s, slot.usums);
-      }
-      merge_owned(views, part_in.targets, in.ignore_index, logp, lse, nullptr, entropy_rows);
-    } else {
-      std::vector<detail::DeviceMergeRank> views(static_cast<size_t>(ranks));
-      for (int r = 0; r < ranks; ++r) {
-        void* s = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r));
-        views[r] = {byte_offset<TileSummary>(s, slot.summaries), shard_tiles(headers[r].layout.vocab_local),
-                    byte_offset<float>(s, slot.target_logit), byte_offset<uint8_t>(s, slot.owned),
-                    entropy ? byte_offset<float>(s, slot.usums) : nullptr};
-      }
-      detail::device_merge(views, n, part_in.targets.data, part_in.targets.dtype == DType::i64, in.ignore_index,
-                           static_cast<float*>(logp.mutable_data()), static_cast<float*>(lse.mutable_data()), device,
-                           stream, entropy ? static_cast<float*>(entropy_rows.mutable_data()) : nullptr);
-    }
+    std::vector<ShardPartials> views;
+    for (int r = 0; r < ranks; ++r)
+      views.push_back(slot_partials(byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r)), slot,
+                                    headers[r].layout, n, entropy, memory, device));
+    merge_owned(views, part_in.targets, in.ignore_index, logp, lse, stream, entropy_rows);
   }
   // The gather buffer is freed on return: finish the merge first (cudaFree would also wait).
   if (memory == Memory::cuda) detail::device_stream_sync(device, stream);

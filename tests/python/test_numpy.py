@@ -186,8 +186,8 @@ def test_error_mapping_values():
         detlogp.linear_logp(h, w, t, temperature=np.array([1, -1, 1, 1, 1], np.float32))
     with pytest.raises(ValueError, match=r"temperature=1e-39" + RANGE):  # subnormal: checked at N = 0 too
         detlogp.linear_logp(h[:0], w, t[:0], temperature=1e-39)
-    with pytest.raises(ValueError, match=r"vocab_start=10 is not a multiple of VOCAB_TILE=64"):
-        detlogp.linear_logp_partials(h, w, t % 50, vocab_start=10, real_vocab=500)
+    with pytest.raises(ValueError, match=r"vocab_start=-10 must be >= 0"):
+        detlogp.linear_logp_partials(h, w, t % 50, vocab_start=-10, real_vocab=500)
     with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
         detlogp.linear_logp(h, w, t, backend="nope")
     h, w, t, _, _ = make_problem(5, 32, 128)

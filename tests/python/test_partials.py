@@ -1,7 +1,8 @@
 """detlogp.linear_logp_partials + detlogp.merge_partials (numpy, CPU backend): the partials carry
 their layout, and the merge refuses (through the C++ checks, in their words, writing nothing)
 shards out of rank order, gaps, overlaps, other targets, another ignore_index, real_vocab,
-temperature or backend; a valid merge gives the whole-vocabulary bits."""
+temperature or backend; a valid merge gives the whole-vocabulary bits, at 64-aligned boundaries and
+at any other (the partials then carry their edge lanes)."""
 
 import re
 
@@ -117,7 +118,8 @@ def test_partials_without_a_layout_are_refused(problem):
     bare = parts[0]._replace(layout=None)
     refused([bare, parts[1]], problem[2], "rank 0 partials carry no layout (layout.vocab_local=0)")
     short = parts[0]._replace(layout=parts[0].layout._replace(vocab_local=960))
-    refused([short, parts[1]], problem[2], "rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles")
+    refused([short, parts[1]], problem[2],
+            "rank 0 partials have tiles=16 but their layout's shard [0, 960) has 15 whole tiles")  # fmt: skip
 
 
 @pytest.mark.parametrize("case", INTEGER_CASES, ids=[c[0] for c in INTEGER_CASES])
@@ -192,3 +194,37 @@ def test_merge_with_entropy_needs_every_ranks_usums(problem):
     short = with_usums[0]._replace(usums=with_usums[0].usums[:, :3].copy())
     with pytest.raises(detlogp.InputError, match=re.escape(f"rank 0 usums must be [N={len(t)}, tiles=16] float32")):
         detlogp.merge_partials([short, with_usums[1]], t, return_entropy=True)
+
+
+def test_shards_at_any_boundary_merge_to_the_whole_vocabulary_bits(problem):
+    """Engines split the vocabulary as V / TP, off the 64-lane tile grid: the partials then carry the
+    scaled logits of their edge lanes, and the merge assembles the straddling tiles (docs/contract.md
+    §7): logp, lse and entropy keep the TP = 1 bits. A shard narrower than a tile, one lane, and one
+    of padding only included."""
+    h, w, t, b, temp = problem
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_entropy=True)
+    for bounds in ([0, 704, 1408, V], [0, 1000, 1001, 1030, 2050, V], [0, 37, 2052, 2060, V], [0, 1056, V]):
+        parts = entropy_shards(problem, bounds)
+        for p, (lo, hi) in zip(parts, zip(bounds[:-1], bounds[1:])):
+            g = detlogp.shard_geometry(lo, hi - lo, REAL)
+            assert p.summaries.shape == (len(t), g.tiles, 2) and p.edge_logits.shape == (len(t), g.edge_lanes)
+        logp, lse, entropy = detlogp.merge_partials(parts, t, return_entropy=True)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+        assert np.array_equal(bits(entropy), bits(full.entropy)), bounds
+    # The edge lanes are the whole call's scaled logits of those ids.
+    served = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    p = shard(problem, 1000, 1030)
+    assert detlogp.shard_geometry(1000, 30, REAL) == (16, 0, 24, 24, 0, 6)
+    y = (served.logits * (np.float32(1) / temp)[:, None]).astype(np.float32)
+    assert np.array_equal(bits(p.edge_logits), bits(np.concatenate([y[:, 1000:1024], y[:, 1024:1030]], axis=1)))
+    assert shards(problem, [0, 1024, V])[0].edge_logits.shape == (len(t), 0)  # aligned: none
+
+
+def test_edge_lanes_that_do_not_fit_the_shard_are_refused(problem):
+    t = problem[2]
+    parts = shards(problem, [0, 1000, V])
+    cut = parts[0]._replace(edge_logits=parts[0].edge_logits[:, :5].copy())
+    refused([cut, parts[1]], t, "rank 0 partials have edge_lanes=5 but their layout's shard [0, 1000) has 40 edge lanes")
+    refused([parts[0]._replace(edge_logits=None), parts[1]], t, "rank 0 partials have edge_lanes=0")
+    with pytest.raises(detlogp.InputError, match=re.escape("vocab_local=0 must be >= 1")):
+        detlogp.shard_geometry(0, 0, 10)

@@ -31,8 +31,10 @@ void run_help(std::ostream& os) {
         "that is a vocabulary shard (vocab_start > 0 or vocab_start + V_local < real_vocab) has no\n"
         "logp/lse of its own: it is refused unless --partials asks for its tensor-parallel partials,\n"
         "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8 (and with\n"
-        "--entropy the tiles' entropy sums usums [N, tiles] f32), written with their layout\n"
-        "(vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
+        "--entropy the tiles' entropy sums usums [N, tiles] f32; for a shard that is not 64-aligned\n"
+        "the scaled logits of its lanes in the tiles that straddle its boundaries, edge_logits\n"
+        "[N, edge_lanes] f32), written with their layout (vocab_start, vocab_local, real_vocab,\n"
+        "ignore_index, backend, targets digest, the shard's tiles and edge lanes).\n"
         "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
         "order printed (logp|lse[|logits][|entropy], or the partials).\n\n";
   print_option_help(os, command_options("run"));
@@ -173,7 +175,7 @@ int command_run(const Options& o) {
     io::SafetensorsContents file;
     for (auto& [name, t] : out.tensors) file.add(name, std::move(t));
     if (out.entry == Entry::partials) file.metadata = partials_metadata(p, out);
-    file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v1" : "detlogp-output-v1";
+    file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v2" : "detlogp-output-v1";
     file.metadata["detlogp_version"] = version_string();
     file.metadata["provenance"] = to_string(out.report.provenance);
     file.metadata["sha256"] = first_sha;

@@ -17,16 +17,24 @@ HostTensor f32_tensor(std::vector<int64_t> shape) { return HostTensor::zeros(Ele
 RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, const CallOptions& opt, bool entropy) {
   RunOutputs out;
   out.entry = Entry::partials;
-  const int64_t tiles = shard_tiles(p.vocab_local);
+  // The shard's whole tiles and edge lanes; a shard the library refuses sizes nothing (it names the reason).
+  const int64_t real_vocab = p.effective_real_vocab();
+  const ShardGeometry g = p.vocab_local > 0 && p.vocab_start >= 0 && real_vocab > 0
+                              ? shard_geometry(p.vocab_start, p.vocab_local, real_vocab)
+                              : ShardGeometry{};
+  const int64_t tiles = g.tiles;
   std::vector<TileSummary> summaries(static_cast<size_t>(p.rows * tiles));
   HostTensor target_logit = f32_tensor({p.rows});
   HostTensor owned = HostTensor::zeros(ElementType::u8, {p.rows});
+  HostTensor edge_logits = f32_tensor({p.rows, g.edge_lanes()});
   ShardPartials partials;
   partials.rows = p.rows;
   partials.tiles = tiles;
   partials.summaries = summaries.data();
   partials.target_logit = static_cast<float*>(target_logit.data());
   partials.target_owned = static_cast<uint8_t*>(owned.data());
+  partials.edge_lanes = g.edge_lanes();
+  partials.edge_logits = static_cast<float*>(edge_logits.data());
   HostTensor usums;
   if (entropy) {
     usums = f32_tensor({p.rows, tiles});
@@ -47,6 +55,7 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
                  {"target_logit", std::move(target_logit)},
                  {"target_owned", std::move(owned)}};
   if (entropy) out.tensors.emplace_back("usums", std::move(usums));
+  if (g.edge_lanes() > 0) out.tensors.emplace_back("edge_logits", std::move(edge_logits));
   return out;
 }
 
@@ -103,9 +112,13 @@ std::string hex64(uint64_t v) {
 std::map<std::string, std::string> partials_metadata(const HostProblem& p, const RunOutputs& out) {
   const Provenance& prov = out.report.provenance;
   const PartialsLayout& l = out.layout;
+  const ShardGeometry g = shard_geometry(l.vocab_start, l.vocab_local, l.real_vocab);
   return {
       {"rows", std::to_string(p.rows)},
-      {"tiles", std::to_string(shard_tiles(l.vocab_local))},
+      {"tiles", std::to_string(g.tiles)},
+      {"first_tile", std::to_string(g.first_tile)},
+      {"head_lanes", std::to_string(g.head_lanes)},
+      {"tail_lanes", std::to_string(g.tail_lanes)},
       {"vocab_start", std::to_string(l.vocab_start)},
       {"vocab_local", std::to_string(l.vocab_local)},
       {"real_vocab", std::to_string(l.real_vocab)},
