@@ -89,12 +89,21 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     // Ownership lives on the device: exactly one rank's target_owned is 1 per non-ignored row
     // because the shards are contiguous and cover real_vocab, and every rank flagged the same
     // targets (the protocol's header exchange, or merge_partials' layout checks).
+    // Ranks that hold no tile or lane own no target and add nothing: left out (their buffers may
+    // be null), the plan's rank indices renumbered to the ranks passed.
     std::vector<detail::DeviceMergeRank> views;
-    for (const auto& r : ranks)
-      views.push_back({r.summaries, r.tiles, contributes(r) ? r.target_logit : nullptr,
-                       contributes(r) ? r.target_owned : nullptr, entropy_out ? r.usums : nullptr});
+    std::vector<int> view_of(ranks.size(), -1);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const ShardPartials& r = ranks[i];
+      if (!contributes(r)) continue;
+      view_of[i] = static_cast<int>(views.size());
+      views.push_back({r.summaries, r.tiles, r.target_logit, r.target_owned, entropy_out ? r.usums : nullptr});
+    }
+    StraddlePlan device_plan = plan;
+    for (detail::StraddleTile& t : device_plan.tiles) t.completed_by = static_cast<int16_t>(view_of[t.completed_by]);
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
-                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out, &plan);
+                         static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out,
+                         &device_plan);
     return;
   }
   auto target_of = [&](int64_t n) {

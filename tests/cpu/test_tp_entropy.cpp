@@ -27,21 +27,6 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-// Outputs with an entropy output, poisoned.
-struct EntropyOutputs {
-  Outputs out;
-  std::vector<float> entropy;
-
-  EntropyOutputs(int64_t rows, int64_t vocab_local, bool with_logits)
-      : out(rows, vocab_local, with_logits), entropy(poisoned(static_cast<size_t>(rows))) {}
-  detlogp::LinearLogpOutputs views() {
-    detlogp::LinearLogpOutputs o = out.views();
-    o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, static_cast<int64_t>(entropy.size()));
-    return o;
-  }
-  bool untouched() const { return out.untouched() && count_unpoisoned(entropy) == 0; }
-};
-
 // TP = 1: linear_logp on the whole vocabulary, with the entropy.
 EntropyOutputs single(const Problem& p) {
   EntropyOutputs r(p.rows, p.vocab, false);

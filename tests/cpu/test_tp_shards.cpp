@@ -26,20 +26,10 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-// logp, lse and entropy of one run, poisoned before it.
-struct TpRun {
-  Outputs out;
-  std::vector<float> entropy;
+// logp, lse and entropy of one run, poisoned before it, and the error it threw.
+struct TpRun : EntropyOutputs {
   std::string error;
-
-  TpRun(int64_t rows, int64_t vocab_local, bool with_logits = false)
-      : out(rows, vocab_local, with_logits), entropy(poisoned(static_cast<size_t>(rows))) {}
-  detlogp::LinearLogpOutputs views() {
-    detlogp::LinearLogpOutputs o = out.views();
-    o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, static_cast<int64_t>(entropy.size()));
-    return o;
-  }
-  bool untouched() const { return out.untouched() && count_unpoisoned(entropy) == 0; }
+  TpRun(int64_t rows, int64_t vocab_local, bool with_logits = false) : EntropyOutputs(rows, vocab_local, with_logits) {}
 };
 
 void expect_tp1_bits(const TpRun& got, const TpRun& want, const std::string& what) {
