@@ -47,7 +47,8 @@ struct LogpProblem : HeadOperands {
   float* lse = nullptr;
   float* logits = nullptr;
   float* entropy = nullptr;  // [rows] or null: the row's entropy (docs/contract.md §10)
-  // Partial mode: tile summaries and target partials instead of logp/lse.
+  // Partial mode: tile summaries and target partials instead of logp/lse (also for a shard without
+  // whole tiles, whose summaries may be null).
   bool partial = false;
   TileSummary* summaries = nullptr;  // [rows][geometry().tiles] (may be null where that is 0)
   float* target_logit = nullptr;
@@ -69,7 +70,8 @@ struct LogpProblem : HeadOperands {
     const int64_t n = end - first;
     return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
   }
-  bool partial_mode() const { return partial; }
+  // make_problem sets `partial`; a problem built by hand is in partial mode by its summaries.
+  bool partial_mode() const { return partial || summaries != nullptr; }
 };
 
 }  // namespace detlogp::detail
