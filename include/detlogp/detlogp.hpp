@@ -20,7 +20,7 @@ struct LinearLogpInputs {
   TensorView hidden;            // [N, D] bf16, rows may be strided
   TensorView weight;            // [V_local, D] bf16: this rank's lm_head shard
   TensorView bias;              // optional [V_local] f32
-  TensorView targets;           // [N] i32 or i64, global vocab ids
+  TensorView targets;           // [N] i32 or i64, global vocab ids; or [N, K] (K <= kMaxTargetsPerRow): K ids per row
   float temperature = 1.0f;     // used when temperature_rows is absent
   TensorView temperature_rows;  // optional [N] f32, one T per row
   int64_t real_vocab = -1;      // V_real; ids >= V_real are padding. -1: vocab_start + V_local
@@ -28,7 +28,8 @@ struct LinearLogpInputs {
   int64_t ignore_index = kDefaultIgnoreIndex;
 };
 
-// Outputs: logp [N] f32, lse [N] f32, and on the serving entry logits [N, V_local] f32
+// Outputs: logp [N] f32 ([N, K] for [N, K] targets: entry k the logp of targets[n, k], each
+// entry the bits of a call with that single target), lse [N] f32, and on the serving entry logits [N, V_local] f32
 // (unscaled z = h.W + b). logits absent = trainer entry, which never allocates [N, V].
 // entropy, when present: [N] f32, H = -sum p log p of the row's softmax(y) over the real
 // vocabulary, computed in the same pass (docs/contract.md §10; served by backends whose
@@ -39,6 +40,9 @@ struct LinearLogpOutputs {
   MutableTensorView logits;
   MutableTensorView entropy;
 };
+
+// The most target ids per row of [N, K] targets (one pass over the vocabulary for all of them).
+inline constexpr int64_t kMaxTargetsPerRow = 64;
 
 struct CallOptions {
   std::string backend;  // "" -> env DETLOGP_BACKEND, else "auto"
@@ -96,8 +100,9 @@ struct ShardPartials {
   int64_t rows = 0;
   int64_t tiles = 0;                 // shard_geometry(...).tiles: ceil(V_local / 64) for an aligned shard
   TileSummary* summaries = nullptr;  // [rows][tiles]: global tiles first_tile .. first_tile + tiles - 1
-  float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
-  uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
+  int64_t targets_per_row = 1;       // K of [N, K] targets (1 for [N] targets)
+  float* target_logit = nullptr;     // [rows][targets_per_row]; +0 where not owned or ignored
+  uint8_t* target_owned = nullptr;   // [rows][targets_per_row]; 1 where this shard owns the target
   float* usums = nullptr;            // optional [rows][tiles]: the tiles' entropy sums u_g (§10), for a
                                      // merge that writes entropy; filled when non-null
   int64_t edge_lanes = 0;            // shard_geometry(...).edge_lanes(): 0 for an aligned shard

@@ -93,8 +93,8 @@ class ShardGeometry(NamedTuple):
 
 class Partials(NamedTuple):
     summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's whole global tiles
-    target_logit: Any  # [N] float32: scaled target logit where the shard owns the target, else +0
-    target_owned: Any  # [N] uint8
+    target_logit: Any  # [N] ([N, K]) float32: scaled target logit where the shard owns the target, else +0
+    target_owned: Any  # [N] ([N, K]) uint8
     logits: Any  # [N, V_local] float32 on the serving entry, else None
     report: dict
     layout: PartialsLayout
@@ -352,6 +352,13 @@ def _backend_arg(backend: Optional[str]) -> str:
     return backend or ""
 
 
+def _per_target(targets, rows: int):
+    """The shape of what is shaped like the targets (logp, the partials' target logits): [N] for
+    [N] targets, [N, K] for K ids a row."""
+    shape = getattr(targets, "shape", ())
+    return (rows, int(shape[1])) if len(shape) == 2 else rows
+
+
 def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab):
     """The extension's problem tuple of one call and its row count."""
     hidden, weight, targets = (
@@ -372,14 +379,15 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
-    int64, bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
+    int64 (or [N, K], K <= 64: K ids a row, logp [N, K], each entry the bits of a call with that
+    single target; one pass over the vocabulary), bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
     (docs/python.md, "Accepted inputs"). Returns
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report, entropy [N] f32 or None).
     return_entropy: each row's entropy -sum p log p in the same pass (docs/contract.md §10); served
     by the backends whose provenance names an entropy_id (the CPU backend today), refused by the
     others."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(problem[2], rows), np.float32)
     lse = np.empty(rows, np.float32)
     logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
     entropy = np.empty(rows, np.float32) if return_entropy else None
@@ -403,8 +411,8 @@ def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ig
     # A shard the library refuses sizes nothing: it names the reason in its own words.
     g = shard_geometry(start, v_local, rv) if start >= 0 and v_local > 0 and rv > 0 else ShardGeometry(0, 0, 0, 0, 0, 0)
     summaries = np.zeros((rows, g.tiles, 2), np.float32)
-    target_logit = np.zeros(rows, np.float32)
-    target_owned = np.zeros(rows, np.uint8)
+    target_logit = np.zeros(_per_target(problem[2], rows), np.float32)
+    target_owned = np.zeros(_per_target(problem[2], rows), np.uint8)
     logits = np.empty((rows, v_local), np.float32) if return_logits else None
     usums = np.zeros((rows, g.tiles), np.float32) if return_entropy else None
     edge_logits = np.zeros((rows, g.edge_lanes), np.float32)
@@ -427,7 +435,7 @@ def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: in
     targets = _host_array(targets, "targets")
     ignore_index = _int_arg(ignore_index, "ignore_index")
     rows = _leading(targets)
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(targets, rows), np.float32)
     lse = np.empty(rows, np.float32)
     entropy = np.empty(rows, np.float32) if return_entropy else None
     parts = [
@@ -453,7 +461,7 @@ def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = 
     rows = _leading(logits)
     temp, temp_rows = _split_temperature(temperature, rows)
     rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(targets, rows), np.float32)
     lse = np.empty(rows, np.float32)
     entropy = np.empty(rows, np.float32) if return_entropy else None
     _ext.reduce_logits(logits, targets, temp, temp_rows, rv, _int_arg(ignore_index, "ignore_index"), logp, lse, entropy)

@@ -114,6 +114,14 @@ detlogp::MutableTensorView out_view(const OutArray& a, const char* name, int ndi
   return {view_of(a, name, ndim, false)};
 }
 
+// Targets and what is shaped like them (logp, the partials' target logits): [N], or [N, K] for K ids
+// a row. Any other rank is refused as not 1-D, in the words of the 1-D case.
+template <class A>
+int target_rank(const A& a, const char* name) {
+  if (a.ndim() == 1 || a.ndim() == 2) return static_cast<int>(a.ndim());
+  value_error(std::string(name) + " must be 1-D [N] or 2-D [N, K], got ndim=" + std::to_string(a.ndim()));
+}
+
 std::optional<detlogp::TensorView> opt_view(const std::optional<InArray>& a, const char* name, int ndim) {
   if (!a) return std::nullopt;
   return view_of(*a, name, ndim, false);
@@ -236,7 +244,8 @@ detlogp::LinearLogpInputs inputs(const Problem& problem) {
   detlogp::LinearLogpInputs in;
   in.hidden = view_of(array_arg(problem[0], "hidden"), "hidden", 2, true);
   in.weight = view_of(array_arg(problem[1], "weight"), "weight", 2, true);
-  in.targets = view_of(array_arg(problem[2], "targets"), "targets", 1, false);
+  const InArray targets = array_arg(problem[2], "targets");
+  in.targets = view_of(targets, "targets", target_rank(targets, "targets"), false);
   if (auto b = opt_view(opt_array_arg(problem[3], "bias"), "bias", 1)) in.bias = *b;
   in.temperature = temperature_arg(problem[4]);
   if (auto t = opt_view(opt_array_arg(problem[5], "temperature_rows"), "temperature_rows", 1)) in.temperature_rows = *t;
@@ -247,7 +256,7 @@ detlogp::LinearLogpInputs inputs(const Problem& problem) {
 }
 
 detlogp::LinearLogpOutputs outputs(const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits) {
-  detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
+  detlogp::LinearLogpOutputs out{out_view(logp, "logp", target_rank(logp, "logp")), out_view(lse, "lse", 1), {}};
   if (logits) out.logits = out_view(*logits, "logits", 2);
   return out;
 }
@@ -264,21 +273,29 @@ nb::dict reported(Call&& call) {
 }
 
 // One shard's partials over three arrays: summaries [N, tiles, 2] f32, target_logit [N] f32,
-// target_owned [N] u8, contiguous, in one memory. `at` names the rank in the messages.
+// target_owned [N] u8 ([N, K] both for [N, K] targets), contiguous, in one memory. `at` names the
+// rank in the messages.
 template <class A>
 detlogp::ShardPartials partials_of(const A& s, const A& tl, const A& own, const std::string& at) {
   if (s.ndim() != 3 || s.shape(2) != 2 || s.dtype() != nb::dtype<float>())
     value_error(at + "summaries must be [N, tiles, 2] float32");
-  if (tl.ndim() != 1 || tl.dtype() != nb::dtype<float>() || own.ndim() != 1 || own.dtype() != nb::dtype<uint8_t>() ||
-      tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0))
-    value_error(at + "target_logit must be [N] float32 and target_owned [N] uint8");
+  const size_t k = tl.ndim() == 2 ? tl.shape(1) : 1;
+  if ((tl.ndim() != 1 && tl.ndim() != 2) || tl.ndim() != own.ndim() || tl.dtype() != nb::dtype<float>() ||
+      own.dtype() != nb::dtype<uint8_t>() || tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0) ||
+      (own.ndim() == 2 && own.shape(1) != k))
+    value_error(at + "target_logit must be [N] (or [N, K]) float32 and target_owned the same shape, uint8");
   detlogp::ShardPartials p;
   p.rows = static_cast<int64_t>(s.shape(0));
   p.tiles = static_cast<int64_t>(s.shape(1));
+  p.targets_per_row = static_cast<int64_t>(k);
   if (p.rows * p.tiles > 0 && (s.stride(2) != 1 || s.stride(1) != 2 || (p.rows > 1 && s.stride(0) != 2 * p.tiles)))
     value_error(at + "summaries must be contiguous");
-  if (p.rows > 1 && (tl.stride(0) != 1 || own.stride(0) != 1))
-    value_error(at + "target_logit and target_owned must be contiguous");
+  const auto contiguous = [&](const A& a) {
+    if (a.ndim() == 1) return p.rows <= 1 || a.stride(0) == 1;
+    return p.rows * p.targets_per_row == 0 ||
+           ((p.targets_per_row == 1 || a.stride(1) == 1) && (p.rows <= 1 || a.stride(0) == p.targets_per_row));
+  };
+  if (!contiguous(tl) || !contiguous(own)) value_error(at + "target_logit and target_owned must be contiguous");
   const Placement pl = placement_of(s.device_type(), s.device_id(), "summaries");
   for (const Placement q : {placement_of(tl.device_type(), tl.device_id(), "target_logit"),
                             placement_of(own.device_type(), own.device_id(), "target_owned")})
@@ -561,8 +578,9 @@ NB_MODULE(_detlogp, m) {
           set_edge_logits(parts.back(), edge, at);
           parts.back().layout = layout_of(layout);
         }
-        const detlogp::TensorView t = view_of(targets, "targets", 1, false);
-        const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
+        const detlogp::TensorView t = view_of(targets, "targets", target_rank(targets, "targets"), false);
+        const detlogp::MutableTensorView lp = out_view(logp, "logp", target_rank(logp, "logp")),
+                                         ls = out_view(lse, "lse", 1);
         const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::gil_scoped_release release;
@@ -585,6 +603,7 @@ NB_MODULE(_detlogp, m) {
         in.targets = first_rows(in.targets, 0);
         in.temperature_rows = first_rows(in.temperature_rows, 0);
         detlogp::ShardPartials none;
+        none.targets_per_row = in.targets.ndim == 2 ? in.targets.cols : 1;
         // The geometry of a shard the check accepts (it checks the shard before the partials).
         const int64_t real_vocab = in.real_vocab < 0 ? in.vocab_start + in.weight.rows : in.real_vocab;
         if (in.weight.rows > 0 && in.vocab_start >= 0 && real_vocab > 0) {
@@ -642,13 +661,15 @@ NB_MODULE(_detlogp, m) {
          const std::optional<OutArray>& entropy) {
         detlogp::ReduceLogitsInputs in;
         in.logits = view_of(array_arg(logits, "logits"), "logits", 2, false);
-        in.targets = view_of(array_arg(targets, "targets"), "targets", 1, false);
+        const InArray t = array_arg(targets, "targets");
+        in.targets = view_of(t, "targets", target_rank(t, "targets"), false);
         in.temperature = temperature_arg(temperature);
         if (auto t = opt_view(opt_array_arg(temperature_rows, "temperature_rows"), "temperature_rows", 1))
           in.temperature_rows = *t;
         in.real_vocab = int64_arg(real_vocab, "real_vocab");
         in.ignore_index = int64_arg(ignore_index, "ignore_index");
-        const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
+        const detlogp::MutableTensorView lp = out_view(logp, "logp", target_rank(logp, "logp")),
+                                         ls = out_view(lse, "lse", 1);
         const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
         nb::gil_scoped_release release;
         detlogp::reduce_logits(in, lp, ls, h);

@@ -20,8 +20,8 @@ namespace {
 class RegistryPartials final : public tp::PartialsBackend {
  public:
   explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
-  void select(Memory memory, bool entropy, CallReport& report) override {
-    backend_ = &detail::select_backend(opt_, memory, true, entropy, report);
+  void select(Memory memory, bool entropy, int64_t targets_per_row, CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, memory, true, entropy, report, targets_per_row);
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -40,21 +40,23 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report);
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report,
+                                                          in.targets.ndim == 2 ? in.targets.cols : 1);
   detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
   problem.stream = opt.cuda_stream;
   // The digests read the values the backend reads. In CUDA memory that is one copy to the host,
   // queued before the partials' kernels (the backend waits for its validation verdict anyway, so
   // the host already waits for the work ahead of it on the stream).
-  const tp::HostRows rows = tp::read_rows(problem.targets, problem.targets_i64, problem.temperature_rows, problem.rows,
-                                          problem.memory, problem.device, problem.stream);
+  const tp::HostRows rows =
+      tp::read_rows(problem.targets, problem.targets_i64, problem.targets_per_row, problem.temperature_rows,
+                    problem.rows, problem.memory, problem.device, problem.stream);
   if (problem.rows > 0) detail::dispatch(backend, problem);
   PartialsLayout& layout = out.layout;
   layout.vocab_start = problem.vocab_start;
   layout.vocab_local = problem.vocab_local;
   layout.real_vocab = problem.real_vocab;
   layout.ignore_index = problem.ignore_index;
-  layout.targets_digest = tp::targets_digest(rows.targets);
+  layout.targets_digest = tp::targets_digest(rows.targets, problem.targets_per_row);
   layout.temperature_digest = tp::temperature_digest(problem.temperature, rows.temperatures);
   layout.backend_digest = tp::backend_digest(report.provenance);
   return report;
@@ -100,6 +102,7 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
                   "shard bounds[" << r + 1 << "]=" << bounds[r + 1] << " must exceed bounds[" << r << "]=" << bounds[r]
                                   << ": every shard holds rows");
   const int64_t real_vocab = in.real_vocab < 0 ? vocab : in.real_vocab;
+  const int64_t per_row = in.targets.ndim == 2 ? in.targets.cols : 1;
 
   struct RankBuffers {
     std::vector<TileSummary> summaries;
@@ -130,9 +133,10 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
     p.memory = Memory::host;
     p.tiles = g.tiles;
     p.edge_lanes = g.edge_lanes();
+    p.targets_per_row = per_row;
     b.summaries.resize(static_cast<size_t>(rows * p.tiles));
-    b.target_logit.resize(static_cast<size_t>(rows));
-    b.owned.resize(static_cast<size_t>(rows));
+    b.target_logit.resize(static_cast<size_t>(rows * per_row));
+    b.owned.resize(static_cast<size_t>(rows * per_row));
     b.edge_logits.resize(static_cast<size_t>(rows * p.edge_lanes));
     p.summaries = b.summaries.data();
     p.target_logit = b.target_logit.data();
@@ -146,8 +150,8 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
     partials.push_back(p);
   }
   // Validate the outputs like linear_logp would, then merge.
-  DETLOGP_CHECK(out.logp.ndim == 1 && out.logp.rows == rows && out.lse.ndim == 1 && out.lse.rows == rows,
-                "logp and lse must be [N=" << rows << "]");
+  DETLOGP_CHECK(out.logp.rows == rows && out.lse.ndim == 1 && out.lse.rows == rows,
+                "logp and lse must have N=" << rows << " rows");
   DETLOGP_CHECK(!out.logits.present(),
                 "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
   merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse, out.entropy);

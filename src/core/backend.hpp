@@ -40,6 +40,8 @@ class Backend {
   virtual bool supports_partials() const { return contract_bearing(); }
   // Whether run() fills LogpProblem::entropy (docs/contract.md §10): its provenance names the id.
   bool supports_entropy() const { return !provenance().entropy_id.empty(); }
+  // Whether run() takes [N, K] targets with K > 1 (one pass, K logp per row).
+  virtual bool supports_multi_targets() const { return false; }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages

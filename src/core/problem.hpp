@@ -24,9 +24,11 @@ struct HeadOperands {
   int64_t hidden_stride = 0;         // elements
   const uint16_t* weight = nullptr;  // bf16 bits, [weight rows][weight_stride]
   int64_t weight_stride = 0;
-  const float* bias = nullptr;  // [weight rows] or null
-  const void* targets = nullptr;
+  const float* bias = nullptr;    // [weight rows] or null
+  const void* targets = nullptr;  // [rows][targets_per_row]
   bool targets_i64 = false;
+  int64_t targets_per_row = 1;  // K of [N, K] targets, 1 for [N]
+  bool targets_2d = false;      // [N, K] targets (messages name targets[n, k]; logp is [N, K])
   float temperature = 1.0f;
   const float* temperature_rows = nullptr;  // [rows] or null
 
@@ -34,15 +36,16 @@ struct HeadOperands {
   int device = 0;
   void* stream = nullptr;
 
-  int64_t target(int64_t row) const {
-    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
+  int64_t target(int64_t row, int64_t k = 0) const {
+    const int64_t i = row * targets_per_row + k;
+    return targets_i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
   }
 };
 
 struct LogpProblem : HeadOperands {
   int64_t vocab_local = 0;  // V_local: weight rows
 
-  // Full mode: logp/lse (and logits when non-null, row stride vocab_local).
+  // Full mode: logp [rows][targets_per_row] and lse [rows] (and logits when non-null, row stride vocab_local).
   float* logp = nullptr;
   float* lse = nullptr;
   float* logits = nullptr;
@@ -51,9 +54,9 @@ struct LogpProblem : HeadOperands {
   // whole tiles, whose summaries may be null).
   bool partial = false;
   TileSummary* summaries = nullptr;  // [rows][geometry().tiles] (may be null where that is 0)
-  float* target_logit = nullptr;
-  uint8_t* target_owned = nullptr;
-  float* usums = nullptr;  // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
+  float* target_logit = nullptr;     // [rows][targets_per_row]
+  uint8_t* target_owned = nullptr;   // [rows][targets_per_row]
+  float* usums = nullptr;            // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
   // Partial mode, a shard that is not 64-aligned: the scaled logits of its edge lanes
   // [rows][geometry().edge_lanes()] (detlogp/shards.hpp); summaries cover geometry().tiles tiles.
   float* edge_logits = nullptr;

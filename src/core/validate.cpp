@@ -83,13 +83,62 @@ void check_temperatures_host(const float* temps, int64_t rows) {
   for (int64_t n = 0; n < rows; ++n) check_temperature_value(temps[n], "temperature_rows", n);
 }
 
-void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index) {
-  for (int64_t n = 0; n < rows; ++n) {
-    const int64_t t = is_i64 ? static_cast<const int64_t*>(targets)[n] : static_cast<const int32_t*>(targets)[n];
+namespace {
+
+// targets[n] of [N] targets, targets[n, k] of [N, K], for the flat index i.
+std::string target_name(int64_t i, int64_t per_row, bool two_d) {
+  std::ostringstream os;
+  os << "targets[";
+  if (two_d)
+    os << i / per_row << ", " << i % per_row;
+  else
+    os << i;
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index,
+                        int64_t per_row, bool two_d) {
+  for (int64_t i = 0; i < rows * per_row; ++i) {
+    const int64_t t = is_i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
     if (t == ignore_index) continue;
-    DETLOGP_CHECK(t >= 0, "targets[" << n << "]=" << t << " is negative and not ignore_index=" << ignore_index);
-    DETLOGP_CHECK(t < real_vocab, "targets[" << n << "]=" << t << " is >= real_vocab=" << real_vocab);
+    DETLOGP_CHECK(t >= 0, target_name(i, per_row, two_d)
+                              << "=" << t << " is negative and not ignore_index=" << ignore_index);
+    DETLOGP_CHECK(t < real_vocab, target_name(i, per_row, two_d) << "=" << t << " is >= real_vocab=" << real_vocab);
   }
+}
+
+int64_t check_targets_tensor(const TensorView& t, int64_t rows) {
+  DETLOGP_CHECK(t.ndim == 1 || t.ndim == 2, "targets must be 1-D [N] or 2-D [N, K], got ndim=" << t.ndim);
+  if (t.ndim != 2) {
+    check_vector(t, "targets", rows, {DType::i32, DType::i64});
+    return 1;
+  }
+  DETLOGP_CHECK(t.dtype == DType::i32 || t.dtype == DType::i64,
+                "targets must be i32 or i64, got " << dtype_name(t.dtype));
+  DETLOGP_CHECK(t.rows == rows, "targets has " << t.rows << " rows, expected " << rows);
+  DETLOGP_CHECK(
+      t.cols >= 1 && t.cols <= kMaxTargetsPerRow,
+      "targets has K=" << t.cols << " ids per row; K must be in [1, " << kMaxTargetsPerRow << "] (kMaxTargetsPerRow)");
+  DETLOGP_CHECK(t.row_stride == t.cols,
+                "targets [N, K] must be contiguous (row_stride=" << t.row_stride << ", expected K=" << t.cols << ")");
+  DETLOGP_CHECK(rows == 0 || t.data != nullptr, "targets data pointer is null");
+  return t.cols;
+}
+
+void check_logp_tensor(const TensorView& logp, const TensorView& targets, int64_t rows, int64_t per_row) {
+  if (targets.ndim != 2) {
+    check_vector(logp, "logp", rows, {DType::f32});
+    return;
+  }
+  DETLOGP_CHECK(logp.ndim == 2 && logp.dtype == DType::f32 && logp.rows == rows && logp.cols == per_row &&
+                    logp.row_stride == per_row,
+                "logp must be [N=" << rows << ", K=" << per_row
+                                   << "] f32, contiguous (one entry per target), got ndim=" << logp.ndim << " "
+                                   << dtype_name(logp.dtype) << " [" << logp.rows << ", " << logp.cols << "]");
+  DETLOGP_CHECK(rows == 0 || logp.data != nullptr, "logp data pointer is null");
 }
 
 HeadShape check_head(const LinearLogpInputs& in, const char* vocab_name, const char* vocab_role) {
@@ -115,7 +164,8 @@ int64_t check_operands(const LinearLogpInputs& in, const char* vocab_name, const
   p.memory = mem;
   p.device = dev;
 
-  check_vector(in.targets, "targets", p.rows, {DType::i32, DType::i64});
+  p.targets_per_row = check_targets_tensor(in.targets, p.rows);
+  p.targets_2d = in.targets.ndim == 2;
   check_memory(in.targets, "targets", mem, dev);
   if (in.bias.present()) {
     check_vector(in.bias, "bias", head.vocab, {DType::f32});
@@ -150,7 +200,7 @@ int64_t checked_real_vocab(const LinearLogpInputs& in, int64_t vocab, const char
 
 void check_host_values(const HeadOperands& p) {
   if (p.memory != Memory::host || p.rows == 0) return;
-  check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
+  check_targets_host(p.targets, p.targets_i64, p.rows, p.real_vocab, p.ignore_index, p.targets_per_row, p.targets_2d);
   if (p.temperature_rows) check_temperatures_host(p.temperature_rows, p.rows);
 }
 
@@ -170,6 +220,9 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     DETLOGP_CHECK(partials->tiles == g.tiles, "partials.tiles=" << partials->tiles << " but the shard ["
                                                                 << p.vocab_start << ", " << shard_end << ") has "
                                                                 << g.tiles << " whole tiles (shard_geometry)");
+    DETLOGP_CHECK(partials->targets_per_row == p.targets_per_row,
+                  "partials.targets_per_row=" << partials->targets_per_row << " but targets has K=" << p.targets_per_row
+                                              << " ids per row");
     DETLOGP_CHECK(partials->edge_lanes == g.edge_lanes(),
                   "partials.edge_lanes=" << partials->edge_lanes << " but the shard [" << p.vocab_start << ", "
                                          << shard_end << ") has " << g.edge_lanes() << " edge lanes (" << g.head_lanes
@@ -194,7 +247,7 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
                   "linear_logp needs the whole real vocabulary (vocab_start=0, V_local >= real_vocab); got shard ["
                       << p.vocab_start << ", " << shard_end << ") of real_vocab=" << p.real_vocab
                       << ": use linear_logp_partials + merge_partials for a vocab shard");
-    check_vector(out->logp, "logp", p.rows, {DType::f32});
+    check_logp_tensor(out->logp, in.targets, p.rows, p.targets_per_row);
     check_vector(out->lse, "lse", p.rows, {DType::f32});
     check_memory(out->logp, "logp", mem, dev);
     check_memory(out->lse, "lse", mem, dev);
@@ -229,10 +282,16 @@ ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, con
                 "real_vocab=" << in.real_vocab << " must be in [1, V=" << p.vocab << "] (or -1 for V)");
   for (const auto* t : {&in.targets, static_cast<const TensorView*>(&logp), static_cast<const TensorView*>(&lse)})
     DETLOGP_CHECK(t->memory == Memory::host, "reduce_logits needs host memory for targets/logp/lse");
-  DETLOGP_CHECK(in.targets.ndim == 1 && (in.targets.dtype == DType::i32 || in.targets.dtype == DType::i64) &&
-                    in.targets.rows == rows,
-                "targets must be [N=" << rows << "] i32 or i64");
-  DETLOGP_CHECK(logp.ndim == 1 && logp.dtype == DType::f32 && logp.rows == rows, "logp must be [N=" << rows << "] f32");
+  DETLOGP_CHECK((in.targets.ndim == 1 || in.targets.ndim == 2) &&
+                    (in.targets.dtype == DType::i32 || in.targets.dtype == DType::i64) && in.targets.rows == rows,
+                "targets must be [N=" << rows << "] or [N=" << rows << ", K] i32 or i64");
+  p.targets_per_row = check_targets_tensor(in.targets, rows);
+  p.targets_2d = in.targets.ndim == 2;
+  if (p.targets_2d)
+    check_logp_tensor(logp, in.targets, rows, p.targets_per_row);
+  else
+    DETLOGP_CHECK(logp.ndim == 1 && logp.dtype == DType::f32 && logp.rows == rows,
+                  "logp must be [N=" << rows << "] f32");
   DETLOGP_CHECK(lse.ndim == 1 && lse.dtype == DType::f32 && lse.rows == rows, "lse must be [N=" << rows << "] f32");
   check_temperature_value(in.temperature, "temperature", -1);
   if (in.temperature_rows.present()) {
@@ -256,7 +315,8 @@ ReduceLogitsProblem make_reduce_logits_problem(const ReduceLogitsInputs& in, con
         "entropy must be [N=" << rows << "] f32 in host memory");
     p.entropy = static_cast<float*>(entropy.mutable_data());
   }
-  if (rows > 0) check_targets_host(p.targets, p.targets_i64, rows, p.real_vocab, p.ignore_index);
+  if (rows > 0)
+    check_targets_host(p.targets, p.targets_i64, rows, p.real_vocab, p.ignore_index, p.targets_per_row, p.targets_2d);
   return p;
 }
 

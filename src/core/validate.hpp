@@ -44,8 +44,14 @@ int64_t checked_real_vocab(const LinearLogpInputs& in, int64_t vocab, const char
 // Host memory: every target in [0, real_vocab) or ignore_index, every row temperature valid.
 void check_host_values(const HeadOperands& p);
 
-// Host-side value checks, also used by reduce_logits.
-void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);
+// Host-side value checks, also used by reduce_logits: rows * per_row targets, each in [0, real_vocab)
+// or ignore_index; messages name targets[n] ([N] targets) or targets[n, k] (two_d: [N, K]).
+void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index,
+                        int64_t per_row = 1, bool two_d = false);
+// targets [N] or [N, K] (K in [1, kMaxTargetsPerRow], contiguous), i32 or i64: returns K (1 for [N]).
+int64_t check_targets_tensor(const TensorView& targets, int64_t rows);
+// logp shaped like the targets: [N] for [N] targets, [N, K] f32 contiguous for [N, K].
+void check_logp_tensor(const TensorView& logp, const TensorView& targets, int64_t rows, int64_t per_row);
 // The error for a temperature outside [kMinTemperature, kMaxTemperature], naming `what` (with
 // [row] when row >= 0) and the value; the host checks and the device status both raise it.
 std::string temperature_range_message(const char* what, int64_t row, float t);

@@ -28,8 +28,8 @@ struct TileOutputs {
   float* usums = nullptr;
   int64_t edge_lanes = 0;
   float* edge_logits = nullptr;
-  float* target_logit = nullptr;
-  uint8_t* target_owned = nullptr;
+  float* target_logit = nullptr;    // [rows][targets_per_row]
+  uint8_t* target_owned = nullptr;  // [rows][targets_per_row]
 };
 
 // What one 64-column panel of z is: a whole global tile (its summary slot and real lanes), or the
@@ -63,12 +63,14 @@ void panel_epilogue(const LogpProblem& p, int64_t row, int64_t col0, int cols, f
   } else {
     std::copy(y, y + role.edge_count, out.edge_logits + at * out.edge_lanes + role.edge);
   }
-  const int64_t t = p.target(row);
-  if (t == p.ignore_index) return;
-  const int64_t local = t - p.vocab_start - col0;
-  if (local >= 0 && local < cols) {
-    out.target_logit[at] = y[local];
-    out.target_owned[at] = 1;
+  for (int64_t k = 0; k < p.targets_per_row; ++k) {
+    const int64_t t = p.target(row, k);
+    if (t == p.ignore_index) continue;
+    const int64_t local = t - p.vocab_start - col0;
+    if (local >= 0 && local < cols) {
+      out.target_logit[at * p.targets_per_row + k] = y[local];
+      out.target_owned[at * p.targets_per_row + k] = 1;
+    }
   }
 }
 
@@ -100,13 +102,15 @@ class CpuContractBackend final : public CpuBackend {
  public:
   CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
   bool contract_bearing() const override { return true; }
+  bool supports_multi_targets() const override { return true; }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;
     const int64_t tiles = p.local_tiles();
+    const int64_t per_row = p.targets_per_row;
     if (p.partial_mode()) {
-      std::fill(p.target_logit, p.target_logit + p.rows, 0.0f);
-      std::fill(p.target_owned, p.target_owned + p.rows, uint8_t{0});
+      std::fill(p.target_logit, p.target_logit + p.rows * per_row, 0.0f);
+      std::fill(p.target_owned, p.target_owned + p.rows * per_row, uint8_t{0});
       const ShardGeometry g = p.geometry();
       compute_tile_summaries(
           p, 0, p.rows, {g.tiles, p.summaries, p.usums, g.edge_lanes(), p.edge_logits, p.target_logit, p.target_owned});
@@ -117,8 +121,8 @@ class CpuContractBackend final : public CpuBackend {
     chunk = std::max<int64_t>(cpu::kRowGroup, chunk / cpu::kRowGroup * cpu::kRowGroup);
     chunk = std::min(chunk, p.rows);
     std::vector<TileSummary> summaries(static_cast<size_t>(chunk * tiles));
-    std::vector<float> target_logit(static_cast<size_t>(chunk));
-    std::vector<uint8_t> owned(static_cast<size_t>(chunk));
+    std::vector<float> target_logit(static_cast<size_t>(chunk * per_row));
+    std::vector<uint8_t> owned(static_cast<size_t>(chunk * per_row));
     std::vector<float> usums(p.entropy ? static_cast<size_t>(chunk * tiles) : 0);
     const TileOutputs out{
         tiles, summaries.data(), p.entropy ? usums.data() : nullptr, 0, nullptr, target_logit.data(), owned.data()};
@@ -128,10 +132,13 @@ class CpuContractBackend final : public CpuBackend {
       compute_tile_summaries(p, row0, rows, out);
       cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t r, int) {
         const int64_t row = row0 + r;
-        const bool ignored = p.target(row) == p.ignore_index;
-        const RowResult res = reduce_row_summaries(summaries.data() + r * tiles, tiles, target_logit[r], ignored);
-        p.logp[row] = res.logp;
-        p.lse[row] = res.lse;
+        const RowChain chain = chain_row_summaries(summaries.data() + r * tiles, tiles);
+        for (int64_t k = 0; k < per_row; ++k) {  // each target's finalize: its single-target bits
+          const bool ignored = p.target(row, k) == p.ignore_index;
+          const RowResult res = finalize_row(chain.global_max, chain.sum, target_logit[r * per_row + k], ignored);
+          p.logp[row * per_row + k] = res.logp;
+          p.lse[row] = res.lse;
+        }
         if (p.entropy)
           p.entropy[row] = entropy_row_summaries(summaries.data() + r * tiles, usums.data() + r * tiles, tiles);
       });

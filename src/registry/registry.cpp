@@ -14,7 +14,8 @@ std::string backend_ids() {
 
 }  // namespace
 
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report) {
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
+                              int64_t targets_per_row) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -54,6 +55,10 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   DETLOGP_CHECK(!entropy || chosen->supports_entropy(),
                 "backend '" << chosen->id() << "' does not compute the entropy output (docs/contract.md §10); "
                             << cpu_contract_backend().id() << " does, on host memory");
+  DETLOGP_CHECK(targets_per_row <= 1 || chosen->supports_multi_targets(),
+                "backend '" << chosen->id() << "' takes one target per row, but targets has K=" << targets_per_row
+                            << " ids per row; " << cpu_contract_backend().id()
+                            << " takes [N, K] targets, on host memory (or call once per target column)");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();

@@ -10,7 +10,9 @@ struct GradLogitsProblem;
 
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
 // strict, fallback). Throws with the backend ids named when it cannot serve.
-const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report);
+// targets_per_row: K of [N, K] targets (K > 1 needs a backend that takes several targets a row).
+const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
+                              int64_t targets_per_row = 1);
 
 // Runs the problem on the backend, staging host tensors to a device backend when needed.
 void dispatch(const Backend& backend, const LogpProblem& problem);

@@ -6,6 +6,7 @@
 
 #include "core/device_ops.hpp"
 #include "core/straddle.hpp"
+#include "core/validate.hpp"
 #include "detlogp/fpops.hpp"
 
 namespace detlogp::tp {
@@ -49,10 +50,28 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
                       << " partials carry none (usums is null): compute every rank's partials with "
                          "ShardPartials::usums set (linear_logp_partials fills them)");
   }
-  DETLOGP_CHECK(
-      targets.ndim == 1 && targets.rows == rows && (targets.dtype == DType::i32 || targets.dtype == DType::i64),
-      "targets must be [N=" << rows << "] i32 or i64");
-  DETLOGP_CHECK(logp.ndim == 1 && logp.rows == rows && logp.dtype == DType::f32, "logp must be [N=" << rows << "] f32");
+  const int64_t per_row = ranks.front().targets_per_row;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    DETLOGP_CHECK(
+        ranks[r].targets_per_row == per_row,
+        "rank " << r << " partials have targets_per_row=" << ranks[r].targets_per_row << ", rank 0 has " << per_row);
+  DETLOGP_CHECK(per_row == 1 || memory == Memory::host, "the device merge takes one target per row; partials of [N, K="
+                                                            << per_row << "] targets merge on the host");
+  if (targets.ndim == 2) {
+    DETLOGP_CHECK(targets.rows == rows && targets.cols == per_row && targets.row_stride == per_row &&
+                      (targets.dtype == DType::i32 || targets.dtype == DType::i64),
+                  "targets must be [N=" << rows << ", K=" << per_row << "] i32 or i64, contiguous (the partials' K)");
+  } else {
+    DETLOGP_CHECK(
+        per_row == 1 && targets.ndim == 1 && targets.rows == rows &&
+            (targets.dtype == DType::i32 || targets.dtype == DType::i64),
+        "targets must be [N=" << rows << "] i32 or i64" << (per_row > 1 ? " ([N, K] for partials of K > 1)" : ""));
+  }
+  if (targets.ndim == 2)
+    detail::check_logp_tensor(logp, targets, rows, per_row);
+  else
+    DETLOGP_CHECK(logp.ndim == 1 && logp.rows == rows && logp.dtype == DType::f32,
+                  "logp must be [N=" << rows << "] f32");
   DETLOGP_CHECK(lse.ndim == 1 && lse.rows == rows && lse.dtype == DType::f32, "lse must be [N=" << rows << "] f32");
   if (entropy.present()) {
     DETLOGP_CHECK(entropy.ndim == 1 && entropy.rows == rows && entropy.dtype == DType::f32,
@@ -110,11 +129,15 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     return i64 ? static_cast<const int64_t*>(targets.data)[n] : static_cast<const int32_t*>(targets.data)[n];
   };
   // Validate ownership before writing anything.
-  for (int64_t n = 0; n < rows; ++n) {
-    if (target_of(n) == ignore_index) continue;
+  const int64_t per_row = ranks.front().targets_per_row;
+  const bool two_d = targets.ndim == 2;
+  for (int64_t i = 0; i < rows * per_row; ++i) {
+    if (target_of(i) == ignore_index) continue;
     int owners = 0;
-    for (const auto& r : ranks) owners += contributes(r) && r.target_owned[n] ? 1 : 0;
-    DETLOGP_CHECK(owners == 1, "targets[" << n << "]=" << target_of(n) << " is owned by " << owners
+    for (const auto& r : ranks) owners += contributes(r) && r.target_owned[i] ? 1 : 0;
+    DETLOGP_CHECK(owners == 1, "targets[" << (two_d ? std::to_string(i / per_row) + ", " + std::to_string(i % per_row)
+                                                    : std::to_string(i))
+                                          << "]=" << target_of(i) << " is owned by " << owners
                                           << " shards; exactly one shard must own each non-ignored target");
   }
   // The straddling tile each rank completes, if any: it goes right before that rank's whole tiles.
@@ -135,7 +158,7 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     // Rank order is ascending global tile order, each straddling tile placed before the whole tiles
     // of the rank that completes it: the same chain steps, in the same order, as
     // reduce_row_summaries and entropy_row_summaries run over one shard's tiles.
-    float sum = 0.0f, usum = 0.0f, comp = 0.0f, y_t = 0.0f;
+    float sum = 0.0f, usum = 0.0f, comp = 0.0f;
     const auto step = [&](const TileSummary& tile, float tile_usum) {
       const float before = sum;
       sum = chain_step(sum, tile, global_max);
@@ -149,32 +172,39 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
       if (completes[i] >= 0) step(straddles[completes[i]].summary, straddles[completes[i]].usum);
       for (int64_t g = 0; g < r.tiles; ++g)
         step(r.summaries[n * r.tiles + g], entropy_out ? r.usums[n * r.tiles + g] : 0.0f);
-      if (contributes(r) && r.target_owned[n]) y_t = r.target_logit[n];
     }
-    const RowResult res = finalize_row(global_max, sum, y_t, target_of(n) == ignore_index);
-    logp_out[n] = res.logp;
-    lse_out[n] = res.lse;
+    // Each target's y_t from its owner and its own finalize: the bits of a single-target merge.
+    for (int64_t k = 0; k < per_row; ++k) {
+      const int64_t i = n * per_row + k;
+      float y_t = 0.0f;
+      for (const auto& r : ranks)
+        if (contributes(r) && r.target_owned[i]) y_t = r.target_logit[i];
+      const RowResult res = finalize_row(global_max, sum, y_t, target_of(i) == ignore_index);
+      logp_out[i] = res.logp;
+      lse_out[n] = res.lse;
+    }
     if (entropy_out) entropy_out[n] = finalize_entropy(sum, usum, comp);
   }
 }
 
 }  // namespace
 
-HostRows read_rows(const void* targets, bool targets_i64, const float* temperature_rows, int64_t rows, Memory memory,
-                   int device, void* stream) {
+HostRows read_rows(const void* targets, bool targets_i64, int64_t targets_per_row, const float* temperature_rows,
+                   int64_t rows, Memory memory, int device, void* stream) {
   HostRows out;
-  out.targets.resize(static_cast<size_t>(rows));
+  const int64_t count = rows * targets_per_row;
+  out.targets.resize(static_cast<size_t>(count));
   out.temperatures.resize(temperature_rows ? static_cast<size_t>(rows) : 0);
   if (rows == 0) return out;
   if (memory == Memory::host) {
-    for (int64_t n = 0; n < rows; ++n)
-      out.targets[n] = targets_i64 ? static_cast<const int64_t*>(targets)[n] : static_cast<const int32_t*>(targets)[n];
+    for (int64_t i = 0; i < count; ++i)
+      out.targets[i] = targets_i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
     if (temperature_rows) std::copy(temperature_rows, temperature_rows + rows, out.temperatures.begin());
     return out;
   }
-  std::vector<int32_t> t32(targets_i64 ? 0 : static_cast<size_t>(rows));
+  std::vector<int32_t> t32(targets_i64 ? 0 : static_cast<size_t>(count));
   void* dst = targets_i64 ? static_cast<void*>(out.targets.data()) : static_cast<void*>(t32.data());
-  detail::device_copy_async(dst, targets, static_cast<size_t>(rows) * (targets_i64 ? 8 : 4), device, stream);
+  detail::device_copy_async(dst, targets, static_cast<size_t>(count) * (targets_i64 ? 8 : 4), device, stream);
   if (temperature_rows)
     detail::device_copy_async(out.temperatures.data(), temperature_rows, out.temperatures.size() * sizeof(float),
                               device, stream);
@@ -183,8 +213,12 @@ HostRows read_rows(const void* targets, bool targets_i64, const float* temperatu
   return out;
 }
 
-uint64_t targets_digest(const std::vector<int64_t>& targets) {
+uint64_t targets_digest(const std::vector<int64_t>& targets, int64_t targets_per_row) {
   Fnv64 h;
+  if (targets_per_row > 1) {  // [N, K]: K too, so that no reshaping of the same values digests alike
+    h.add(std::string("ids-per-row"));
+    h.add(static_cast<uint64_t>(targets_per_row));
+  }
   h.add(static_cast<uint64_t>(targets.size()));
   for (int64_t t : targets) h.add(static_cast<uint64_t>(t));
   return h.h;
@@ -302,9 +336,11 @@ void merge_partials_checked(const std::vector<ShardPartials>& ranks, const Tenso
                                 << " the partials were computed with: pass merge_partials the ignore_index given to "
                                    "linear_logp_partials");
   const int64_t rows = ranks.front().rows;
-  const uint64_t digest = targets_digest(read_rows(targets.data, targets.dtype == DType::i64, nullptr, rows,
+  const int64_t per_row = ranks.front().targets_per_row;
+  const uint64_t digest = targets_digest(read_rows(targets.data, targets.dtype == DType::i64, per_row, nullptr, rows,
                                                    ranks.front().memory, ranks.front().device, stream)
-                                             .targets);
+                                             .targets,
+                                         per_row);
   DETLOGP_CHECK(digest == computed.targets_digest,
                 "targets differ from those the partials were computed with (targets digest "
                     << hex(digest) << ", the partials' " << hex(computed.targets_digest)

@@ -28,19 +28,20 @@ struct Fnv64 {
   }
 };
 
-// The targets and per-row temperatures of a call, on the host: targets widened to int64,
-// temperatures empty when `temperature_rows` is null. CUDA memory is copied on `stream` and
-// waited for (the copies queue behind the work already on the stream).
+// The targets ([rows][targets_per_row]) and per-row temperatures of a call, on the host: targets
+// widened to int64, temperatures empty when `temperature_rows` is null. CUDA memory is copied on
+// `stream` and waited for (the copies queue behind the work already on the stream).
 struct HostRows {
   std::vector<int64_t> targets;
   std::vector<float> temperatures;
 };
-HostRows read_rows(const void* targets, bool targets_i64, const float* temperature_rows, int64_t rows, Memory memory,
-                   int device, void* stream);
+HostRows read_rows(const void* targets, bool targets_i64, int64_t targets_per_row, const float* temperature_rows,
+                   int64_t rows, Memory memory, int device, void* stream);
 
-// The digests of a PartialsLayout. temperature_digest covers the temperatures in effect: the
-// scalar when `rows` is empty, else the row temperatures alone.
-uint64_t targets_digest(const std::vector<int64_t>& targets);
+// The digests of a PartialsLayout. targets_digest covers the targets' values and, for K > 1 ids a
+// row, K (one id a row digests as before [N, K] targets existed). temperature_digest covers the
+// temperatures in effect: the scalar when `rows` is empty, else the row temperatures alone.
+uint64_t targets_digest(const std::vector<int64_t>& targets, int64_t targets_per_row = 1);
 uint64_t temperature_digest(float temperature, const std::vector<float>& rows);
 uint64_t backend_digest(const Provenance& served);
 

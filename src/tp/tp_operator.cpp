@@ -28,11 +28,11 @@ struct RankHeader {
   int32_t size = 0;
   int64_t rows = 0;
   int64_t dim = 0;
-  PartialsLayout layout;  // this rank's partials as linear_logp_partials would record them
-  uint32_t serving = 0;   // logits requested
-  uint32_t entropy = 0;   // the entropy output requested: the partials carry usums
-  int32_t error = 0;      // 1: this rank's local validation failed, see message
-  int32_t reserved = 0;   // keeps the header free of padding bytes
+  PartialsLayout layout;        // this rank's partials as linear_logp_partials would record them
+  uint32_t serving = 0;         // logits requested
+  uint32_t entropy = 0;         // the entropy output requested: the partials carry usums
+  int32_t error = 0;            // 1: this rank's local validation failed, see message
+  int32_t targets_per_row = 1;  // K of [N, K] targets (1 for [N])
   char message[kMessageBytes] = {};
 };
 static_assert(std::is_trivially_copyable_v<RankHeader>);
@@ -57,13 +57,13 @@ struct SlotLayout {
   size_t edge_logits = 0;  // offset of [chunk][edge_lanes_r] scaled logits of the rank's edge lanes
   size_t bytes = 0;
 };
-SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, bool entropy) {
+SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, int64_t per_row, bool entropy) {
   SlotLayout s;
   s.bytes = round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(TileSummary), 256);
   s.target_logit = s.bytes;
-  s.bytes += round_up(static_cast<size_t>(chunk) * sizeof(float), 256);
+  s.bytes += round_up(static_cast<size_t>(chunk * per_row) * sizeof(float), 256);
   s.owned = s.bytes;
-  s.bytes += round_up(static_cast<size_t>(chunk), 256);
+  s.bytes += round_up(static_cast<size_t>(chunk * per_row), 256);
   if (entropy) {
     s.usums = s.bytes;
     s.bytes += round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(float), 256);
@@ -77,12 +77,13 @@ SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, bool 
 
 // Rank r's partials in its gathered slot `s` (n rows), with its layout (the merge reads the shard's
 // geometry from it).
-ShardPartials slot_partials(void* s, const SlotLayout& slot, const PartialsLayout& layout, int64_t n, bool entropy,
-                            Memory memory, int device) {
+ShardPartials slot_partials(void* s, const SlotLayout& slot, const PartialsLayout& layout, int64_t n, int64_t per_row,
+                            bool entropy, Memory memory, int device) {
   const ShardGeometry g = shard_geometry(layout.vocab_start, layout.vocab_local, layout.real_vocab);
   ShardPartials p;
   p.rows = n;
   p.tiles = g.tiles;
+  p.targets_per_row = per_row;
   p.summaries = byte_offset<TileSummary>(s, slot.summaries);
   p.target_logit = byte_offset<float>(s, slot.target_logit);
   p.target_owned = byte_offset<uint8_t>(s, slot.owned);
@@ -122,6 +123,7 @@ void decide(const std::vector<RankHeader>& hs) {
   check_ranks_agree(field([](const RankHeader& h) { return h.dim; }), "D (hidden size)");
   check_ranks_agree(field([](const RankHeader& h) { return h.serving; }), "the entry (serving: logits requested)");
   check_ranks_agree(field([](const RankHeader& h) { return h.entropy; }), "the entropy output (1: requested)");
+  check_ranks_agree(field([](const RankHeader& h) { return h.targets_per_row; }), "K (target ids per row)");
   std::vector<PartialsLayout> layouts;
   for (const RankHeader& h : hs) layouts.push_back(h.layout);
   check_layouts(layouts);
@@ -177,6 +179,9 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   mine.layout.ignore_index = in.ignore_index;
   mine.serving = out.logits.present() ? 1 : 0;
   mine.entropy = out.entropy.present() ? 1 : 0;
+  mine.targets_per_row = in.targets.ndim == 2 && in.targets.cols >= 1 && in.targets.cols <= kMaxTargetsPerRow
+                             ? static_cast<int32_t>(in.targets.cols)
+                             : 1;
   CallReport report;
   try {
     DETLOGP_CHECK(in.hidden.memory == memory, "hidden is in "
@@ -186,7 +191,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
                   "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
     // A backend that cannot compute the entropy sums refuses here, so every rank refuses together.
-    backend.select(memory, mine.entropy != 0, report);
+    backend.select(memory, mine.entropy != 0, mine.targets_per_row, report);
     // Validation only: the partial buffers come per chunk below; make_problem never reads them.
     static TileSummary validation_summary;
     static float validation_float;
@@ -204,6 +209,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     shape.target_logit = &validation_float;
     shape.target_owned = &validation_flag;
     shape.edge_logits = &validation_float;
+    shape.targets_per_row = mine.targets_per_row;
     shape.memory = memory;
     shape.device = device;
     shape.logits = out.logits;
@@ -217,16 +223,24 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
       DETLOGP_CHECK(t.memory == memory && (memory == Memory::host || t.device == device),
                     name << " is not in the communicator's memory");
     };
-    check_out(out.logp, "logp");
+    if (p.targets_2d) {  // logp [N, K], one entry per target
+      detail::check_logp_tensor(out.logp, in.targets, p.rows, p.targets_per_row);
+      DETLOGP_CHECK(out.logp.memory == memory && (memory == Memory::host || out.logp.device == device),
+                    "logp is not in the communicator's memory");
+    } else {
+      check_out(out.logp, "logp");
+    }
     check_out(out.lse, "lse");
     if (out.entropy.present()) check_out(out.entropy, "entropy");
 
     // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so every
     // rank validates the same values and digests them for the consistency check.
-    const HostRows host = read_rows(p.targets, p.targets_i64, p.temperature_rows, p.rows, memory, device, stream);
-    detail::check_targets_host(host.targets.data(), true, p.rows, p.real_vocab, p.ignore_index);
+    const HostRows host =
+        read_rows(p.targets, p.targets_i64, p.targets_per_row, p.temperature_rows, p.rows, memory, device, stream);
+    detail::check_targets_host(host.targets.data(), true, p.rows, p.real_vocab, p.ignore_index, p.targets_per_row,
+                               p.targets_2d);
     if (!host.temperatures.empty()) detail::check_temperatures_host(host.temperatures.data(), p.rows);
-    mine.layout.targets_digest = targets_digest(host.targets);
+    mine.layout.targets_digest = targets_digest(host.targets, p.targets_per_row);
     mine.layout.temperature_digest = temperature_digest(p.temperature, host.temperatures);
     // One call's partials must all come from one backend under one contract version, arch and
     // set of frozen choices.
@@ -255,10 +269,11 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   }
   const bool entropy = mine.entropy != 0;  // the same on every rank (decide)
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (entropy ? sizeof(float) : 0));
-  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + max_edge * 4 + 5);
+  const int64_t per_row = mine.targets_per_row;  // the same on every rank (decide)
+  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + max_edge * 4 + 5 * per_row);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
-  const SlotLayout slot = slot_layout(chunk, max_tiles, max_edge, entropy);
+  const SlotLayout slot = slot_layout(chunk, max_tiles, max_edge, per_row, entropy);
   const size_t gather_bytes = slot.bytes * static_cast<size_t>(ranks);
 
   // The gather buffer can fail to allocate on one rank only: agree on that too before gathering.
@@ -286,7 +301,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     part_in.targets = row_slice(in.targets, row0, n);
     part_in.temperature_rows = row_slice(in.temperature_rows, row0, n);
     void* my_slot = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(me));
-    ShardPartials part = slot_partials(my_slot, slot, mine.layout, n, entropy, memory, device);
+    ShardPartials part = slot_partials(my_slot, slot, mine.layout, n, per_row, entropy, memory, device);
     if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
     detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
     problem.stream = stream;
@@ -299,7 +314,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     std::vector<ShardPartials> views;
     for (int r = 0; r < ranks; ++r)
       views.push_back(slot_partials(byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r)), slot,
-                                    headers[r].layout, n, entropy, memory, device));
+                                    headers[r].layout, n, per_row, entropy, memory, device));
     merge_owned(views, part_in.targets, in.ignore_index, logp, lse, stream, entropy_rows);
   }
   // The gather buffer is freed on return: finish the merge first (cudaFree would also wait).

@@ -334,7 +334,7 @@ def test_refused_arrays_name_the_argument():
         (dict(hidden=None), "hidden must be an array (numpy, or anything with __dlpack__), got None"),
         (dict(hidden=np.zeros((), np.uint16)), "hidden must be 2-D, got ndim=0"),
         (dict(hidden=h[None]), "hidden must be 2-D, got ndim=3"),
-        (dict(targets=t[:, None]), "targets must be 1-D, got ndim=2"),
+        (dict(targets=t[:, None, None]), "targets must be 1-D [N] or 2-D [N, K], got ndim=3"),
         (dict(hidden=np.broadcast_to(h[0], h.shape)),
          "hidden row_stride=0 is smaller than its 32 columns (overlapping rows are not supported)"),
         (dict(hidden=h[::-1]),

@@ -146,8 +146,10 @@ def test_merge_takes_targets_by_the_shared_rules(problem):
     cases = [
         (list(problem[2]), "targets must be an array (numpy, or anything with __dlpack__), got list"),
         (None, "targets must be an array (numpy, or anything with __dlpack__), got None"),
-        (np.array(3), "targets must be 1-D, got ndim=0"),
-        (problem[2][:, None], "targets must be 1-D, got ndim=2"),
+        (np.array(3), "targets must be 1-D [N] or 2-D [N, K], got ndim=0"),
+        (problem[2][:, None, None], "targets must be 1-D [N] or 2-D [N, K], got ndim=3"),
+        (np.repeat(problem[2][:, None], 2, axis=1),
+         f"targets must be [N={len(problem[2])}, K=1] i32 or i64, contiguous (the partials' K)"),
         (problem[2].astype(np.float64), "targets has dtype float64, which detlogp does not take here"),
     ]
     for targets, message in cases:
@@ -228,3 +230,40 @@ def test_edge_lanes_that_do_not_fit_the_shard_are_refused(problem):
     refused([parts[0]._replace(edge_logits=None), parts[1]], t, "rank 0 partials have edge_lanes=0")
     with pytest.raises(detlogp.InputError, match=re.escape("vocab_local=0 must be >= 1")):
         detlogp.shard_geometry(0, 0, 10)
+
+
+def test_several_ids_a_row_give_each_single_target_bits(problem):
+    """targets [N, K]: logp [N, K] from one pass, entry k the bits of the call with targets[:, k];
+    ignore_index per entry; through linear_logp, reduce_logits and the partials' merge (shards on
+    and off the tile grid)."""
+    h, w, t, b, temp = problem
+    rng = np.random.default_rng(5)
+    k = 6
+    ids = rng.integers(0, REAL, size=(len(t), k)).astype(np.int64)
+    ids[:, 0] = np.where(t == -100, 7, t)
+    ids[::3, 2] = -100
+    ids[:, 3] = REAL - 1
+    full = detlogp.linear_logp(h, w, ids, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_entropy=True)
+    assert full.logp.shape == (len(t), k)
+    for j in range(k):
+        one = detlogp.linear_logp(h, w, ids[:, j].copy(), bias=b, temperature=temp, real_vocab=REAL, backend=CPU,
+                                  return_entropy=True)  # fmt: skip
+        assert np.array_equal(bits(full.logp[:, j].copy()), bits(one.logp)), j
+        assert np.array_equal(bits(full.lse), bits(one.lse)) and np.array_equal(bits(full.entropy), bits(one.entropy))
+    assert np.all(full.logp[::3, 2] == 0)
+    served = detlogp.linear_logp(h, w, ids, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    logp, lse = detlogp.reduce_logits(served.logits, ids, temperature=temp, real_vocab=REAL)
+    assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse))
+    for bounds in ([0, 1024, V], [0, 700, 1401, V]):
+        parts = [
+            detlogp.linear_logp_partials(h, w[lo:hi], ids, bias=b[lo:hi], temperature=temp, vocab_start=lo,
+                                         real_vocab=REAL, backend=CPU)
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]  # fmt: skip
+        assert parts[0].target_logit.shape == (len(t), k) and parts[0].target_owned.shape == (len(t), k)
+        logp, lse = detlogp.merge_partials(parts, ids)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+    bad = ids.copy()
+    bad[4, 5] = REAL
+    with pytest.raises(detlogp.TargetIndexError, match=re.escape(f"targets[4, 5]={REAL} is >= real_vocab={REAL}")):
+        detlogp.linear_logp(h, w, bad, bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
