@@ -12,6 +12,7 @@
 #include "detlogp/reduce.hpp"
 #include "detlogp/shards.hpp"
 #include "detlogp/tensor.hpp"
+#include "detlogp/topk.hpp"
 
 namespace detlogp {
 
@@ -34,11 +35,17 @@ struct LinearLogpInputs {
 // entropy, when present: [N] f32, H = -sum p log p of the row's softmax(y) over the real
 // vocabulary, computed in the same pass (docs/contract.md §10; served by backends whose
 // provenance names an entropy_id, others refuse it).
+// topk_ids and topk_logp, when present: [N, K] i64 and f32 (1 <= K <= kMaxTopk, K <= real_vocab,
+// contiguous): the row's K real ids with the largest scaled logits y, in detlogp/topk.hpp's order
+// (larger y first, equal y the lower id first), and their logp, each the bits of a call with that
+// single target (docs/contract.md §11); from the same pass, no [N, V].
 struct LinearLogpOutputs {
   MutableTensorView logp;
   MutableTensorView lse;
   MutableTensorView logits;
   MutableTensorView entropy;
+  MutableTensorView topk_ids;
+  MutableTensorView topk_logp;
 };
 
 // The most target ids per row of [N, K] targets (one pass over the vocabulary for all of them).
@@ -107,6 +114,9 @@ struct ShardPartials {
                                      // merge that writes entropy; filled when non-null
   int64_t edge_lanes = 0;            // shard_geometry(...).edge_lanes(): 0 for an aligned shard
   float* edge_logits = nullptr;      // [rows][edge_lanes]: y of the head lanes, then of the tail lanes
+  int64_t topk = 0;                  // K of the top-k output (0: none)
+  float* topk_logit = nullptr;       // [rows][topk]: the shard's K largest y of its real ids, in top-k order
+  int64_t* topk_ids = nullptr;       // [rows][topk]: their global ids; -1 past the shard's real ids
   Memory memory = Memory::host;
   int device = 0;            // CUDA device of the buffers (memory == cuda)
   MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard
@@ -140,6 +150,13 @@ void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const Tens
 void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                     const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
                     const CallOptions& opt = {});
+
+// The same merge into `out`'s logp, lse and, where present, entropy and top-k (topk_ids and
+// topk_logp [N, K], K the partials' topk: every rank's partials carry their top-k lists; the merge
+// takes the K first of their union in the order of detlogp/topk.hpp, rank by rank, and finalizes
+// each with the merged lse). out.logits must be absent.
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const LinearLogpOutputs& out, const CallOptions& opt = {});
 
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.

@@ -57,6 +57,8 @@ class Result(NamedTuple):
     logits: Any  # None on the trainer entry
     report: dict  # which backend served the call, with its provenance
     entropy: Any = None  # [N] f32 with return_entropy=True (docs/contract.md §10), else None
+    topk_ids: Any = None  # [N, K] int64 with topk=K: the K real ids of the largest logits (docs/contract.md §11)
+    topk_logp: Any = None  # [N, K] f32 with topk=K: their logp, each a single-target call's bits
 
 
 class PartialsLayout(NamedTuple):
@@ -103,6 +105,8 @@ class Partials(NamedTuple):
     # boundaries (head lanes, then tail lanes; shard_geometry), which the merge assembles; [N, 0] for
     # a 64-aligned shard.
     edge_logits: Any = None
+    topk_logit: Any = None  # [N, K] float32 with topk=K: the shard's K largest scaled logits, in top-k order
+    topk_ids: Any = None  # [N, K] int64 with topk=K: their ids; -1 past the shard's real ids
 
 
 def contract() -> dict:
@@ -375,7 +379,7 @@ def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_sta
 def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                 return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
                 backend: Optional[str] = None, strict: Optional[bool] = None,
-                return_entropy: bool = False) -> Result:  # fmt: skip
+                return_entropy: bool = False, topk: Optional[int] = None) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
@@ -385,20 +389,31 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report, entropy [N] f32 or None).
     return_entropy: each row's entropy -sum p log p in the same pass (docs/contract.md §10); served
     by the backends whose provenance names an entropy_id (the CPU backend today), refused by the
-    others."""
+    others. topk=K (1 <= K <= 128): also topk_ids [N, K] int64, the K real ids of the largest
+    scaled logits (the larger first, equal ones by the lower id), and topk_logp [N, K] their logp,
+    from the same pass (docs/contract.md §11; the CPU backend)."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
     logp = np.empty(_per_target(problem[2], rows), np.float32)
     lse = np.empty(rows, np.float32)
     logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
     entropy = np.empty(rows, np.float32) if return_entropy else None
-    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy)
-    return Result(logp, lse, logits, report, entropy)
+    k = _topk_arg(topk)
+    topk_ids = np.empty((rows, k), np.int64) if k else None
+    topk_logp = np.empty((rows, k), np.float32) if k else None
+    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy,
+                              topk_ids, topk_logp)  # fmt: skip
+    return Result(logp, lse, logits, report, entropy, topk_ids, topk_logp)
+
+
+def _topk_arg(topk) -> int:
+    """topk=None: no top-k output (0); else K, by the integer rule (its range is the library's check)."""
+    return 0 if topk is None else _int_arg(topk, "topk")
 
 
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                          return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
                          backend: Optional[str] = None, strict: Optional[bool] = None,
-                         return_entropy: bool = False) -> Partials:  # fmt: skip
+                         return_entropy: bool = False, topk: Optional[int] = None) -> Partials:  # fmt: skip
     """One vocabulary shard's partials (tensor parallelism): weight is rows
     [vocab_start, vocab_start + V_local) of the lm_head, real_vocab the global real vocabulary.
     return_entropy: the partials also carry usums [N, tiles] f32, the tiles' entropy sums, which
@@ -416,22 +431,27 @@ def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ig
     logits = np.empty((rows, v_local), np.float32) if return_logits else None
     usums = np.zeros((rows, g.tiles), np.float32) if return_entropy else None
     edge_logits = np.zeros((rows, g.edge_lanes), np.float32)
+    k = _topk_arg(topk)
+    topk_logit = np.zeros((rows, k), np.float32) if k else None
+    topk_ids = np.zeros((rows, k), np.int64) if k else None
     report, layout = _ext.linear_logp_partials(
         problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0,
-        usums, edge_logits,
+        usums, edge_logits, topk_logit, topk_ids,
     )  # fmt: skip
     return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums,
-                    edge_logits)  # fmt: skip
+                    edge_logits, topk_logit, topk_ids)  # fmt: skip
 
 
 def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100,
-                   return_entropy: bool = False):  # fmt: skip
+                   return_entropy: bool = False, return_topk: bool = False):  # fmt: skip
     """The owned merge over every rank's partials in rank (= ascending vocabulary) order: returns
     (logp, lse), the bits of the whole-vocabulary call, or (logp, lse, entropy) with
     return_entropy=True (every rank's partials must then carry usums: linear_logp_partials with
     return_entropy=True). The library first checks the layouts: rank order, contiguous shards
     covering real_vocab, one backend, and that targets and ignore_index are those the partials were
-    computed with (docs/tensor-parallel.md)."""
+    computed with (docs/tensor-parallel.md).
+    return_topk=True appends (topk_ids, topk_logp), the K first of the ranks' top-k lists and their
+    logp with the merged lse (every rank's partials computed with the same topk=K)."""
     targets = _host_array(targets, "targets")
     ignore_index = _int_arg(ignore_index, "ignore_index")
     rows = _leading(targets)
@@ -440,11 +460,16 @@ def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: in
     entropy = np.empty(rows, np.float32) if return_entropy else None
     parts = [
         (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None),
-         getattr(p, "edge_logits", None))
+         getattr(p, "edge_logits", None), getattr(p, "topk_logit", None), getattr(p, "topk_ids", None))
         for p in ranks_in_order
     ]  # fmt: skip
-    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy)
-    return (logp, lse, entropy) if return_entropy else (logp, lse)
+    first = getattr(ranks_in_order[0], "topk_ids", None) if len(ranks_in_order) else None
+    k = int(first.shape[1]) if return_topk and first is not None else 0
+    topk_ids = np.empty((rows, k), np.int64) if return_topk else None
+    topk_logp = np.empty((rows, k), np.float32) if return_topk else None
+    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy, topk_ids, topk_logp)
+    out = (logp, lse) + ((entropy,) if return_entropy else ()) + ((topk_ids, topk_logp) if return_topk else ())
+    return out
 
 
 def _layout_tuple(partials):

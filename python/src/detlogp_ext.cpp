@@ -339,6 +339,26 @@ void set_edge_logits(detlogp::ShardPartials& p, const std::optional<A>& edge, co
   p.edge_logits = static_cast<float*>(const_cast<void*>(static_cast<const void*>(e.data())));
 }
 
+// The optional top-k lists of partials `p`: topk_logit [N, K] f32 and topk_ids [N, K] i64,
+// contiguous, in p's memory.
+template <class A>
+void set_topk(detlogp::ShardPartials& p, const std::optional<A>& logit, const std::optional<A>& ids,
+              const std::string& at) {
+  if (!logit && !ids) return;
+  if (!logit || !ids) value_error(at + "top-k partials need both topk_logit and topk_ids");
+  if (logit->ndim() != 2 || ids->ndim() != 2 || logit->dtype() != nb::dtype<float>() ||
+      ids->dtype() != nb::dtype<int64_t>() || static_cast<int64_t>(logit->shape(0)) != p.rows ||
+      static_cast<int64_t>(ids->shape(0)) != p.rows || logit->shape(1) != ids->shape(1))
+    value_error(at + "topk_logit must be [N=" + std::to_string(p.rows) +
+                ", K] float32 and topk_ids the same shape, int64");
+  p.topk = static_cast<int64_t>(ids->shape(1));
+  for (const A* a : {&*logit, &*ids})
+    if (p.rows * p.topk > 0 && (a->stride(1) != 1 || (p.rows > 1 && a->stride(0) != p.topk)))
+      value_error(at + "topk_logit and topk_ids must be contiguous");
+  p.topk_logit = static_cast<float*>(const_cast<void*>(static_cast<const void*>(logit->data())));
+  p.topk_ids = static_cast<int64_t*>(const_cast<void*>(static_cast<const void*>(ids->data())));
+}
+
 // A PartialsLayout as Python holds it (detlogp.PartialsLayout): (vocab_start, vocab_local,
 // real_vocab, ignore_index, targets_digest, temperature_digest, backend_digest).
 using Layout = std::tuple<int64_t, int64_t, int64_t, int64_t, uint64_t, uint64_t, uint64_t>;
@@ -508,15 +528,18 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "linear_logp",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         return reported([&] { return detlogp::linear_logp(in, out, opt); });
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a,
-      "entropy"_a.none() = nb::none());
+      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry), optional usums
@@ -525,18 +548,21 @@ NB_MODULE(_detlogp, m) {
       "linear_logp_partials",
       [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
          const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream,
-         const std::optional<OutArray>& usums, const std::optional<OutArray>& edge_logits) {
+         const std::optional<OutArray>& usums, const std::optional<OutArray>& edge_logits,
+         const std::optional<OutArray>& topk_logit, const std::optional<OutArray>& topk_ids) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
         set_usums(p, usums, "");
         set_edge_logits(p, edge_logits, "");
+        set_topk(p, topk_logit, topk_ids, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::dict report = reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
         return std::make_tuple(report, layout_tuple(p.layout));
       },
       "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
-      "stream"_a, "usums"_a.none() = nb::none(), "edge_logits"_a.none() = nb::none());
+      "stream"_a, "usums"_a.none() = nb::none(), "edge_logits"_a.none() = nb::none(),
+      "topk_logit"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none());
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
@@ -566,28 +592,33 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "merge_partials",
       [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>,
-                                      std::optional<InArray>>>& ranks,
+                                      std::optional<InArray>, std::optional<InArray>, std::optional<InArray>>>& ranks,
          const InArray& targets, int64_t ignore_index, const OutArray& logp, const OutArray& lse,
-         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
-          const auto& [s, tl, own, layout, usums, edge] = ranks[r];
+          const auto& [s, tl, own, layout, usums, edge, topk_logit, rank_topk_ids] = ranks[r];
           const std::string at = "rank " + std::to_string(r) + " ";
           parts.push_back(partials_of(s, tl, own, at));
           set_usums(parts.back(), usums, at);
           set_edge_logits(parts.back(), edge, at);
+          set_topk(parts.back(), topk_logit, rank_topk_ids, at);
           parts.back().layout = layout_of(layout);
         }
         const detlogp::TensorView t = view_of(targets, "targets", target_rank(targets, "targets"), false);
         const detlogp::MutableTensorView lp = out_view(logp, "logp", target_rank(logp, "logp")),
                                          ls = out_view(lse, "lse", 1);
-        const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
+        detlogp::LinearLogpOutputs out{lp, ls, {}, {}, {}, {}};
+        if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::gil_scoped_release release;
-        detlogp::merge_partials(parts, t, ignore_index, lp, ls, h, opt);
+        detlogp::merge_partials(parts, t, ignore_index, out, opt);
       },
       "ranks"_a, "targets"_a, "ignore_index"_a, "logp"_a, "lse"_a, "backend"_a, "strict"_a, "stream"_a,
-      "entropy"_a.none() = nb::none());
+      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // What one rank of a tensor-parallel call checks before any collective: the arrays (this
   // binding's checks), then a zero-row partials call with the rank's shard, whose report names

@@ -20,8 +20,8 @@ namespace {
 class RegistryPartials final : public tp::PartialsBackend {
  public:
   explicit RegistryPartials(const CallOptions& opt) : opt_(opt) {}
-  void select(Memory memory, bool entropy, int64_t targets_per_row, CallReport& report) override {
-    backend_ = &detail::select_backend(opt_, memory, true, entropy, report, targets_per_row);
+  void select(Memory memory, bool entropy, int64_t targets_per_row, int64_t topk, CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, memory, true, entropy, report, targets_per_row, topk);
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -41,7 +41,7 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {
   CallReport report;
   const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, true, out.usums != nullptr, report,
-                                                          in.targets.ndim == 2 ? in.targets.cols : 1);
+                                                          in.targets.ndim == 2 ? in.targets.cols : 1, out.topk);
   detail::LogpProblem problem = detail::make_problem(in, nullptr, &out);
   problem.stream = opt.cuda_stream;
   // The digests read the values the backend reads. In CUDA memory that is one copy to the host,
@@ -72,6 +72,14 @@ void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const Tens
                     const CallOptions& opt) {
   detail::check_environment();
   tp::merge_partials_checked(ranks_in_order, targets, ignore_index, logp, lse, entropy, opt.cuda_stream);
+}
+
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const LinearLogpOutputs& out, const CallOptions& opt) {
+  detail::check_environment();
+  DETLOGP_CHECK(!out.logits.present(), "merge_partials writes no logits (each rank keeps its logits shard)");
+  tp::merge_partials_checked(ranks_in_order, targets, ignore_index, out.logp, out.lse, out.entropy, opt.cuda_stream,
+                             out.topk_ids, out.topk_logp);
 }
 
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
@@ -110,7 +118,10 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
     std::vector<uint8_t> owned;
     std::vector<float> usums;  // with the entropy output only
     std::vector<float> edge_logits;
+    std::vector<float> topk_logit;  // with the top-k output only
+    std::vector<int64_t> topk_ids;
   };
+  const int64_t topk = out.topk_ids.present() && out.topk_ids.ndim == 2 ? out.topk_ids.cols : 0;
   const bool entropy = out.entropy.present();
   const int ranks = static_cast<int>(bounds.size()) - 1;
   std::vector<RankBuffers> buffers(static_cast<size_t>(ranks));
@@ -146,6 +157,13 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
       b.usums.resize(static_cast<size_t>(rows * p.tiles));
       p.usums = b.usums.data();
     }
+    if (topk > 0) {
+      b.topk_logit.resize(static_cast<size_t>(rows * topk));
+      b.topk_ids.resize(static_cast<size_t>(rows * topk));
+      p.topk = topk;
+      p.topk_logit = b.topk_logit.data();
+      p.topk_ids = b.topk_ids.data();
+    }
     report = linear_logp_partials(shard_in, p, opt);
     partials.push_back(p);
   }
@@ -154,7 +172,8 @@ CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vecto
                 "logp and lse must have N=" << rows << " rows");
   DETLOGP_CHECK(!out.logits.present(),
                 "simulate_tensor_parallel serves the trainer entry only (logits must be absent)");
-  merge_partials(partials, in.targets, in.ignore_index, out.logp, out.lse, out.entropy);
+  LinearLogpOutputs merged = out;
+  merge_partials(partials, in.targets, in.ignore_index, merged);
   return report;
 }
 

@@ -42,6 +42,8 @@ class Backend {
   bool supports_entropy() const { return !provenance().entropy_id.empty(); }
   // Whether run() takes [N, K] targets with K > 1 (one pass, K logp per row).
   virtual bool supports_multi_targets() const { return false; }
+  // Whether run() fills the top-k output (LogpProblem::topk, docs/contract.md §11).
+  virtual bool supports_topk() const { return false; }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages

@@ -50,6 +50,12 @@ struct LogpProblem : HeadOperands {
   float* lse = nullptr;
   float* logits = nullptr;
   float* entropy = nullptr;  // [rows] or null: the row's entropy (docs/contract.md §10)
+  // The top-k output (docs/contract.md §11), topk > 0: full mode topk_ids and topk_logp [rows][topk];
+  // partial mode the shard's lists, topk_ids and topk_logit [rows][topk].
+  int64_t topk = 0;
+  int64_t* topk_ids = nullptr;
+  float* topk_logp = nullptr;
+  float* topk_logit = nullptr;
   // Partial mode: tile summaries and target partials instead of logp/lse (also for a shard without
   // whole tiles, whose summaries may be null).
   bool partial = false;

@@ -65,6 +65,29 @@ std::string shortest(float t) {
 
 }  // namespace
 
+int64_t check_topk_outputs(const TensorView& ids, const TensorView& logp, int64_t rows, int64_t real_vocab,
+                           Memory memory, int device) {
+  if (!ids.present() && !logp.present()) return 0;
+  DETLOGP_CHECK(ids.present() && logp.present(), "the top-k output needs both topk_ids and topk_logp");
+  DETLOGP_CHECK(ids.ndim == 2 && ids.dtype == DType::i64,
+                "topk_ids must be 2-D i64 [N, K], got ndim=" << ids.ndim << " " << dtype_name(ids.dtype));
+  const int64_t k = ids.cols;
+  DETLOGP_CHECK(k >= 1 && k <= kMaxTopk,
+                "topk=" << k << " (topk_ids has K=" << k << " columns) must be in [1, " << kMaxTopk << "] (kMaxTopk)");
+  DETLOGP_CHECK(k <= real_vocab, "topk=" << k << " exceeds real_vocab=" << real_vocab << ": a row has only "
+                                         << real_vocab << " real ids");
+  DETLOGP_CHECK(ids.rows == rows && ids.row_stride == k,
+                "topk_ids must be [N=" << rows << ", K=" << k << "] contiguous, got [" << ids.rows << ", " << ids.cols
+                                       << "] with row_stride=" << ids.row_stride);
+  DETLOGP_CHECK(
+      logp.ndim == 2 && logp.dtype == DType::f32 && logp.rows == rows && logp.cols == k && logp.row_stride == k,
+      "topk_logp must be [N=" << rows << ", K=" << k << "] f32, contiguous (like topk_ids)");
+  DETLOGP_CHECK(rows == 0 || (ids.data && logp.data), "topk_ids or topk_logp data pointer is null");
+  check_memory(ids, "topk_ids", memory, device);
+  check_memory(logp, "topk_logp", memory, device);
+  return k;
+}
+
 std::string temperature_range_message(const char* what, int64_t row, float t) {
   std::ostringstream m;
   m << what;
@@ -241,6 +264,17 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
     p.target_owned = partials->target_owned;
     p.usums = partials->usums;
     p.edge_logits = g.edge_lanes() > 0 ? partials->edge_logits : nullptr;
+    DETLOGP_CHECK(partials->topk >= 0 && partials->topk <= kMaxTopk,
+                  "partials.topk=" << partials->topk << " must be in [0, " << kMaxTopk << "] (kMaxTopk)");
+    if (partials->topk > 0) {
+      DETLOGP_CHECK(partials->topk <= p.real_vocab,
+                    "partials.topk=" << partials->topk << " exceeds real_vocab=" << p.real_vocab);
+      DETLOGP_CHECK(p.rows == 0 || (partials->topk_logit && partials->topk_ids),
+                    "partials.topk=" << partials->topk << " but topk_logit or topk_ids is null");
+      p.topk = partials->topk;
+      p.topk_logit = partials->topk_logit;
+      p.topk_ids = partials->topk_ids;
+    }
     if (partials->logits.present()) p.logits = checked_logits(partials->logits, p, mem, dev);
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && shard_end >= p.real_vocab,
@@ -258,6 +292,11 @@ LogpProblem make_problem(const LinearLogpInputs& in, const LinearLogpOutputs* ou
       check_vector(out->entropy, "entropy", p.rows, {DType::f32});
       check_memory(out->entropy, "entropy", mem, dev);
       p.entropy = static_cast<float*>(out->entropy.mutable_data());
+    }
+    p.topk = check_topk_outputs(out->topk_ids, out->topk_logp, p.rows, p.real_vocab, mem, dev);
+    if (p.topk > 0) {
+      p.topk_ids = static_cast<int64_t*>(out->topk_ids.mutable_data());
+      p.topk_logp = static_cast<float*>(out->topk_logp.mutable_data());
     }
   }
 

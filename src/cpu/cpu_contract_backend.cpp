@@ -2,6 +2,8 @@
 // row block) tasks; each task computes z for its block, the tile summaries (or a shard's edge
 // lanes) and the owned y_t; a second pass runs the ascending chain per row.
 #include <algorithm>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "cpu/cpu_backend.hpp"
@@ -19,6 +21,30 @@ float row_inverse_temperature(const LogpProblem& p, int64_t row) {
   return inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
 }
 
+// The rows' top-k lists while the panels are walked: panels of one row run on several workers, so
+// each row's list takes its lock (the lists' order is total, so which panel comes first does not
+// change them).
+struct TopkLists {
+  int64_t k = 0;
+  std::vector<TopkEntry> entries;  // [rows][k], sorted by topk_before
+  std::vector<int> counts;
+  std::vector<std::mutex> locks;
+  TopkLists(int64_t rows, int64_t topk)
+      : k(topk),
+        entries(static_cast<size_t>(rows * topk)),
+        counts(static_cast<size_t>(rows), 0),
+        locks(static_cast<size_t>(rows)) {}
+  void reset() { std::fill(counts.begin(), counts.end(), 0); }
+  // The panel's real lanes y[0..real), ids first_id.. onwards, offered to row `at`'s list.
+  void offer(int64_t at, const float* y, int real, int64_t first_id) {
+    if (real <= 0) return;
+    std::lock_guard<std::mutex> hold(locks[static_cast<size_t>(at)]);
+    TopkEntry* list = entries.data() + at * k;
+    int& count = counts[static_cast<size_t>(at)];
+    for (int c = 0; c < real; ++c) topk_offer(list, static_cast<int>(k), count, {y[c], first_id + c});
+  }
+};
+
 // Where one row block's per-tile results go: summaries [rows][tiles], the entropy sums beside them
 // when the entropy is asked for, a shard's edge lanes [rows][edge_lanes], the owned scaled target
 // logit and its flag.
@@ -30,6 +56,7 @@ struct TileOutputs {
   float* edge_logits = nullptr;
   float* target_logit = nullptr;    // [rows][targets_per_row]
   uint8_t* target_owned = nullptr;  // [rows][targets_per_row]
+  TopkLists* topk = nullptr;        // the rows' top-k lists, with the top-k output
 };
 
 // What one 64-column panel of z is: a whole global tile (its summary slot and real lanes), or the
@@ -51,6 +78,8 @@ void panel_epilogue(const LogpProblem& p, int64_t row, int64_t col0, int cols, f
   const float inv_t = row_inverse_temperature(p, row);
   float y[kVocabTile];
   for (int c = 0; c < cols; ++c) y[c] = scale_logit(z[c], inv_t);
+  if (out.topk)
+    out.topk->offer(at, y, role.slot >= 0 ? role.real_lanes : static_cast<int>(role.edge_count), p.vocab_start + col0);
   if (role.slot >= 0) {
     const int64_t slot = at * out.tiles + role.slot;
     if (out.usums) {
@@ -103,6 +132,7 @@ class CpuContractBackend final : public CpuBackend {
   CpuContractBackend() : CpuBackend(contract_provenance("cpu-linear-logp-contract-v1", "cpu", 0, true)) {}
   bool contract_bearing() const override { return true; }
   bool supports_multi_targets() const override { return true; }
+  bool supports_topk() const override { return true; }
 
   void run(const LogpProblem& p) const override {
     if (p.rows == 0) return;
@@ -112,8 +142,18 @@ class CpuContractBackend final : public CpuBackend {
       std::fill(p.target_logit, p.target_logit + p.rows * per_row, 0.0f);
       std::fill(p.target_owned, p.target_owned + p.rows * per_row, uint8_t{0});
       const ShardGeometry g = p.geometry();
+      std::unique_ptr<TopkLists> topk = p.topk > 0 ? std::make_unique<TopkLists>(p.rows, p.topk) : nullptr;
       compute_tile_summaries(
-          p, 0, p.rows, {g.tiles, p.summaries, p.usums, g.edge_lanes(), p.edge_logits, p.target_logit, p.target_owned});
+          p, 0, p.rows,
+          {g.tiles, p.summaries, p.usums, g.edge_lanes(), p.edge_logits, p.target_logit, p.target_owned, topk.get()});
+      // The shard's lists; past its real ids (a shard of fewer than K) id -1 and y -inf.
+      for (int64_t r = 0; topk && r < p.rows; ++r)
+        for (int64_t j = 0; j < p.topk; ++j) {
+          const bool held = j < topk->counts[static_cast<size_t>(r)];
+          const TopkEntry e = topk->entries[static_cast<size_t>(r * p.topk + j)];
+          p.topk_logit[r * p.topk + j] = held ? e.y : fp::neg_inf();
+          p.topk_ids[r * p.topk + j] = held ? e.id : -1;
+        }
       return;
     }
     const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));
@@ -124,11 +164,14 @@ class CpuContractBackend final : public CpuBackend {
     std::vector<float> target_logit(static_cast<size_t>(chunk * per_row));
     std::vector<uint8_t> owned(static_cast<size_t>(chunk * per_row));
     std::vector<float> usums(p.entropy ? static_cast<size_t>(chunk * tiles) : 0);
+    std::unique_ptr<TopkLists> topk = p.topk > 0 ? std::make_unique<TopkLists>(chunk, p.topk) : nullptr;
     const TileOutputs out{
-        tiles, summaries.data(), p.entropy ? usums.data() : nullptr, 0, nullptr, target_logit.data(), owned.data()};
+        tiles,        summaries.data(), p.entropy ? usums.data() : nullptr, 0, nullptr, target_logit.data(),
+        owned.data(), topk.get()};
     for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
       const int64_t rows = std::min(chunk, p.rows - row0);
       std::fill(owned.begin(), owned.end(), uint8_t{0});
+      if (topk) topk->reset();
       compute_tile_summaries(p, row0, rows, out);
       cpu::parallel_for(rows, cpu::cpu_threads(), [&](int64_t r, int) {
         const int64_t row = row0 + r;
@@ -141,6 +184,13 @@ class CpuContractBackend final : public CpuBackend {
         }
         if (p.entropy)
           p.entropy[row] = entropy_row_summaries(summaries.data() + r * tiles, usums.data() + r * tiles, tiles);
+        // The K first ids and their logp: finalize_row of each one's y, its single-target bits. The
+        // shard holds the whole vocabulary, so every list is full (K <= real_vocab).
+        for (int64_t j = 0; topk && j < p.topk; ++j) {
+          const TopkEntry e = topk->entries[static_cast<size_t>(r * p.topk + j)];
+          p.topk_ids[row * p.topk + j] = e.id;
+          p.topk_logp[row * p.topk + j] = finalize_row(chain.global_max, chain.sum, e.y, false).logp;
+        }
       });
     }
   }

@@ -15,7 +15,7 @@ std::string backend_ids() {
 }  // namespace
 
 const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
-                              int64_t targets_per_row) {
+                              int64_t targets_per_row, int64_t topk) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -59,6 +59,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
                 "backend '" << chosen->id() << "' takes one target per row, but targets has K=" << targets_per_row
                             << " ids per row; " << cpu_contract_backend().id()
                             << " takes [N, K] targets, on host memory (or call once per target column)");
+  DETLOGP_CHECK(topk == 0 || chosen->supports_topk(),
+                "backend '" << chosen->id() << "' does not compute the top-k output (docs/contract.md §11); "
+                            << cpu_contract_backend().id() << " does, on host memory");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();

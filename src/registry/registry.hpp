@@ -11,8 +11,9 @@ struct GradLogitsProblem;
 // Picks the backend for a call whose tensors live in `memory`; fills report (requested,
 // strict, fallback). Throws with the backend ids named when it cannot serve.
 // targets_per_row: K of [N, K] targets (K > 1 needs a backend that takes several targets a row).
+// topk: K of the top-k output (0: none).
 const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
-                              int64_t targets_per_row = 1);
+                              int64_t targets_per_row = 1, int64_t topk = 0);
 
 // Runs the problem on the backend, staging host tensors to a device backend when needed.
 void dispatch(const Backend& backend, const LogpProblem& problem);

@@ -30,7 +30,8 @@ bool contributes(const ShardPartials& r) { return r.tiles > 0 || r.edge_lanes > 
 // The partials' buffers and rows, and targets/logp/lse (and entropy) beside them: what every merge
 // checks, before anything is written.
 void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& targets, const MutableTensorView& logp,
-                    const MutableTensorView& lse, const MutableTensorView& entropy) {
+                    const MutableTensorView& lse, const MutableTensorView& entropy, const MutableTensorView& topk_ids,
+                    const MutableTensorView& topk_logp) {
   DETLOGP_CHECK(!ranks.empty(), "merge_partials needs at least one rank's partials");
   const int64_t rows = ranks.front().rows;
   const Memory memory = ranks.front().memory;
@@ -84,6 +85,22 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
   DETLOGP_CHECK(
       !entropy.present() || (entropy.memory == memory && (memory == Memory::host || entropy.device == device)),
       "entropy must be in the partials' memory");
+  // The top-k output: from every rank's lists, of the partials' K.
+  if (topk_ids.present() || topk_logp.present()) {
+    const int64_t k = ranks.front().topk;
+    DETLOGP_CHECK(k > 0,
+                  "the top-k output needs every rank's top-k lists, but rank 0 partials carry none (topk=0): "
+                  "compute every rank's partials with ShardPartials::topk set");
+    for (size_t r = 0; r < ranks.size(); ++r)
+      DETLOGP_CHECK(ranks[r].topk == k && (rows == 0 || (ranks[r].topk_logit && ranks[r].topk_ids)),
+                    "rank " << r << " partials carry topk=" << ranks[r].topk << " lists"
+                            << (ranks[r].topk == k ? " with a null buffer" : "") << ", rank 0 has topk=" << k);
+    DETLOGP_CHECK(memory == Memory::host,
+                  "the device merge has no top-k output; merge partials with top-k on the host");
+    DETLOGP_CHECK(topk_ids.cols == k,
+                  "topk_ids has K=" << topk_ids.cols << " columns but the partials carry topk=" << k);
+    detail::check_topk_outputs(topk_ids, topk_logp, rows, k, memory, device);
+  }
   DETLOGP_CHECK(rows == 0 || targets.data != nullptr, "targets data pointer is null");
 }
 
@@ -98,7 +115,7 @@ StraddlePlan plan_of(const std::vector<ShardPartials>& ranks) {
 // The merge itself, after check_operands, over checked layouts.
 void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
                 const MutableTensorView& logp, const MutableTensorView& lse, const MutableTensorView& entropy,
-                void* stream) {
+                const MutableTensorView& topk_ids, const MutableTensorView& topk_logp, void* stream) {
   const int64_t rows = ranks.front().rows;
   if (rows == 0) return;
   const bool i64 = targets.dtype == DType::i64;
@@ -147,6 +164,7 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
   float* logp_out = static_cast<float*>(logp.mutable_data());
   float* lse_out = static_cast<float*>(lse.mutable_data());
   std::vector<TileEntropySummary> straddles(plan.tiles.size());
+  std::vector<TopkEntry> topk_list(static_cast<size_t>(ranks.front().topk));
   for (int64_t n = 0; n < rows; ++n) {
     for (size_t k = 0; k < plan.tiles.size(); ++k)
       straddles[k] = entropy_out ? straddle_summary<true>(plan.tiles[k], plan.runs.data(), n)
@@ -184,6 +202,23 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
       lse_out[n] = res.lse;
     }
     if (entropy_out) entropy_out[n] = finalize_entropy(sum, usum, comp);
+    // Top-k: the K first of the ranks' lists, offered rank by rank, each finalized like a target.
+    if (topk_ids.present()) {
+      const int k = static_cast<int>(ranks.front().topk);
+      int count = 0;
+      for (const auto& r : ranks)
+        for (int j = 0; j < k; ++j)
+          if (r.topk_ids[n * k + j] >= 0)
+            topk_offer(topk_list.data(), k, count, {r.topk_logit[n * k + j], r.topk_ids[n * k + j]});
+      DETLOGP_CHECK(count == k, "internal: the ranks' top-k lists hold " << count << " ids of row " << n
+                                                                         << ", fewer than topk=" << k);
+      auto* ids = static_cast<int64_t*>(topk_ids.mutable_data());
+      auto* lp = static_cast<float*>(topk_logp.mutable_data());
+      for (int j = 0; j < k; ++j) {
+        ids[n * k + j] = topk_list[static_cast<size_t>(j)].id;
+        lp[n * k + j] = finalize_row(global_max, sum, topk_list[static_cast<size_t>(j)].y, false).logp;
+      }
+    }
   }
 }
 
@@ -300,15 +335,17 @@ void check_layouts(const std::vector<PartialsLayout>& ls) {
 
 void merge_owned(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
                  const MutableTensorView& logp, const MutableTensorView& lse, void* stream,
-                 const MutableTensorView& entropy) {
-  check_operands(ranks, targets, logp, lse, entropy);
-  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, stream);
+                 const MutableTensorView& entropy, const MutableTensorView& topk_ids,
+                 const MutableTensorView& topk_logp) {
+  check_operands(ranks, targets, logp, lse, entropy, topk_ids, topk_logp);
+  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, topk_ids, topk_logp, stream);
 }
 
 void merge_partials_checked(const std::vector<ShardPartials>& ranks, const TensorView& targets, int64_t ignore_index,
                             const MutableTensorView& logp, const MutableTensorView& lse,
-                            const MutableTensorView& entropy, void* stream) {
-  check_operands(ranks, targets, logp, lse, entropy);
+                            const MutableTensorView& entropy, void* stream, const MutableTensorView& topk_ids,
+                            const MutableTensorView& topk_logp) {
+  check_operands(ranks, targets, logp, lse, entropy, topk_ids, topk_logp);
   std::vector<PartialsLayout> layouts;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const PartialsLayout& l = ranks[r].layout;
@@ -345,7 +382,7 @@ void merge_partials_checked(const std::vector<ShardPartials>& ranks, const Tenso
                 "targets differ from those the partials were computed with (targets digest "
                     << hex(digest) << ", the partials' " << hex(computed.targets_digest)
                     << "): pass merge_partials the targets given to linear_logp_partials");
-  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, stream);
+  merge_rows(ranks, targets, ignore_index, logp, lse, entropy, topk_ids, topk_logp, stream);
 }
 
 }  // namespace detlogp::tp

@@ -61,14 +61,18 @@ void check_ranks_agree(const std::vector<int64_t>& values, const char* name);
 // buffers and tensors, and on the host that every non-ignored target has exactly one owner. `entropy`, when present
 // ([N] f32 in the partials' memory), gets each row's entropy from the ranks' usums (every rank must carry them): the
 // entropy chain of docs/contract.md §10 runs beside the S chain over the same rank-ordered tiles.
+// topk_ids and topk_logp, when present ([N, K] i64 and f32, K the partials' topk, host memory): the
+// K first of the ranks' top-k lists (detlogp/topk.hpp's order), each finalized with the merged lse.
 void merge_owned(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
                  const MutableTensorView& logp, const MutableTensorView& lse, void* stream,
-                 const MutableTensorView& entropy = {});
+                 const MutableTensorView& entropy = {}, const MutableTensorView& topk_ids = {},
+                 const MutableTensorView& topk_logp = {});
 
 // merge_partials (include/detlogp/detlogp.hpp): check_layouts, then that `targets` and
 // `ignore_index` are those the partials were computed with, then merge_owned.
 void merge_partials_checked(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets,
                             int64_t ignore_index, const MutableTensorView& logp, const MutableTensorView& lse,
-                            const MutableTensorView& entropy, void* stream);
+                            const MutableTensorView& entropy, void* stream, const MutableTensorView& topk_ids = {},
+                            const MutableTensorView& topk_logp = {});
 
 }  // namespace detlogp::tp

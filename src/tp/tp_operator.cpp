@@ -33,11 +33,13 @@ struct RankHeader {
   uint32_t entropy = 0;         // the entropy output requested: the partials carry usums
   int32_t error = 0;            // 1: this rank's local validation failed, see message
   int32_t targets_per_row = 1;  // K of [N, K] targets (1 for [N])
+  int32_t topk = 0;             // K of the top-k output (0: none)
+  int32_t reserved = 0;         // keeps the header free of padding bytes
   char message[kMessageBytes] = {};
 };
 static_assert(std::is_trivially_copyable_v<RankHeader>);
 static_assert(sizeof(RankHeader) % 8 == 0);
-static_assert(sizeof(RankHeader) == 32 + sizeof(PartialsLayout) + 16 + kMessageBytes, "no padding bytes");
+static_assert(sizeof(RankHeader) == 32 + sizeof(PartialsLayout) + 24 + kMessageBytes, "no padding bytes");
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -55,9 +57,12 @@ struct SlotLayout {
   size_t owned = 0;
   size_t usums = 0;        // offset of [chunk][tiles_r] entropy sums, with the entropy output
   size_t edge_logits = 0;  // offset of [chunk][edge_lanes_r] scaled logits of the rank's edge lanes
+  size_t topk_logit = 0;   // offsets of [chunk][topk] top-k lists, with the top-k output
+  size_t topk_ids = 0;
   size_t bytes = 0;
 };
-SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, int64_t per_row, bool entropy) {
+SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, int64_t per_row, int64_t topk,
+                       bool entropy) {
   SlotLayout s;
   s.bytes = round_up(static_cast<size_t>(chunk * max_tiles) * sizeof(TileSummary), 256);
   s.target_logit = s.bytes;
@@ -72,13 +77,19 @@ SlotLayout slot_layout(int64_t chunk, int64_t max_tiles, int64_t max_edge, int64
     s.edge_logits = s.bytes;
     s.bytes += round_up(static_cast<size_t>(chunk * max_edge) * sizeof(float), 256);
   }
+  if (topk > 0) {
+    s.topk_logit = s.bytes;
+    s.bytes += round_up(static_cast<size_t>(chunk * topk) * sizeof(float), 256);
+    s.topk_ids = s.bytes;
+    s.bytes += round_up(static_cast<size_t>(chunk * topk) * sizeof(int64_t), 256);
+  }
   return s;
 }
 
 // Rank r's partials in its gathered slot `s` (n rows), with its layout (the merge reads the shard's
 // geometry from it).
 ShardPartials slot_partials(void* s, const SlotLayout& slot, const PartialsLayout& layout, int64_t n, int64_t per_row,
-                            bool entropy, Memory memory, int device) {
+                            int64_t topk, bool entropy, Memory memory, int device) {
   const ShardGeometry g = shard_geometry(layout.vocab_start, layout.vocab_local, layout.real_vocab);
   ShardPartials p;
   p.rows = n;
@@ -90,6 +101,11 @@ ShardPartials slot_partials(void* s, const SlotLayout& slot, const PartialsLayou
   if (entropy) p.usums = byte_offset<float>(s, slot.usums);
   p.edge_lanes = g.edge_lanes();
   if (p.edge_lanes > 0) p.edge_logits = byte_offset<float>(s, slot.edge_logits);
+  if (topk > 0) {
+    p.topk = topk;
+    p.topk_logit = byte_offset<float>(s, slot.topk_logit);
+    p.topk_ids = byte_offset<int64_t>(s, slot.topk_ids);
+  }
   p.memory = memory;
   p.device = device;
   p.layout = layout;
@@ -124,6 +140,7 @@ void decide(const std::vector<RankHeader>& hs) {
   check_ranks_agree(field([](const RankHeader& h) { return h.serving; }), "the entry (serving: logits requested)");
   check_ranks_agree(field([](const RankHeader& h) { return h.entropy; }), "the entropy output (1: requested)");
   check_ranks_agree(field([](const RankHeader& h) { return h.targets_per_row; }), "K (target ids per row)");
+  check_ranks_agree(field([](const RankHeader& h) { return h.topk; }), "the top-k output (its K; 0: none)");
   std::vector<PartialsLayout> layouts;
   for (const RankHeader& h : hs) layouts.push_back(h.layout);
   check_layouts(layouts);
@@ -182,6 +199,10 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   mine.targets_per_row = in.targets.ndim == 2 && in.targets.cols >= 1 && in.targets.cols <= kMaxTargetsPerRow
                              ? static_cast<int32_t>(in.targets.cols)
                              : 1;
+  mine.topk =
+      out.topk_ids.present() && out.topk_ids.ndim == 2 && out.topk_ids.cols >= 1 && out.topk_ids.cols <= kMaxTopk
+          ? static_cast<int32_t>(out.topk_ids.cols)
+          : 0;
   CallReport report;
   try {
     DETLOGP_CHECK(in.hidden.memory == memory, "hidden is in "
@@ -191,7 +212,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     DETLOGP_CHECK(memory == Memory::host || in.hidden.device == device,
                   "hidden is on CUDA device " << in.hidden.device << " but the communicator uses device " << device);
     // A backend that cannot compute the entropy sums refuses here, so every rank refuses together.
-    backend.select(memory, mine.entropy != 0, mine.targets_per_row, report);
+    backend.select(memory, mine.entropy != 0, mine.targets_per_row, mine.topk, report);
     // Validation only: the partial buffers come per chunk below; make_problem never reads them.
     static TileSummary validation_summary;
     static float validation_float;
@@ -210,6 +231,10 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     shape.target_owned = &validation_flag;
     shape.edge_logits = &validation_float;
     shape.targets_per_row = mine.targets_per_row;
+    shape.topk = mine.topk;
+    static int64_t validation_id;
+    shape.topk_logit = &validation_float;
+    shape.topk_ids = &validation_id;
     shape.memory = memory;
     shape.device = device;
     shape.logits = out.logits;
@@ -232,6 +257,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     }
     check_out(out.lse, "lse");
     if (out.entropy.present()) check_out(out.entropy, "entropy");
+    detail::check_topk_outputs(out.topk_ids, out.topk_logp, p.rows, p.real_vocab, memory, device);
 
     // Targets and temperatures: checked on the host (a device copy costs N * 12 bytes), so every
     // rank validates the same values and digests them for the consistency check.
@@ -270,10 +296,11 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
   const bool entropy = mine.entropy != 0;  // the same on every rank (decide)
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (entropy ? sizeof(float) : 0));
   const int64_t per_row = mine.targets_per_row;  // the same on every rank (decide)
-  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + max_edge * 4 + 5 * per_row);
+  const int64_t topk = mine.topk;                // the same on every rank (decide)
+  const int64_t per_row_bytes = ranks * (max_tiles * tile_bytes + max_edge * 4 + 5 * per_row + 12 * topk);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::min(rows, std::max<int64_t>(64, budget / per_row_bytes / 64 * 64));
-  const SlotLayout slot = slot_layout(chunk, max_tiles, max_edge, per_row, entropy);
+  const SlotLayout slot = slot_layout(chunk, max_tiles, max_edge, per_row, topk, entropy);
   const size_t gather_bytes = slot.bytes * static_cast<size_t>(ranks);
 
   // The gather buffer can fail to allocate on one rank only: agree on that too before gathering.
@@ -301,7 +328,7 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     part_in.targets = row_slice(in.targets, row0, n);
     part_in.temperature_rows = row_slice(in.temperature_rows, row0, n);
     void* my_slot = byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(me));
-    ShardPartials part = slot_partials(my_slot, slot, mine.layout, n, per_row, entropy, memory, device);
+    ShardPartials part = slot_partials(my_slot, slot, mine.layout, n, per_row, topk, entropy, memory, device);
     if (out.logits.present()) part.logits = row_slice(out.logits, row0, n);
     detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
     problem.stream = stream;
@@ -314,8 +341,9 @@ CallReport run_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutpu
     std::vector<ShardPartials> views;
     for (int r = 0; r < ranks; ++r)
       views.push_back(slot_partials(byte_offset<uint8_t>(gather, slot.bytes * static_cast<size_t>(r)), slot,
-                                    headers[r].layout, n, per_row, entropy, memory, device));
-    merge_owned(views, part_in.targets, in.ignore_index, logp, lse, stream, entropy_rows);
+                                    headers[r].layout, n, per_row, topk, entropy, memory, device));
+    merge_owned(views, part_in.targets, in.ignore_index, logp, lse, stream, entropy_rows,
+                row_slice(out.topk_ids, row0, n), row_slice(out.topk_logp, row0, n));
   }
   // The gather buffer is freed on return: finish the merge first (cudaFree would also wait).
   if (memory == Memory::cuda) detail::device_stream_sync(device, stream);

@@ -91,6 +91,29 @@ void expect_single_target_bits(const Problem& p, const std::vector<int64_t>& t, 
   }
 }
 
+// The operator over the shards [bounds[r], bounds[r + 1]), one thread per rank, rank r given the
+// first k_of(r) columns of the [N, K] targets t (K = the largest k_of).
+std::vector<MultiRun> operator_ranks(const Problem& p, const std::vector<int64_t>& bounds,
+                                     const std::vector<int64_t>& t, const std::function<int64_t(int)>& k_of) {
+  const int ranks = static_cast<int>(bounds.size()) - 1;
+  auto comms = detlogp::make_local_communicators(ranks, detlogp::Memory::host);
+  std::vector<MultiRun> runs;
+  for (int r = 0; r < ranks; ++r) runs.emplace_back(p.rows, k_of(r));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      detlogp::LinearLogpInputs shard = p.shard_inputs(bounds[r], bounds[r + 1] - bounds[r]);
+      shard.targets = targets_view(t, p.rows, k_of(r));
+      try {
+        detlogp::linear_logp_tensor_parallel(shard, runs[r].views(p.rows, k_of(r)), *comms[r], cpu_backend_options());
+      } catch (const detlogp::Error& e) {
+        runs[r].error = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  return runs;
+}
+
 }  // namespace
 
 TEST(MultiTargets, EachEntryHasTheBitsOfASingleTargetCall) {
@@ -156,22 +179,8 @@ TEST(MultiTargets, TensorParallelRanksOwnTheirIdsAndGiveTheTp1Bits) {
     EXPECT_TRUE(bc::compare(sim.lse, want.lse).identical()) << name << " simulated";
     EXPECT_TRUE(bc::compare(sim.entropy, want.entropy).identical()) << name << " simulated";
     // The operator, one thread per rank.
-    const int ranks = static_cast<int>(bounds.size()) - 1;
-    auto comms = detlogp::make_local_communicators(ranks, detlogp::Memory::host);
-    std::vector<MultiRun> runs(static_cast<size_t>(ranks), MultiRun(p.rows, k));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] {
-        detlogp::LinearLogpInputs shard = p.shard_inputs(bounds[r], bounds[r + 1] - bounds[r]);
-        shard.targets = targets_view(t, p.rows, k);
-        try {
-          detlogp::linear_logp_tensor_parallel(shard, runs[r].views(p.rows, k), *comms[r], cpu_backend_options());
-        } catch (const detlogp::Error& e) {
-          runs[r].error = e.what();
-        }
-      });
-    for (auto& th : threads) th.join();
-    for (int r = 0; r < ranks; ++r) {
+    const std::vector<MultiRun> runs = operator_ranks(p, bounds, t, [k](int) { return k; });
+    for (size_t r = 0; r < runs.size(); ++r) {
       ASSERT_TRUE(runs[r].error.empty()) << name << " rank " << r << ": " << runs[r].error;
       EXPECT_TRUE(bc::compare(runs[r].logp, want.logp).identical()) << name << " operator rank " << r;
       EXPECT_TRUE(bc::compare(runs[r].lse, want.lse).identical()) << name << " operator rank " << r;
@@ -244,21 +253,8 @@ TEST(MultiTargets, PartialsAndRanksThatDisagreeOnKAreRefused) {
   }
   for (uint8_t o : own) EXPECT_EQ(o, 77);
   // Ranks that disagree on K refuse on every rank, before any data moves.
-  auto comms = detlogp::make_local_communicators(2, detlogp::Memory::host);
-  std::vector<MultiRun> runs{MultiRun(p.rows, 3), MultiRun(p.rows, 3)};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      detlogp::LinearLogpInputs shard = p.shard_inputs(r == 0 ? 0 : 1088, r == 0 ? 1088 : 1024);
-      const int64_t k = r == 0 ? 3 : 2;
-      shard.targets = targets_view(t, p.rows, k);
-      try {
-        detlogp::linear_logp_tensor_parallel(shard, runs[r].views(p.rows, k), *comms[r], cpu_backend_options());
-      } catch (const detlogp::Error& e) {
-        runs[r].error = e.what();
-      }
-    });
-  for (auto& th : threads) th.join();
+  const std::vector<MultiRun> runs =
+      operator_ranks(p, {0, 1088, 2112}, t, [](int r) { return int64_t{r == 0 ? 3 : 2}; });
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(runs[r].error.find("ranks disagree on K (target ids per row): rank 0 has 3, rank 1 has 2"),
               std::string::npos)

@@ -314,7 +314,7 @@ std::vector<RankResult> run_operator(
 // partials but not the entropy output.
 class WithoutEntropy final : public detlogp::tp::PartialsBackend {
  public:
-  void select(detlogp::Memory, bool entropy, int64_t, detlogp::CallReport& report) override {
+  void select(detlogp::Memory, bool entropy, int64_t, int64_t, detlogp::CallReport& report) override {
     DETLOGP_CHECK(!entropy, "backend 'partials-without-entropy' does not compute the entropy output");
     report.provenance = detlogp::detail::cpu_contract_backend().provenance();
   }

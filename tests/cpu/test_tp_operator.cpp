@@ -265,7 +265,7 @@ namespace {
 class ReportedAs final : public detlogp::tp::PartialsBackend {
  public:
   explicit ReportedAs(std::function<void(detlogp::Provenance&)> edit) : edit_(std::move(edit)) {}
-  void select(detlogp::Memory, bool, int64_t, detlogp::CallReport& report) override {
+  void select(detlogp::Memory, bool, int64_t, int64_t, detlogp::CallReport& report) override {
     report.provenance = detlogp::detail::cpu_contract_backend().provenance();
     edit_(report.provenance);
   }

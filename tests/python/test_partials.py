@@ -267,3 +267,31 @@ def test_several_ids_a_row_give_each_single_target_bits(problem):
     bad[4, 5] = REAL
     with pytest.raises(detlogp.TargetIndexError, match=re.escape(f"targets[4, 5]={REAL} is >= real_vocab={REAL}")):
         detlogp.linear_logp(h, w, bad, bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
+
+
+def test_topk_is_the_full_sort_and_merges_across_shards(problem):
+    """topk=K: the K real ids of the largest scaled logits (ties to the lower id) and their
+    single-target logp bits, the same through the shards' merge, on and off the tile grid
+    (docs/contract.md §11)."""
+    h, w, t, b, temp = problem
+    k = 20
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, topk=k)
+    served = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    y = (served.logits[:, :REAL] * (np.float32(1) / temp)[:, None]).astype(np.float32)
+    want = np.argsort(-y, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(full.topk_ids, want)
+    single = detlogp.linear_logp(h, w, want.copy(), bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
+    assert np.array_equal(bits(full.topk_logp), bits(single.logp))
+    for bounds in ([0, 1024, V], [0, 700, 1401, V]):
+        parts = [
+            detlogp.linear_logp_partials(h, w[lo:hi], t, bias=b[lo:hi], temperature=temp, vocab_start=lo,
+                                         real_vocab=REAL, backend=CPU, topk=k)
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]  # fmt: skip
+        logp, lse, ids, topk_logp = detlogp.merge_partials(parts, t, return_topk=True)
+        assert np.array_equal(ids, full.topk_ids) and np.array_equal(bits(topk_logp), bits(full.topk_logp)), bounds
+        assert np.array_equal(bits(logp), bits(full.logp)), bounds
+    with pytest.raises(detlogp.InputError, match=re.escape("topk=129 (topk_ids has K=129 columns) must be in [1, 128]")):
+        detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, topk=129)
+    with pytest.raises(detlogp.InputError, match=re.escape("the top-k output needs every rank's top-k lists")):
+        detlogp.merge_partials(shards(problem, [0, 1024, V]), t, return_topk=True)
