@@ -262,3 +262,24 @@ TEST(MultiTargets, PartialsAndRanksThatDisagreeOnKAreRefused) {
     EXPECT_TRUE(runs[r].untouched()) << "rank " << r;
   }
 }
+
+TEST(MultiTargets, TheLogitGradientTakesOneTargetARow) {
+  const Problem p = tp_problem(123, -1, 8, 5, 32);
+  const std::vector<int64_t> t = multi_targets(p, 2, 8);
+  detlogp::LinearLogpInputs in = p.inputs();
+  in.targets = targets_view(t, p.rows, 2);
+  std::vector<float> lse(static_cast<size_t>(p.rows), 1.0f);
+  std::vector<uint16_t> dz(static_cast<size_t>(p.rows * p.vocab), 0xABCD);
+  detlogp::GradLogitsArgs args;
+  args.lse = detlogp::TensorView::vector(lse.data(), detlogp::DType::f32, p.rows);
+  try {
+    detlogp::linear_logp_grad_logits(in, args,
+                                     detlogp::mutable_matrix(dz.data(), detlogp::DType::bf16, p.rows, p.vocab));
+    ADD_FAILURE() << "[N, 2] targets accepted by the logit gradient";
+  } catch (const detlogp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the logit gradient takes one target per row, but targets has K=2"),
+              std::string::npos)
+        << e.what();
+  }
+  for (uint16_t x : dz) EXPECT_EQ(x, 0xABCD);
+}
