@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -36,7 +37,9 @@ void run_help(std::ostream& os) {
         "[N, edge_lanes] f32), written with their layout (vocab_start, vocab_local, real_vocab,\n"
         "ignore_index, backend, targets digest, the shard's tiles and edge lanes).\n"
         "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
-        "order printed (logp|lse[|logits][|entropy], or the partials).\n\n";
+        "order printed (logp|lse[|logits][|entropy][|topk_ids|topk_logp], or the partials).\n"
+        "targets may be [N, K] (K ids a row: logp [N, K]); --topk K adds topk_ids [N, K] i64 and\n"
+        "topk_logp [N, K] f32.\n\n";
   print_option_help(os, command_options("run"));
   os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
 }
@@ -147,13 +150,15 @@ int command_run(const Options& o) {
   const std::filesystem::path out_path = checked_out_path(o);
   const HostProblem p = load_problem(o);
   const CallOptions opt = call_options(o);
+  // The range is the library's check (topk in [1, 128], <= real_vocab): any integer >= 1 reaches it.
+  const int64_t topk = o.has("topk") ? o.integer("topk", 0, 1, std::numeric_limits<int64_t>::max()) : 0;
 
   RunOutputs out;
   double best_seconds = 0;
   std::string first_sha;
   for (int64_t r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    RunOutputs current = compute(p, entry, opt, o.flag("entropy"));
+    RunOutputs current = compute(p, entry, opt, o.flag("entropy"), topk);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string sha = output_sha256(current);
     if (r == 0) {
