@@ -600,6 +600,65 @@ EntropyReference tp1_with_entropy(const std::vector<uint16_t>& h, const std::vec
 
 }  // namespace
 
+namespace {
+
+// The operator over `bounds` (rank r on devices[r], over `comms`) with the entropy output: every
+// rank's logp, lse and entropy against `want` (and its logits shard, serving). Returns the rank-rows
+// that differ.
+int64_t run_unaligned(const std::vector<int64_t>& bounds, const std::vector<int>& devices,
+                      std::vector<std::unique_ptr<detlogp::Communicator>>& comms, const std::vector<uint16_t>& h,
+                      const std::vector<uint16_t>& w, const std::vector<float>& b, const std::vector<int32_t>& targets,
+                      int64_t rows, bool serving, const EntropyReference& want, const std::string& what) {
+  const int tp = static_cast<int>(bounds.size()) - 1;
+  std::vector<RankData> ranks(static_cast<size_t>(tp));
+  std::vector<DevBuf<float>> entropy(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) {
+    upload_rank(ranks[r], devices[r], bounds[r], bounds[r + 1] - bounds[r], h, w, b, targets, rows, serving);
+    entropy[r] = DevBuf<float>(static_cast<size_t>(rows));
+    entropy[r].poison();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r)
+    threads.emplace_back([&, r] {
+      detlogp::CallOptions opt;
+      opt.strict = true;
+      opt.cuda_stream = ranks[r].stream;
+      try {
+        GPU_CUDA(cudaSetDevice(ranks[r].device));
+        detlogp::LinearLogpOutputs out = rank_outputs(ranks[r], rows);
+        out.entropy = device_vector(entropy[r].get(), rows, ranks[r].device);
+        detlogp::linear_logp_tensor_parallel(rank_inputs(ranks[r], rows), out, *comms[r], opt);
+        GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
+      } catch (const std::exception& e) {
+        ranks[r].error = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  int64_t bad = 0;
+  for (int r = 0; r < tp; ++r) {
+    EXPECT_TRUE(ranks[r].error.empty()) << what << " rank " << r << ": " << ranks[r].error;
+    if (!ranks[r].error.empty()) continue;
+    GPU_CUDA(cudaSetDevice(ranks[r].device));
+    const auto logp = ranks[r].out.logp.to_host(), lse = ranks[r].out.lse.to_host(), ent = entropy[r].to_host();
+    const auto a = bc::compare(want.logp, logp), c = bc::compare(want.lse, lse), e = bc::compare(want.entropy, ent);
+    EXPECT_TRUE(a.identical() && c.identical() && e.identical())
+        << what << " rank " << r << ": " << a.describe("logp") << "; " << c.describe("lse") << "; "
+        << e.describe("entropy");
+    for (int64_t n = 0; n < rows; ++n)
+      bad += !same_bits(logp[n], want.logp[n]) || !same_bits(lse[n], want.lse[n]) || !same_bits(ent[n], want.entropy[n])
+                 ? 1
+                 : 0;
+    if (serving) {
+      const auto z =
+          bc::compare(logits_shard(want.logits, rows, ranks[r].start, ranks[r].count), ranks[r].out.logits.to_host());
+      EXPECT_TRUE(z.identical()) << what << " rank " << r << " logits shard: " << z.describe("logits");
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
 TEST_F(Sm90Tp, UnalignedShardsOnOneGpuGiveTheTp1Bits) {
   std::vector<std::vector<int64_t>> splits;
   for (int tp : {2, 3, 4, 8}) splits.push_back(engine_bounds(tp));
@@ -612,54 +671,44 @@ TEST_F(Sm90Tp, UnalignedShardsOnOneGpuGiveTheTp1Bits) {
     for (bool serving : {false, true}) {
       if (serving && i != 1) continue;  // the serving entry at TP = 3: every rank's logits shard too
       const std::string what = bounds_name(bounds) + (serving ? " serving" : "");
-      std::vector<RankData> ranks(static_cast<size_t>(tp));
-      std::vector<DevBuf<float>> entropy(static_cast<size_t>(tp));
-      for (int r = 0; r < tp; ++r) {
-        upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], h, w, b, targets, rows, serving);
-        entropy[r] = DevBuf<float>(static_cast<size_t>(rows));
-        entropy[r].poison();
-      }
       auto comms = detlogp::make_local_communicators(tp, detlogp::Memory::cuda, 0);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < tp; ++r)
-        threads.emplace_back([&, r] {
-          detlogp::CallOptions opt;
-          opt.strict = true;
-          opt.cuda_stream = ranks[r].stream;
-          try {
-            GPU_CUDA(cudaSetDevice(0));
-            detlogp::LinearLogpOutputs out = rank_outputs(ranks[r], rows);
-            out.entropy = device_vector(entropy[r].get(), rows, 0);
-            detlogp::linear_logp_tensor_parallel(rank_inputs(ranks[r], rows), out, *comms[r], opt);
-            GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
-          } catch (const std::exception& e) {
-            ranks[r].error = e.what();
-          }
-        });
-      for (auto& th : threads) th.join();
-      int64_t bad = 0;
-      for (int r = 0; r < tp; ++r) {
-        ASSERT_TRUE(ranks[r].error.empty()) << what << " rank " << r << ": " << ranks[r].error;
-        const auto logp = ranks[r].out.logp.to_host(), lse = ranks[r].out.lse.to_host(), ent = entropy[r].to_host();
-        const auto a = bc::compare(want.logp, logp), c = bc::compare(want.lse, lse), e = bc::compare(want.entropy, ent);
-        EXPECT_TRUE(a.identical() && c.identical() && e.identical())
-            << what << " rank " << r << ": " << a.describe("logp") << "; " << c.describe("lse") << "; "
-            << e.describe("entropy");
-        for (int64_t n = 0; n < rows; ++n)
-          bad += !same_bits(logp[n], want.logp[n]) || !same_bits(lse[n], want.lse[n]) ||
-                         !same_bits(ent[n], want.entropy[n])
-                     ? 1
-                     : 0;
-        if (serving) {
-          const auto z = bc::compare(logits_shard(want.logits, rows, ranks[r].start, ranks[r].count),
-                                     ranks[r].out.logits.to_host());
-          EXPECT_TRUE(z.identical()) << what << " rank " << r << " logits shard: " << z.describe("logits");
-        }
-      }
+      const int64_t bad = run_unaligned(bounds, std::vector<int>(static_cast<size_t>(tp), 0), comms, h, w, b, targets,
+                                        rows, serving, want, what);
       std::printf("%s on one GPU: %lld rank-rows differ from TP=1 (logp, lse, entropy)\n", what.c_str(),
                   static_cast<long long>(bad));
     }
   }
+}
+
+// The same over real NCCL, one GPU per rank, TP in {2, 4, 8} up to the GPU count.
+TEST_F(Sm90Tp, NcclUnalignedShardsGiveTheTp1Bits) {
+#ifdef DETLOGP_WITH_NCCL
+  if (!options().nccl) GTEST_SKIP() << "NCCL part skipped: --no-nccl";
+  int gpus = 0;
+  GPU_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) GTEST_SKIP() << "NCCL part skipped: fewer than 2 GPUs visible";
+  for (int tp = 2; tp <= gpus && tp <= 8; tp *= 2) {
+    std::vector<ncclComm_t> comms_raw(static_cast<size_t>(tp));
+    std::vector<int> devs(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r) devs[r] = r;
+    const ncclResult_t init = ncclCommInitAll(comms_raw.data(), tp, devs.data());
+    ASSERT_EQ(init, ncclSuccess) << "ncclCommInitAll(" << tp << ") failed: " << ncclGetErrorString(init);
+    std::vector<std::unique_ptr<detlogp::Communicator>> comms;
+    for (int r = 0; r < tp; ++r) comms.push_back(detlogp::make_nccl_communicator(comms_raw[r]));
+    const std::vector<int64_t> bounds = engine_bounds(tp);
+    const std::vector<int32_t> targets = boundary_targets(t, bounds);
+    const EntropyReference want = tp1_with_entropy(h, w, b, targets, rows);
+    for (bool serving : {false, true}) {
+      const std::string what = "NCCL " + bounds_name(bounds) + (serving ? " serving" : "");
+      const int64_t bad = run_unaligned(bounds, devs, comms, h, w, b, targets, rows, serving, want, what);
+      std::printf("%s on %d GPUs: %lld rank-rows differ from TP=1 (logp, lse, entropy)\n", what.c_str(), tp,
+                  static_cast<long long>(bad));
+    }
+    for (auto c : comms_raw) ncclCommDestroy(c);
+  }
+#else
+  GTEST_SKIP() << "NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)";
+#endif
 }
 
 // The CUDA partials of shards off the tile grid are the contract's pieces of the TP = 1 logits: each
