@@ -8,9 +8,14 @@
 // The trainer with the entropy output (docs/contract.md §10), "detlogp_trainer_entropy", is timed
 // at N = 1024, 4096 and 16384 beside the trainer without it and reported as the ratio of the two
 // (medians, and paired), against the goal of docs/perf.md (<= 1.03x).
+// --tp R: also rank 1's tensor-parallel partials (the trainer's partial mode) of an R-way split,
+// 64-aligned (ceil(V / R) rounded up to 64 rows a rank) and as engines split (V / R rows: tiles
+// straddle the boundaries, docs/contract.md §7.1), "detlogp_partials_tpR_aligned" /
+// "_unaligned", reported as the ratio of the two against the goal of issue 29 (<= 1.03x).
 //
 //   bench_sm90 [--n 1,8,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
 //              [--buckets all|none|name,name]  (the forced launch buckets also timed; default all)
+//              [--tp R]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
   std::string csv = "bench_sm90.csv";
   int reps_override = 0;
   std::string buckets = "all";  // forced buckets timed at N <= 64, 1024, 4096, 16384: all, none, or a list
+  int tp = 0;                   // --tp R: rank 1's partials of an R-way split, aligned and not
   std::string command;
   // Reproduce command without machine-specific paths: program and file names only.
   auto base = [](const char* a) {
@@ -104,6 +110,8 @@ int main(int argc, char** argv) {
       reps_override = std::atoi(next());
     else if (a == "--buckets")
       buckets = next();
+    else if (a == "--tp")
+      tp = std::atoi(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -192,8 +200,29 @@ int main(int argc, char** argv) {
     int64_t n;
     double ratio, paired;
   };
-  std::vector<EntropyRatio> entropy_ratios;
+  std::vector<EntropyRatio> entropy_ratios, shard_ratios;
   std::vector<Row> rows;
+  // Rank 1's shard of a tp-way split: 64-aligned, and V / tp rows (engines' split).
+  struct ShardSpec {
+    int64_t start, count;
+  };
+  const int64_t aligned_rows = tp >= 2 ? ((v + tp - 1) / tp + 63) / 64 * 64 : 0;
+  const ShardSpec aligned{aligned_rows, std::min(aligned_rows, v - aligned_rows)};
+  const ShardSpec unaligned{tp >= 2 ? v / tp : 0, tp >= 2 ? v / tp : 0};
+  if (tp >= 2 && (aligned.count <= 0 || unaligned.count <= 0)) {
+    std::fprintf(stderr, "--tp %d: rank 1 holds no rows of V=%lld\n", tp, (long long)v);
+    return 2;
+  }
+  const int64_t shard_max = std::max(aligned.count, unaligned.count);
+  detlogp::TileSummary* shard_summaries = nullptr;
+  float *shard_target_logit = nullptr, *shard_edge = nullptr;
+  uint8_t* shard_owned = nullptr;
+  if (tp >= 2) {
+    CK(cudaMalloc(&shard_summaries, static_cast<size_t>(nmax * (shard_max / 64 + 2)) * sizeof(detlogp::TileSummary)));
+    CK(cudaMalloc(&shard_target_logit, nmax * 4));
+    CK(cudaMalloc(&shard_owned, nmax));
+    CK(cudaMalloc(&shard_edge, nmax * 128 * 4));
+  }
   for (int64_t n : ns) {
     const int reps = reps_override ? reps_override : (n >= 4096 ? 15 : 30);
     const double flops = 2.0 * n * v * d;
@@ -250,6 +279,28 @@ int main(int argc, char** argv) {
     if (time_entropy)
       methods.push_back({"detlogp_trainer_entropy", [&] { backend.run(pe); }, in_bytes + 12.0 * n,
                          detlogp::sm90::workspace_bytes(pe)});
+    auto shard_problem = [&](const ShardSpec& sh) {
+      detlogp::detail::LogpProblem q = p;
+      q.logp = q.lse = nullptr;
+      q.weight = w + sh.start * d;
+      q.vocab_start = sh.start;
+      q.vocab_local = sh.count;
+      q.partial = true;
+      q.summaries = shard_summaries;
+      q.target_logit = shard_target_logit;
+      q.target_owned = shard_owned;
+      q.edge_logits = q.geometry().edge_lanes() > 0 ? shard_edge : nullptr;
+      return q;
+    };
+    const detlogp::detail::LogpProblem pa = shard_problem(aligned), pu = shard_problem(unaligned);
+    const size_t aligned_method = methods.size();
+    if (tp >= 2) {
+      const double shard_bytes = 2.0 * aligned.count * d + 2.0 * n * d + 8.0 * n * (aligned.count / 64);
+      methods.push_back(
+          {"detlogp_partials_tp" + std::to_string(tp) + "_aligned", [&] { backend.run(pa); }, shard_bytes, 0});
+      methods.push_back(
+          {"detlogp_partials_tp" + std::to_string(tp) + "_unaligned", [&] { backend.run(pu); }, shard_bytes, 0});
+    }
     if (n <= 64 || n == 1024 || n == 4096 || n == 16384) {
       for (int bi = 0; bi < detlogp::sm90::kBucketCount; ++bi) {
         const char* b = detlogp::sm90::bucket_info(static_cast<detlogp::sm90::Bucket>(bi)).name;
@@ -273,6 +324,9 @@ int main(int argc, char** argv) {
     if (time_entropy)
       entropy_ratios.push_back(
           {n, med[entropy_method] / med[trainer_method], timer.paired_ratio_median(entropy_method, trainer_method)});
+    if (tp >= 2)
+      shard_ratios.push_back({n, med[aligned_method + 1] / med[aligned_method],
+                              timer.paired_ratio_median(aligned_method + 1, aligned_method)});
     for (size_t i = 0; i < methods.size(); ++i) {
       const double ms = med[i];
       rows.push_back({n, methods[i].name, ms, flops / (ms * 1e-3) / 1e12, methods[i].bytes / (ms * 1e-3) / 1e9,
@@ -313,6 +367,13 @@ int main(int argc, char** argv) {
   for (const auto& e : entropy_ratios)
     std::printf("entropy N=%lld: detlogp_trainer_entropy / detlogp_trainer = %.3fx (paired %.3fx), goal <= %.2fx: %s\n",
                 (long long)e.n, e.ratio, e.paired, kEntropyGoal, e.paired <= kEntropyGoal ? "within" : "OVER");
+  for (const auto& e : shard_ratios)
+    std::printf(
+        "shards N=%lld TP=%d: rank 1 [%lld, %lld) / [%lld, %lld) (V / TP over 64-aligned) = %.3fx (paired %.3fx), goal "
+        "<= 1.03x: %s\n",
+        (long long)e.n, tp, (long long)unaligned.start, (long long)(unaligned.start + unaligned.count),
+        (long long)aligned.start, (long long)(aligned.start + aligned.count), e.ratio, e.paired,
+        e.paired <= 1.03 ? "within" : "OVER");
   std::printf("csv: %s\n", csv.c_str());
   return 0;
 }

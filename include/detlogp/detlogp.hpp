@@ -10,7 +10,9 @@
 #include "detlogp/error.hpp"
 #include "detlogp/provenance.hpp"
 #include "detlogp/reduce.hpp"
+#include "detlogp/shards.hpp"
 #include "detlogp/tensor.hpp"
+#include "detlogp/topk.hpp"
 
 namespace detlogp {
 
@@ -19,25 +21,35 @@ struct LinearLogpInputs {
   TensorView hidden;            // [N, D] bf16, rows may be strided
   TensorView weight;            // [V_local, D] bf16: this rank's lm_head shard
   TensorView bias;              // optional [V_local] f32
-  TensorView targets;           // [N] i32 or i64, global vocab ids
+  TensorView targets;           // [N] i32 or i64, global vocab ids; or [N, K] (K <= kMaxTargetsPerRow): K ids per row
   float temperature = 1.0f;     // used when temperature_rows is absent
   TensorView temperature_rows;  // optional [N] f32, one T per row
   int64_t real_vocab = -1;      // V_real; ids >= V_real are padding. -1: vocab_start + V_local
-  int64_t vocab_start = 0;      // global id of weight row 0; a multiple of 64
+  int64_t vocab_start = 0;      // global id of weight row 0 (any id: shards need not be 64-aligned)
   int64_t ignore_index = kDefaultIgnoreIndex;
 };
 
-// Outputs: logp [N] f32, lse [N] f32, and on the serving entry logits [N, V_local] f32
+// Outputs: logp [N] f32 ([N, K] for [N, K] targets: entry k the logp of targets[n, k], each
+// entry the bits of a call with that single target), lse [N] f32, and on the serving entry logits [N, V_local] f32
 // (unscaled z = h.W + b). logits absent = trainer entry, which never allocates [N, V].
 // entropy, when present: [N] f32, H = -sum p log p of the row's softmax(y) over the real
 // vocabulary, computed in the same pass (docs/contract.md §10; served by backends whose
 // provenance names an entropy_id, others refuse it).
+// topk_ids and topk_logp, when present: [N, K] i64 and f32 (1 <= K <= kMaxTopk, K <= real_vocab,
+// contiguous): the row's K real ids with the largest scaled logits y, in detlogp/topk.hpp's order
+// (larger y first, equal y the lower id first), and their logp, each the bits of a call with that
+// single target (docs/contract.md §11); from the same pass, no [N, V].
 struct LinearLogpOutputs {
   MutableTensorView logp;
   MutableTensorView lse;
   MutableTensorView logits;
   MutableTensorView entropy;
+  MutableTensorView topk_ids;
+  MutableTensorView topk_logp;
 };
+
+// The most target ids per row of [N, K] targets (one pass over the vocabulary for all of them).
+inline constexpr int64_t kMaxTargetsPerRow = 64;
 
 struct CallOptions {
   std::string backend;  // "" -> env DETLOGP_BACKEND, else "auto"
@@ -87,31 +99,44 @@ struct PartialsLayout {
   uint64_t backend_digest = 0;      // the serving backend: id, contract, arch and its frozen ids
 };
 
-// Rank-local partials for tensor parallelism: tile summaries of this shard's global tiles and,
-// for rows whose target this shard owns, the scaled target logit y_t.
+// Rank-local partials for tensor parallelism: summaries of the global tiles this shard finishes
+// (its whole tiles, detlogp/shards.hpp), the scaled logits of its lanes in the tiles that straddle a
+// shard boundary (edge lanes; none for a 64-aligned shard) and, for rows whose target this shard
+// owns, the scaled target logit y_t.
 struct ShardPartials {
   int64_t rows = 0;
-  int64_t tiles = 0;                 // ceil(V_local / 64)
-  TileSummary* summaries = nullptr;  // [rows][tiles]
-  float* target_logit = nullptr;     // [rows]; +0 where not owned or ignored
-  uint8_t* target_owned = nullptr;   // [rows]; 1 where this shard owns t
+  int64_t tiles = 0;                 // shard_geometry(...).tiles: ceil(V_local / 64) for an aligned shard
+  TileSummary* summaries = nullptr;  // [rows][tiles]: global tiles first_tile .. first_tile + tiles - 1
+  int64_t targets_per_row = 1;       // K of [N, K] targets (1 for [N] targets)
+  float* target_logit = nullptr;     // [rows][targets_per_row]; +0 where not owned or ignored
+  uint8_t* target_owned = nullptr;   // [rows][targets_per_row]; 1 where this shard owns the target
   float* usums = nullptr;            // optional [rows][tiles]: the tiles' entropy sums u_g (§10), for a
                                      // merge that writes entropy; filled when non-null
+  int64_t edge_lanes = 0;            // shard_geometry(...).edge_lanes(): 0 for an aligned shard
+  float* edge_logits = nullptr;      // [rows][edge_lanes]: y of the head lanes, then of the tail lanes
+  int64_t topk = 0;                  // K of the top-k output (0: none)
+  float* topk_logit = nullptr;       // [rows][topk]: the shard's K largest y of its real ids, in top-k order
+  int64_t* topk_ids = nullptr;       // [rows][topk]: their global ids; -1 past the shard's real ids
   Memory memory = Memory::host;
   int device = 0;            // CUDA device of the buffers (memory == cuda)
   MutableTensorView logits;  // optional [rows, V_local] f32: the serving entry's logits shard
   PartialsLayout layout;     // written by linear_logp_partials, with the buffers
 };
+// Whole tiles of a 64-aligned shard of V_local rows: ceil(V_local / 64). Any shard:
+// shard_geometry(vocab_start, V_local, real_vocab) (detlogp/shards.hpp).
 int64_t shard_tiles(int64_t vocab_local);
-// Fills out's buffers and out.layout (nothing on error); out.usums, when non-null, with the tiles'
+// Fills out's buffers and out.layout (nothing on error): out.tiles and out.edge_lanes must be
+// shard_geometry's, out.edge_logits non-null where edge_lanes > 0; out.usums, when non-null, with the tiles'
 // entropy sums (served by backends that compute the entropy output, refused by the others). For CUDA memory the targets
 // (and temperature_rows) are read back to the host for the layout's digests: one copy of N * 8 (+ N * 4) bytes and a
 // wait for the work already on opt.cuda_stream, before the partials are enqueued.
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt = {});
 
 // The owned merge: every rank runs it over the all-gathered partials placed in rank order
-// (= ascending global tile order). No floating-point reduction happens in transit. Before writing
-// anything it checks the layouts: ranks in ascending vocab_start order, contiguous from 0 and
+// (= ascending global tile order). No floating-point reduction happens in transit; a tile that
+// straddles a shard boundary is summarized once, here, from its holders' edge lanes, in rank order
+// (docs/contract.md §7). Before writing anything it checks the layouts: ranks in ascending
+// vocab_start order (any boundaries, 64-aligned or not), contiguous from 0 and
 // covering real_vocab, all agreeing on real_vocab, rows, ignore_index, temperatures and backend,
 // and `targets` / `ignore_index` equal to those the partials were computed with. Host memory runs
 // on the CPU; CUDA memory (partials, targets, logp and lse on one device) reads the targets back
@@ -216,6 +241,13 @@ CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingPro
                                    const SampledGradArgs& args, const MutableTensorView& dz,
                                    const CallOptions& opt = {});
 
+// The same merge into `out`'s logp, lse and, where present, entropy and top-k (topk_ids and
+// topk_logp [N, K], K the partials' topk: every rank's partials carry their top-k lists; the merge
+// takes the K first of their union in the order of detlogp/topk.hpp, rank by rank, and finalizes
+// each with the merged lse). out.logits must be absent.
+void merge_partials(const std::vector<ShardPartials>& ranks_in_order, const TensorView& targets, int64_t ignore_index,
+                    const LinearLogpOutputs& out, const CallOptions& opt = {});
+
 // The contract reducer applied to logits from anywhere (another backend, a file): z [N, V_local]
 // f32 unscaled; temperature, padding and ignore_index as in linear_logp. Host memory.
 struct ReduceLogitsInputs {
@@ -242,6 +274,10 @@ void check_row_values(const TensorView& targets, int64_t real_vocab, int64_t ign
 // out.entropy, when present, gets the TP = 1 entropy bits (the partials then carry usums).
 CallReport simulate_tensor_parallel(const LinearLogpInputs& in, int ranks, const LinearLogpOutputs& out,
                                     const CallOptions& opt = {});
+// The same over the shards [bounds[r], bounds[r + 1]) of the weight's rows: bounds ascending from 0
+// to V_local, at any ids (an engine's split, e.g. V / R, need not be 64-aligned); R = bounds.size() - 1.
+CallReport simulate_tensor_parallel(const LinearLogpInputs& in, const std::vector<int64_t>& bounds,
+                                    const LinearLogpOutputs& out, const CallOptions& opt = {});
 
 // Registry view.
 struct BackendInfo {

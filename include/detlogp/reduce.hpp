@@ -230,13 +230,26 @@ DETLOGP_HD float entropy_row_summaries(const TileSummary* tiles, const float* us
   return finalize_entropy(sum, usum, comp);
 }
 
-// Reference helper: the whole chain over a row's n_tiles summaries, ascending.
-DETLOGP_HD RowResult reduce_row_summaries(const TileSummary* tiles, int64_t n_tiles, float target_logit, bool ignored) {
+// A row's M and S: the chain's state before the finalize, the same for every target of the row
+// (finalize_row of each target then gives that target's single-target bits).
+struct RowChain {
+  float global_max;
+  float sum;
+};
+
+// Reference helper: M and the ascending chain S over a row's n_tiles summaries.
+DETLOGP_HD RowChain chain_row_summaries(const TileSummary* tiles, int64_t n_tiles) {
   float global_max = fp::neg_inf();
   for (int64_t g = 0; g < n_tiles; ++g) global_max = chain_max(global_max, tiles[g].max);
   float sum = 0.0f;
   for (int64_t g = 0; g < n_tiles; ++g) sum = chain_step(sum, tiles[g], global_max);
-  return finalize_row(global_max, sum, target_logit, ignored);
+  return {global_max, sum};
+}
+
+// Reference helper: the whole chain over a row's n_tiles summaries, ascending.
+DETLOGP_HD RowResult reduce_row_summaries(const TileSummary* tiles, int64_t n_tiles, float target_logit, bool ignored) {
+  const RowChain c = chain_row_summaries(tiles, n_tiles);
+  return finalize_row(c.global_max, c.sum, target_logit, ignored);
 }
 
 }  // namespace detlogp

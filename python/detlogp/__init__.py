@@ -40,6 +40,7 @@ __all__ = [
     "TORCH_BACKEND_ID",
     "Partials",
     "PartialsLayout",
+    "ShardGeometry",
     "Result",
     "SampleResult",
     "SamplingParams",
@@ -52,6 +53,7 @@ __all__ = [
     "provenance",
     "reduce_logits",
     "sample",
+    "shard_geometry",
     "shard_tiles",
     "strict_from_env",
     "to_bf16_bits",
@@ -75,6 +77,8 @@ class Result(NamedTuple):
     logp_raw: Any = None  # [N] f32: linear_logp's logp of the targets at the program's T (T = 0: at 1)
     lse_support: Any = None  # [N] f32: the support's log-normalizer
     support_size: Any = None  # [N] int64
+    topk_ids: Any = None  # [N, K] int64 with topk=K: the K real ids of the largest logits (docs/contract.md §12)
+    topk_logp: Any = None  # [N, K] f32 with topk=K: their logp, each a single-target call's bits
 
 
 class PartialsLayout(NamedTuple):
@@ -90,14 +94,39 @@ class PartialsLayout(NamedTuple):
     backend_digest: int  # the serving backend: id, contract, arch and its frozen ids
 
 
+class ShardGeometry(NamedTuple):
+    """Where a vocabulary shard's partials sit among the global 64-lane tiles (the C++
+    ShardGeometry, docs/contract.md §7): its local columns are [0, head_cols) before its first
+    whole tile (the first head_lanes of them real), then whole tiles first_tile ..
+    first_tile + tiles - 1 (whole_cols columns), then tail_lanes columns of a tile that goes on past
+    the shard. A 64-aligned shard has no edge lanes."""
+
+    first_tile: int
+    tiles: int
+    head_cols: int
+    head_lanes: int
+    whole_cols: int
+    tail_lanes: int
+
+    @property
+    def edge_lanes(self) -> int:
+        return self.head_lanes + self.tail_lanes
+
+
 class Partials(NamedTuple):
-    summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's global tiles
-    target_logit: Any  # [N] float32: scaled target logit where the shard owns the target, else +0
-    target_owned: Any  # [N] uint8
+    summaries: Any  # [N, tiles, 2] float32: (max, sum) of each of the shard's whole global tiles
+    target_logit: Any  # [N] ([N, K]) float32: scaled target logit where the shard owns the target, else +0
+    target_owned: Any  # [N] ([N, K]) uint8
     logits: Any  # [N, V_local] float32 on the serving entry, else None
     report: dict
     layout: PartialsLayout
     usums: Any = None  # [N, tiles] float32 with return_entropy=True: the tiles' entropy sums u_g, else None
+    # [N, edge_lanes] float32: the scaled logits of the shard's lanes in the tiles that straddle its
+    # boundaries (head lanes, then tail lanes; shard_geometry), which the merge assembles; [N, 0] for
+    # a 64-aligned shard.
+    edge_logits: Any = None
+    topk_logit: Any = None  # [N, K] float32 with topk=K: the shard's K largest scaled logits, in top-k order
+    topk_ids: Any = None  # [N, K] int64 with topk=K: their ids; -1 past the shard's real ids
 
 
 def contract() -> dict:
@@ -168,8 +197,17 @@ def provenance(backend: Optional[str] = None, strict: Optional[bool] = None) -> 
 
 
 def shard_tiles(vocab_local: int) -> int:
-    """Number of 64-wide global vocabulary tiles a shard of vocab_local rows spans."""
+    """Number of 64-wide global vocabulary tiles a 64-aligned shard of vocab_local rows spans (any
+    shard: shard_geometry(...).tiles)."""
     return _ext.shard_tiles(vocab_local)
+
+
+def shard_geometry(vocab_start: int, vocab_local: int, real_vocab: int) -> ShardGeometry:
+    """The whole tiles and edge lanes of the shard [vocab_start, vocab_start + vocab_local) of a
+    vocabulary of real_vocab real ids: the sizes of its partials (docs/tensor-parallel.md)."""
+    return ShardGeometry(*_ext.shard_geometry(_int_arg(vocab_start, "vocab_start"),
+                                              _int_arg(vocab_local, "vocab_local"),
+                                              _int_arg(real_vocab, "real_vocab")))  # fmt: skip
 
 
 def to_bf16_bits(x) -> np.ndarray:
@@ -350,6 +388,13 @@ def _backend_arg(backend: Optional[str]) -> str:
     return backend or ""
 
 
+def _per_target(targets, rows: int):
+    """The shape of what is shaped like the targets (logp, the partials' target logits): [N] for
+    [N] targets, [N, K] for K ids a row."""
+    shape = getattr(targets, "shape", ())
+    return (rows, int(shape[1])) if len(shape) == 2 else rows
+
+
 def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab):
     """The extension's problem tuple of one call and its row count."""
     hidden, weight, targets = (
@@ -366,33 +411,48 @@ def _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_sta
 def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                 return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
                 backend: Optional[str] = None, strict: Optional[bool] = None,
-                return_entropy: bool = False, sampling: Optional[SamplingParams] = None) -> Result:  # fmt: skip
+                return_entropy: bool = False, sampling: Optional[SamplingParams] = None,
+                topk: Optional[int] = None) -> Result:  # fmt: skip
     """logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T, over the whole real vocabulary.
 
     hidden [N, D] and weight [V, D] are bf16 (uint16 bit patterns for numpy), targets [N] int32 or
-    int64, bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
+    int64 (or [N, K], K <= 64: K ids a row, logp [N, K], each entry the bits of a call with that
+    single target; one pass over the vocabulary), bias [V] float32, temperature a float (or a 0-d floating array) or a [N] float32 array
     (docs/python.md, "Accepted inputs"). Returns
     Result(logp [N] f32, lse [N] f32, logits [N, V] f32 or None, report, entropy [N] f32 or None).
     return_entropy: each row's entropy -sum p log p in the same pass (docs/contract.md §10); served
     by the backends whose provenance names an entropy_id (the CPU backend today), refused by the
-    others.
+    others. topk=K (1 <= K <= 128): also topk_ids [N, K] int64, the K real ids of the largest
+    scaled logits (the larger first, equal ones by the lower id), and topk_logp [N, K] their logp,
+    from the same pass (docs/contract.md §12; the CPU backend).
 
     sampling: a SamplingParams replaying the rollout's program (docs/contract.md §11): Result.logp is
     then the targets' log-probability under the processed (filtered, renormalized) distribution, the
     bits detlogp.sample recorded for that token; -inf for a target outside the support, counted in
     report["sampling"]["outside_support"]. Result.logp_raw and Result.lse are the plain call's bits at
     the program's temperature (temperature= stays 1.0: the program's is used), lse_support and
-    support_size describe the support. Not with return_logits or return_entropy."""
+    support_size describe the support. Not with return_logits, return_entropy or topk."""
     if sampling is not None:
+        if topk is not None:
+            raise InputError("topk= is not taken with sampling= (the replay scores the given targets)")
         return _linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index, return_logits,
                                     vocab_start, real_vocab, backend, strict, return_entropy, sampling)  # fmt: skip
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(problem[2], rows), np.float32)
     lse = np.empty(rows, np.float32)
     logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
     entropy = np.empty(rows, np.float32) if return_entropy else None
-    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy)
-    return Result(logp, lse, logits, report, entropy)
+    k = _topk_arg(topk)
+    topk_ids = np.empty((rows, k), np.int64) if k else None
+    topk_logp = np.empty((rows, k), np.float32) if k else None
+    report = _ext.linear_logp(problem, logp, lse, logits, _backend_arg(backend), _resolve_strict(strict), 0, entropy,
+                              topk_ids, topk_logp)  # fmt: skip
+    return Result(logp, lse, logits, report, entropy, topk_ids=topk_ids, topk_logp=topk_logp)
+
+
+def _topk_arg(topk) -> int:
+    """topk=None: no top-k output (0); else K, by the integer rule (its range is the library's check)."""
+    return 0 if topk is None else _int_arg(topk, "topk")
 
 
 def _sampling_exclusive(temperature, return_logits: bool, return_entropy: bool) -> None:
@@ -455,46 +515,63 @@ def sample(hidden, weight, params: SamplingParams, seed, key, *, bias=None, voca
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,
                          return_logits: bool = False, vocab_start: int = 0, real_vocab: Optional[int] = None,
                          backend: Optional[str] = None, strict: Optional[bool] = None,
-                         return_entropy: bool = False) -> Partials:  # fmt: skip
+                         return_entropy: bool = False, topk: Optional[int] = None) -> Partials:  # fmt: skip
     """One vocabulary shard's partials (tensor parallelism): weight is rows
     [vocab_start, vocab_start + V_local) of the lm_head, real_vocab the global real vocabulary.
     return_entropy: the partials also carry usums [N, tiles] f32, the tiles' entropy sums, which
     merge_partials(..., return_entropy=True) needs from every rank (docs/contract.md §10); served by
     the backends that compute the entropy output, refused by the others."""
     problem, rows = _problem(hidden, weight, targets, bias, temperature, ignore_index, vocab_start, real_vocab)
-    tiles = shard_tiles(int(weight.shape[0]))
-    summaries = np.zeros((rows, tiles, 2), np.float32)
-    target_logit = np.zeros(rows, np.float32)
-    target_owned = np.zeros(rows, np.uint8)
-    logits = np.empty((rows, int(weight.shape[0])), np.float32) if return_logits else None
-    usums = np.zeros((rows, tiles), np.float32) if return_entropy else None
+    v_local = _leading(weight)
+    start = _int_arg(vocab_start, "vocab_start")
+    rv = start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+    # A shard the library refuses sizes nothing: it names the reason in its own words.
+    g = shard_geometry(start, v_local, rv) if start >= 0 and v_local > 0 and rv > 0 else ShardGeometry(0, 0, 0, 0, 0, 0)
+    summaries = np.zeros((rows, g.tiles, 2), np.float32)
+    target_logit = np.zeros(_per_target(problem[2], rows), np.float32)
+    target_owned = np.zeros(_per_target(problem[2], rows), np.uint8)
+    logits = np.empty((rows, v_local), np.float32) if return_logits else None
+    usums = np.zeros((rows, g.tiles), np.float32) if return_entropy else None
+    edge_logits = np.zeros((rows, g.edge_lanes), np.float32)
+    k = _topk_arg(topk)
+    topk_logit = np.zeros((rows, k), np.float32) if k else None
+    topk_ids = np.zeros((rows, k), np.int64) if k else None
     report, layout = _ext.linear_logp_partials(
         problem, summaries, target_logit, target_owned, logits, _backend_arg(backend), _resolve_strict(strict), 0,
-        usums,
+        usums, edge_logits, topk_logit, topk_ids,
     )  # fmt: skip
-    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums)
+    return Partials(summaries, target_logit, target_owned, logits, report, PartialsLayout(*layout), usums,
+                    edge_logits, topk_logit, topk_ids)  # fmt: skip
 
 
 def merge_partials(ranks_in_order: Sequence[Partials], targets, ignore_index: int = -100,
-                   return_entropy: bool = False):  # fmt: skip
+                   return_entropy: bool = False, return_topk: bool = False):  # fmt: skip
     """The owned merge over every rank's partials in rank (= ascending vocabulary) order: returns
     (logp, lse), the bits of the whole-vocabulary call, or (logp, lse, entropy) with
     return_entropy=True (every rank's partials must then carry usums: linear_logp_partials with
     return_entropy=True). The library first checks the layouts: rank order, contiguous shards
     covering real_vocab, one backend, and that targets and ignore_index are those the partials were
-    computed with (docs/tensor-parallel.md)."""
+    computed with (docs/tensor-parallel.md).
+    return_topk=True appends (topk_ids, topk_logp), the K first of the ranks' top-k lists and their
+    logp with the merged lse (every rank's partials computed with the same topk=K)."""
     targets = _host_array(targets, "targets")
     ignore_index = _int_arg(ignore_index, "ignore_index")
     rows = _leading(targets)
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(targets, rows), np.float32)
     lse = np.empty(rows, np.float32)
     entropy = np.empty(rows, np.float32) if return_entropy else None
     parts = [
-        (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None))
+        (p.summaries, p.target_logit, p.target_owned, _layout_tuple(p), getattr(p, "usums", None),
+         getattr(p, "edge_logits", None), getattr(p, "topk_logit", None), getattr(p, "topk_ids", None))
         for p in ranks_in_order
-    ]
-    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy)
-    return (logp, lse, entropy) if return_entropy else (logp, lse)
+    ]  # fmt: skip
+    first = getattr(ranks_in_order[0], "topk_ids", None) if len(ranks_in_order) else None
+    k = int(first.shape[1]) if return_topk and first is not None else 0
+    topk_ids = np.empty((rows, k), np.int64) if return_topk else None
+    topk_logp = np.empty((rows, k), np.float32) if return_topk else None
+    _ext.merge_partials(parts, targets, ignore_index, logp, lse, "", False, 0, entropy, topk_ids, topk_logp)
+    out = (logp, lse) + ((entropy,) if return_entropy else ()) + ((topk_ids, topk_logp) if return_topk else ())
+    return out
 
 
 def _layout_tuple(partials):
@@ -511,7 +588,7 @@ def reduce_logits(logits, targets, temperature=1.0, real_vocab: Optional[int] = 
     rows = _leading(logits)
     temp, temp_rows = _split_temperature(temperature, rows)
     rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
-    logp = np.empty(rows, np.float32)
+    logp = np.empty(_per_target(targets, rows), np.float32)
     lse = np.empty(rows, np.float32)
     entropy = np.empty(rows, np.float32) if return_entropy else None
     _ext.reduce_logits(logits, targets, temp, temp_rows, rv, _int_arg(ignore_index, "ignore_index"), logp, lse, entropy)

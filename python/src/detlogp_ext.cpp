@@ -115,6 +115,14 @@ detlogp::MutableTensorView out_view(const OutArray& a, const char* name, int ndi
   return {view_of(a, name, ndim, false)};
 }
 
+// Targets and what is shaped like them (logp, the partials' target logits): [N], or [N, K] for K ids
+// a row. Any other rank is refused as not 1-D, in the words of the 1-D case.
+template <class A>
+int target_rank(const A& a, const char* name) {
+  if (a.ndim() == 1 || a.ndim() == 2) return static_cast<int>(a.ndim());
+  value_error(std::string(name) + " must be 1-D [N] or 2-D [N, K], got ndim=" + std::to_string(a.ndim()));
+}
+
 std::optional<detlogp::TensorView> opt_view(const std::optional<InArray>& a, const char* name, int ndim) {
   if (!a) return std::nullopt;
   return view_of(*a, name, ndim, false);
@@ -243,7 +251,8 @@ detlogp::LinearLogpInputs inputs(const Problem& problem) {
   detlogp::LinearLogpInputs in;
   in.hidden = view_of(array_arg(problem[0], "hidden"), "hidden", 2, true);
   in.weight = view_of(array_arg(problem[1], "weight"), "weight", 2, true);
-  in.targets = view_of(array_arg(problem[2], "targets"), "targets", 1, false);
+  const InArray targets = array_arg(problem[2], "targets");
+  in.targets = view_of(targets, "targets", target_rank(targets, "targets"), false);
   if (auto b = opt_view(opt_array_arg(problem[3], "bias"), "bias", 1)) in.bias = *b;
   in.temperature = temperature_arg(problem[4]);
   if (auto t = opt_view(opt_array_arg(problem[5], "temperature_rows"), "temperature_rows", 1)) in.temperature_rows = *t;
@@ -254,7 +263,7 @@ detlogp::LinearLogpInputs inputs(const Problem& problem) {
 }
 
 detlogp::LinearLogpOutputs outputs(const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits) {
-  detlogp::LinearLogpOutputs out{out_view(logp, "logp", 1), out_view(lse, "lse", 1), {}};
+  detlogp::LinearLogpOutputs out{out_view(logp, "logp", target_rank(logp, "logp")), out_view(lse, "lse", 1), {}};
   if (logits) out.logits = out_view(*logits, "logits", 2);
   return out;
 }
@@ -309,21 +318,29 @@ nb::dict reported(Call&& call) {
 }
 
 // One shard's partials over three arrays: summaries [N, tiles, 2] f32, target_logit [N] f32,
-// target_owned [N] u8, contiguous, in one memory. `at` names the rank in the messages.
+// target_owned [N] u8 ([N, K] both for [N, K] targets), contiguous, in one memory. `at` names the
+// rank in the messages.
 template <class A>
 detlogp::ShardPartials partials_of(const A& s, const A& tl, const A& own, const std::string& at) {
   if (s.ndim() != 3 || s.shape(2) != 2 || s.dtype() != nb::dtype<float>())
     value_error(at + "summaries must be [N, tiles, 2] float32");
-  if (tl.ndim() != 1 || tl.dtype() != nb::dtype<float>() || own.ndim() != 1 || own.dtype() != nb::dtype<uint8_t>() ||
-      tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0))
-    value_error(at + "target_logit must be [N] float32 and target_owned [N] uint8");
+  const size_t k = tl.ndim() == 2 ? tl.shape(1) : 1;
+  if ((tl.ndim() != 1 && tl.ndim() != 2) || tl.ndim() != own.ndim() || tl.dtype() != nb::dtype<float>() ||
+      own.dtype() != nb::dtype<uint8_t>() || tl.shape(0) != s.shape(0) || own.shape(0) != s.shape(0) ||
+      (own.ndim() == 2 && own.shape(1) != k))
+    value_error(at + "target_logit must be [N] (or [N, K]) float32 and target_owned the same shape, uint8");
   detlogp::ShardPartials p;
   p.rows = static_cast<int64_t>(s.shape(0));
   p.tiles = static_cast<int64_t>(s.shape(1));
+  p.targets_per_row = static_cast<int64_t>(k);
   if (p.rows * p.tiles > 0 && (s.stride(2) != 1 || s.stride(1) != 2 || (p.rows > 1 && s.stride(0) != 2 * p.tiles)))
     value_error(at + "summaries must be contiguous");
-  if (p.rows > 1 && (tl.stride(0) != 1 || own.stride(0) != 1))
-    value_error(at + "target_logit and target_owned must be contiguous");
+  const auto contiguous = [&](const A& a) {
+    if (a.ndim() == 1) return p.rows <= 1 || a.stride(0) == 1;
+    return p.rows * p.targets_per_row == 0 ||
+           ((p.targets_per_row == 1 || a.stride(1) == 1) && (p.rows <= 1 || a.stride(0) == p.targets_per_row));
+  };
+  if (!contiguous(tl) || !contiguous(own)) value_error(at + "target_logit and target_owned must be contiguous");
   const Placement pl = placement_of(s.device_type(), s.device_id(), "summaries");
   for (const Placement q : {placement_of(tl.device_type(), tl.device_id(), "target_logit"),
                             placement_of(own.device_type(), own.device_id(), "target_owned")})
@@ -349,6 +366,42 @@ void set_usums(detlogp::ShardPartials& p, const std::optional<A>& usums, const s
   const Placement q = placement_of(u.device_type(), u.device_id(), "usums");
   if (q.memory != p.memory || q.device != p.device) value_error(at + "partials must all live in one memory");
   p.usums = static_cast<float*>(const_cast<void*>(static_cast<const void*>(u.data())));
+}
+
+// The optional edge lanes of partials `p`: edge_logits [N, edge_lanes] f32, contiguous, in p's
+// memory (an unaligned shard's scaled logits of its lanes in the tiles straddling its boundaries).
+template <class A>
+void set_edge_logits(detlogp::ShardPartials& p, const std::optional<A>& edge, const std::string& at) {
+  if (!edge) return;
+  const A& e = *edge;
+  if (e.ndim() != 2 || e.dtype() != nb::dtype<float>() || static_cast<int64_t>(e.shape(0)) != p.rows)
+    value_error(at + "edge_logits must be [N=" + std::to_string(p.rows) + ", edge_lanes] float32");
+  p.edge_lanes = static_cast<int64_t>(e.shape(1));
+  if (p.rows * p.edge_lanes > 0 && (e.stride(1) != 1 || (p.rows > 1 && e.stride(0) != p.edge_lanes)))
+    value_error(at + "edge_logits must be contiguous");
+  const Placement q = placement_of(e.device_type(), e.device_id(), "edge_logits");
+  if (q.memory != p.memory || q.device != p.device) value_error(at + "partials must all live in one memory");
+  p.edge_logits = static_cast<float*>(const_cast<void*>(static_cast<const void*>(e.data())));
+}
+
+// The optional top-k lists of partials `p`: topk_logit [N, K] f32 and topk_ids [N, K] i64,
+// contiguous, in p's memory.
+template <class A>
+void set_topk(detlogp::ShardPartials& p, const std::optional<A>& logit, const std::optional<A>& ids,
+              const std::string& at) {
+  if (!logit && !ids) return;
+  if (!logit || !ids) value_error(at + "top-k partials need both topk_logit and topk_ids");
+  if (logit->ndim() != 2 || ids->ndim() != 2 || logit->dtype() != nb::dtype<float>() ||
+      ids->dtype() != nb::dtype<int64_t>() || static_cast<int64_t>(logit->shape(0)) != p.rows ||
+      static_cast<int64_t>(ids->shape(0)) != p.rows || logit->shape(1) != ids->shape(1))
+    value_error(at + "topk_logit must be [N=" + std::to_string(p.rows) +
+                ", K] float32 and topk_ids the same shape, int64");
+  p.topk = static_cast<int64_t>(ids->shape(1));
+  for (const A* a : {&*logit, &*ids})
+    if (p.rows * p.topk > 0 && (a->stride(1) != 1 || (p.rows > 1 && a->stride(0) != p.topk)))
+      value_error(at + "topk_logit and topk_ids must be contiguous");
+  p.topk_logit = static_cast<float*>(const_cast<void*>(static_cast<const void*>(logit->data())));
+  p.topk_ids = static_cast<int64_t*>(const_cast<void*>(static_cast<const void*>(ids->data())));
 }
 
 // A PartialsLayout as Python holds it (detlogp.PartialsLayout): (vocab_start, vocab_local,
@@ -473,6 +526,17 @@ NB_MODULE(_detlogp, m) {
   m.def("version", &detlogp::version_string);
   m.def("check_environment", &detlogp::check_environment);
   m.def("shard_tiles", &detlogp::shard_tiles, "vocab_local"_a);
+  // (first_tile, tiles, head_cols, head_lanes, whole_cols, tail_lanes) of a shard (detlogp/shards.hpp).
+  m.def(
+      "shard_geometry",
+      [](int64_t vocab_start, int64_t vocab_local, int64_t real_vocab) {
+        if (vocab_start < 0) value_error("vocab_start=" + std::to_string(vocab_start) + " must be >= 0");
+        if (vocab_local < 1) value_error("vocab_local=" + std::to_string(vocab_local) + " must be >= 1");
+        if (real_vocab < 1) value_error("real_vocab=" + std::to_string(real_vocab) + " must be >= 1");
+        const detlogp::ShardGeometry g = detlogp::shard_geometry(vocab_start, vocab_local, real_vocab);
+        return std::make_tuple(g.first_tile, g.tiles, g.head_cols, g.head_lanes, g.whole_cols, g.tail_lanes);
+      },
+      "vocab_start"_a, "vocab_local"_a, "real_vocab"_a);
   m.def(
       "error_class", [](const std::string& msg) { return std::string(error_class(msg)); }, "message"_a);
   m.attr("TENSOR_PARALLEL_REFUSAL") = kTensorParallelRefusal;
@@ -510,15 +574,18 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "linear_logp",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         return reported([&] { return detlogp::linear_logp(in, out, opt); });
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a,
-      "entropy"_a.none() = nb::none());
+      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry), optional usums
@@ -527,17 +594,21 @@ NB_MODULE(_detlogp, m) {
       "linear_logp_partials",
       [](const Problem& problem, const OutArray& summaries, const OutArray& target_logit, const OutArray& target_owned,
          const std::optional<OutArray>& logits, const std::string& backend, bool strict, uintptr_t stream,
-         const std::optional<OutArray>& usums) {
+         const std::optional<OutArray>& usums, const std::optional<OutArray>& edge_logits,
+         const std::optional<OutArray>& topk_logit, const std::optional<OutArray>& topk_ids) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::ShardPartials p = partials_of(summaries, target_logit, target_owned, "");
         set_usums(p, usums, "");
+        set_edge_logits(p, edge_logits, "");
+        set_topk(p, topk_logit, topk_ids, "");
         if (logits) p.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::dict report = reported([&] { return detlogp::linear_logp_partials(in, p, opt); });
         return std::make_tuple(report, layout_tuple(p.layout));
       },
       "problem"_a, "summaries"_a, "target_logit"_a, "target_owned"_a, "logits"_a.none(), "backend"_a, "strict"_a,
-      "stream"_a, "usums"_a.none() = nb::none());
+      "stream"_a, "usums"_a.none() = nb::none(), "edge_logits"_a.none() = nb::none(),
+      "topk_logit"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none());
 
   // The logit gradient of one vocabulary chunk (detlogp.torch's fused backward): weight is the
   // chunk [C, D] starting at global id vocab_start, dz [N, C] bf16 (row stride >= C) is written.
@@ -562,30 +633,38 @@ NB_MODULE(_detlogp, m) {
       "g_entropy"_a.none() = nb::none());
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
-  // layout | None, usums | None)]; the library checks the layouts, and with `entropy` that every
-  // rank carries usums.
+  // layout | None, usums | None, edge_logits | None)]; the library checks the layouts (and that each
+  // rank's edge lanes fit its shard), and with `entropy` that every rank carries usums.
   m.def(
       "merge_partials",
-      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>>>& ranks,
+      [](const std::vector<std::tuple<InArray, InArray, InArray, std::optional<Layout>, std::optional<InArray>,
+                                      std::optional<InArray>, std::optional<InArray>, std::optional<InArray>>>& ranks,
          const InArray& targets, int64_t ignore_index, const OutArray& logp, const OutArray& lse,
-         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy) {
+         const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
         std::vector<detlogp::ShardPartials> parts;
         for (size_t r = 0; r < ranks.size(); ++r) {
-          const auto& [s, tl, own, layout, usums] = ranks[r];
+          const auto& [s, tl, own, layout, usums, edge, topk_logit, rank_topk_ids] = ranks[r];
           const std::string at = "rank " + std::to_string(r) + " ";
           parts.push_back(partials_of(s, tl, own, at));
           set_usums(parts.back(), usums, at);
+          set_edge_logits(parts.back(), edge, at);
+          set_topk(parts.back(), topk_logit, rank_topk_ids, at);
           parts.back().layout = layout_of(layout);
         }
-        const detlogp::TensorView t = view_of(targets, "targets", 1, false);
-        const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
-        const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
+        const detlogp::TensorView t = view_of(targets, "targets", target_rank(targets, "targets"), false);
+        const detlogp::MutableTensorView lp = out_view(logp, "logp", target_rank(logp, "logp")),
+                                         ls = out_view(lse, "lse", 1);
+        detlogp::LinearLogpOutputs out{lp, ls, {}, {}, {}, {}};
+        if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         nb::gil_scoped_release release;
-        detlogp::merge_partials(parts, t, ignore_index, lp, ls, h, opt);
+        detlogp::merge_partials(parts, t, ignore_index, out, opt);
       },
       "ranks"_a, "targets"_a, "ignore_index"_a, "logp"_a, "lse"_a, "backend"_a, "strict"_a, "stream"_a,
-      "entropy"_a.none() = nb::none());
+      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // What one rank of a tensor-parallel call checks before any collective: the arrays (this
   // binding's checks), then a zero-row partials call with the rank's shard, whose report names
@@ -601,7 +680,14 @@ NB_MODULE(_detlogp, m) {
         in.targets = first_rows(in.targets, 0);
         in.temperature_rows = first_rows(in.temperature_rows, 0);
         detlogp::ShardPartials none;
-        none.tiles = in.weight.rows > 0 ? detlogp::shard_tiles(in.weight.rows) : 0;
+        none.targets_per_row = in.targets.ndim == 2 ? in.targets.cols : 1;
+        // The geometry of a shard the check accepts (it checks the shard before the partials).
+        const int64_t real_vocab = in.real_vocab < 0 ? in.vocab_start + in.weight.rows : in.real_vocab;
+        if (in.weight.rows > 0 && in.vocab_start >= 0 && real_vocab > 0) {
+          const detlogp::ShardGeometry g = detlogp::shard_geometry(in.vocab_start, in.weight.rows, real_vocab);
+          none.tiles = g.tiles;
+          none.edge_lanes = g.edge_lanes();
+        }
         none.memory = in.hidden.memory;
         none.device = in.hidden.device;
         none.logits = {first_rows(out.logits, 0)};
@@ -752,13 +838,15 @@ NB_MODULE(_detlogp, m) {
          const std::optional<OutArray>& entropy) {
         detlogp::ReduceLogitsInputs in;
         in.logits = view_of(array_arg(logits, "logits"), "logits", 2, false);
-        in.targets = view_of(array_arg(targets, "targets"), "targets", 1, false);
+        const InArray t = array_arg(targets, "targets");
+        in.targets = view_of(t, "targets", target_rank(t, "targets"), false);
         in.temperature = temperature_arg(temperature);
         if (auto t = opt_view(opt_array_arg(temperature_rows, "temperature_rows"), "temperature_rows", 1))
           in.temperature_rows = *t;
         in.real_vocab = int64_arg(real_vocab, "real_vocab");
         in.ignore_index = int64_arg(ignore_index, "ignore_index");
-        const detlogp::MutableTensorView lp = out_view(logp, "logp", 1), ls = out_view(lse, "lse", 1);
+        const detlogp::MutableTensorView lp = out_view(logp, "logp", target_rank(logp, "logp")),
+                                         ls = out_view(lse, "lse", 1);
         const detlogp::MutableTensorView h = entropy ? out_view(*entropy, "entropy", 1) : detlogp::MutableTensorView{};
         nb::gil_scoped_release release;
         detlogp::reduce_logits(in, lp, ls, h);

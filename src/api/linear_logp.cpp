@@ -8,7 +8,9 @@ namespace detlogp {
 
 CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out, const CallOptions& opt) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, false, out.entropy.present(), report);
+  const detail::Backend& backend = detail::select_backend(opt, in.hidden.memory, false, out.entropy.present(), report,
+                                                          in.targets.ndim == 2 ? in.targets.cols : 1,
+                                                          out.topk_ids.present() ? out.topk_ids.cols : 0);
   detail::LogpProblem problem = detail::make_problem(in, &out, nullptr);
   problem.stream = opt.cuda_stream;
   if (problem.rows > 0) detail::dispatch(backend, problem);

@@ -13,7 +13,7 @@ namespace {
 CallReport run_program(const TensorView& hidden, const CallOptions& opt,
                        const std::function<detail::SampleProblem()>& make) {
   CallReport report;
-  const detail::Backend& backend = detail::select_backend(opt, hidden.memory, false, false, report, true);
+  const detail::Backend& backend = detail::select_backend(opt, hidden.memory, false, false, report, 1, 0, true);
   detail::SampleProblem problem = make();
   problem.stream = opt.cuda_stream;
   if (problem.rows > 0) report.sampling = backend.run_sample(problem);

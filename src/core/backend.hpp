@@ -51,6 +51,10 @@ class Backend {
   virtual SamplingReport run_sample(const SampleProblem& /*problem*/) const {
     DETLOGP_FAIL("backend '" << id() << "' does not run the sampling program");
   }
+  // Whether run() takes [N, K] targets with K > 1 (one pass, K logp per row).
+  virtual bool supports_multi_targets() const { return false; }
+  // Whether run() fills the top-k output (LogpProblem::topk, docs/contract.md §12).
+  virtual bool supports_topk() const { return false; }
   // Runs a validated problem. Throws detlogp::Error on failure; writes nothing on bad inputs.
   virtual void run(const LogpProblem& problem) const = 0;
   // Runs a validated problem whose tensors are all in host memory. A device backend stages

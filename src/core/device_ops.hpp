@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/straddle.hpp"
 #include "detlogp/reduce.hpp"
 
 namespace detlogp::detail {
 
-// One rank's partials of a row chunk in device memory: [rows][tiles] summaries, y_t, owned flags.
+// One rank's partials of a row chunk in device memory: [rows][tiles] summaries of its whole tiles,
+// y_t, owned flags (both null for a rank that holds no real lane: it owns no target).
 struct DeviceMergeRank {
   const TileSummary* summaries = nullptr;
   int64_t tiles = 0;
@@ -22,10 +24,13 @@ struct DeviceMergeRank {
 
 // The owned merge on the device (the SM90 combine chain over rank-ordered segments), enqueued on
 // `stream`. Writes logp[0..rows) and lse[0..rows), and entropy[0..rows) when non-null (then every
-// rank's usums is set).
+// rank's usums is set). `straddles` (ranks_in_order's straddling tiles, their runs reading the
+// ranks' edge lanes in device memory) may be null or empty: 64-aligned shards. Each straddling tile
+// is summarized on the device (straddle_summary) into a stream-ordered scratch buffer and chained
+// right before the whole tiles of the rank that completes it.
 void device_merge(const std::vector<DeviceMergeRank>& ranks_in_order, int64_t rows, const void* targets,
                   bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream,
-                  float* entropy = nullptr);
+                  float* entropy = nullptr, const StraddlePlan* straddles = nullptr);
 
 // Owning device allocation (cudaMalloc on `device`); throws naming `what` on failure.
 class DeviceAllocation {

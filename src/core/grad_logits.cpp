@@ -21,6 +21,8 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
                                            const MutableTensorView& dz) {
   GradLogitsProblem p;
   p.cols = check_operands(in, "C", "chunk", p);
+  DETLOGP_CHECK(p.targets_per_row == 1, "the logit gradient takes one target per row, but targets has K="
+                                            << p.targets_per_row << " ids per row ([N] targets)");
   const Memory mem = p.memory;
   const int dev = p.device;
   p.real_vocab = checked_real_vocab(in, p.cols, "C");

@@ -7,6 +7,7 @@
 
 #include "detlogp/config.hpp"
 #include "detlogp/reduce.hpp"
+#include "detlogp/shards.hpp"
 #include "detlogp/tensor.hpp"
 
 namespace detlogp::detail {
@@ -24,9 +25,11 @@ struct HeadOperands {
   int64_t hidden_stride = 0;         // elements
   const uint16_t* weight = nullptr;  // bf16 bits, [weight rows][weight_stride]
   int64_t weight_stride = 0;
-  const float* bias = nullptr;  // [weight rows] or null
-  const void* targets = nullptr;
+  const float* bias = nullptr;    // [weight rows] or null
+  const void* targets = nullptr;  // [rows][targets_per_row]
   bool targets_i64 = false;
+  int64_t targets_per_row = 1;  // K of [N, K] targets, 1 for [N]
+  bool targets_2d = false;      // [N, K] targets (messages name targets[n, k]; logp is [N, K])
   float temperature = 1.0f;
   const float* temperature_rows = nullptr;  // [rows] or null
 
@@ -34,27 +37,42 @@ struct HeadOperands {
   int device = 0;
   void* stream = nullptr;
 
-  DETLOGP_HD int64_t target(int64_t row) const {
-    return targets_i64 ? static_cast<const int64_t*>(targets)[row] : static_cast<const int32_t*>(targets)[row];
+  DETLOGP_HD int64_t target(int64_t row, int64_t k = 0) const {
+    const int64_t i = row * targets_per_row + k;
+    return targets_i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
   }
 };
 
 struct LogpProblem : HeadOperands {
   int64_t vocab_local = 0;  // V_local: weight rows
 
-  // Full mode: logp/lse (and logits when non-null, row stride vocab_local).
+  // Full mode: logp [rows][targets_per_row] and lse [rows] (and logits when non-null, row stride vocab_local).
   float* logp = nullptr;
   float* lse = nullptr;
   float* logits = nullptr;
   float* entropy = nullptr;  // [rows] or null: the row's entropy (docs/contract.md §10)
-  // Partial mode (summaries != null): tile summaries and target partials instead of logp/lse.
-  TileSummary* summaries = nullptr;  // [rows][local_tiles()]
-  float* target_logit = nullptr;
-  uint8_t* target_owned = nullptr;
-  float* usums = nullptr;  // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
+  // The top-k output (docs/contract.md §12), topk > 0: full mode topk_ids and topk_logp [rows][topk];
+  // partial mode the shard's lists, topk_ids and topk_logit [rows][topk].
+  int64_t topk = 0;
+  int64_t* topk_ids = nullptr;
+  float* topk_logp = nullptr;
+  float* topk_logit = nullptr;
+  // Partial mode: tile summaries and target partials instead of logp/lse (also for a shard without
+  // whole tiles, whose summaries may be null).
+  bool partial = false;
+  TileSummary* summaries = nullptr;  // [rows][geometry().tiles] (may be null where that is 0)
+  float* target_logit = nullptr;     // [rows][targets_per_row]
+  uint8_t* target_owned = nullptr;   // [rows][targets_per_row]
+  float* usums = nullptr;            // partial mode: [rows][local_tiles()] entropy sums u_g, or null (§10)
+  // Partial mode, a shard that is not 64-aligned: the scaled logits of its edge lanes
+  // [rows][geometry().edge_lanes()] (detlogp/shards.hpp); summaries cover geometry().tiles tiles.
+  float* edge_logits = nullptr;
 
+  ShardGeometry geometry() const { return shard_geometry(vocab_start, vocab_local, real_vocab); }
+  // Local 64-column tiles from column 0: for a 64-aligned shard (every full-mode problem) the global
+  // tiles, summarized in place (partial mode too: geometry().tiles equals it then).
   int64_t local_tiles() const { return (vocab_local + kVocabTile - 1) / kVocabTile; }
-  // Lanes of local tile j that are real: a prefix of the tile, 0..64.
+  // A 64-aligned shard's real lanes of local tile j: a prefix of the tile, 0..64.
   int real_lanes(int64_t tile) const {
     const int64_t first = vocab_start + tile * kVocabTile;
     int64_t end = vocab_start + vocab_local;
@@ -62,7 +80,8 @@ struct LogpProblem : HeadOperands {
     const int64_t n = end - first;
     return n <= 0 ? 0 : (n >= kVocabTile ? kVocabTile : static_cast<int>(n));
   }
-  bool partial_mode() const { return summaries != nullptr; }
+  // make_problem sets `partial`; a problem built by hand is in partial mode by its summaries.
+  bool partial_mode() const { return partial || summaries != nullptr; }
 };
 
 }  // namespace detlogp::detail

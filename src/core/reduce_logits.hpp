@@ -16,12 +16,14 @@ struct ReduceLogitsProblem {
 
   const float* logits = nullptr;  // unscaled z [rows][logits_stride], host memory
   int64_t logits_stride = 0;
-  const void* targets = nullptr;
+  const void* targets = nullptr;  // [rows][targets_per_row]
   bool targets_i64 = false;
+  int64_t targets_per_row = 1;
+  bool targets_2d = false;
   float temperature = 1.0f;
   const float* temperature_rows = nullptr;  // [rows] or null
 
-  float* logp = nullptr;     // [rows]
+  float* logp = nullptr;     // [rows][targets_per_row]
   float* lse = nullptr;      // [rows]
   float* entropy = nullptr;  // [rows] or null
 };

@@ -50,8 +50,18 @@ void check_host_values(const HeadOperands& p);
 // The shortest decimal that reads back as t (nan, inf, -0 spelled so): how messages show a float.
 std::string shortest(float t);
 
-// Host-side value checks, also used by reduce_logits.
-void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index);
+// Host-side value checks, also used by reduce_logits: rows * per_row targets, each in [0, real_vocab)
+// or ignore_index; messages name targets[n] ([N] targets) or targets[n, k] (two_d: [N, K]).
+void check_targets_host(const void* targets, bool is_i64, int64_t rows, int64_t real_vocab, int64_t ignore_index,
+                        int64_t per_row = 1, bool two_d = false);
+// The top-k outputs: both absent (returns 0) or topk_ids [N, K] i64 and topk_logp [N, K] f32,
+// contiguous, 1 <= K <= min(kMaxTopk, real_vocab), in `memory`: returns K.
+int64_t check_topk_outputs(const TensorView& ids, const TensorView& logp, int64_t rows, int64_t real_vocab,
+                           Memory memory, int device);
+// targets [N] or [N, K] (K in [1, kMaxTargetsPerRow], contiguous), i32 or i64: returns K (1 for [N]).
+int64_t check_targets_tensor(const TensorView& targets, int64_t rows);
+// logp shaped like the targets: [N] for [N] targets, [N, K] f32 contiguous for [N, K].
+void check_logp_tensor(const TensorView& logp, const TensorView& targets, int64_t rows, int64_t per_row);
 // The error for a temperature outside [kMinTemperature, kMaxTemperature], naming `what` (with
 // [row] when row >= 0) and the value; the host checks and the device status both raise it.
 std::string temperature_range_message(const char* what, int64_t row, float t);

@@ -13,9 +13,6 @@ void cpu_reduce_logits(const ReduceLogitsProblem& p) {
   cpu::parallel_for(p.rows, cpu::cpu_threads(), [&](int64_t row, int) {
     const float* zr = p.logits + row * p.logits_stride;
     const float inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
-    const int64_t target =
-        p.targets_i64 ? static_cast<const int64_t*>(p.targets)[row] : static_cast<const int32_t*>(p.targets)[row];
-    const bool ignored = target == p.ignore_index;
     std::vector<TileSummary> summaries(static_cast<size_t>(tiles));
     std::vector<float> usums(p.entropy ? static_cast<size_t>(tiles) : 0);
     float y[kVocabTile];
@@ -32,10 +29,17 @@ void cpu_reduce_logits(const ReduceLogitsProblem& p) {
         summaries[static_cast<size_t>(g)] = tile_summary(y, std::min(real, cols));
       }
     }
-    const float y_t = ignored ? 0.0f : scale_logit(zr[target], inv_t);
-    const RowResult r = reduce_row_summaries(summaries.data(), tiles, y_t, ignored);
-    p.logp[row] = r.logp;
-    p.lse[row] = r.lse;
+    const RowChain chain = chain_row_summaries(summaries.data(), tiles);
+    for (int64_t k = 0; k < p.targets_per_row; ++k) {  // each target's finalize: its single-target bits
+      const int64_t i = row * p.targets_per_row + k;
+      const int64_t target =
+          p.targets_i64 ? static_cast<const int64_t*>(p.targets)[i] : static_cast<const int32_t*>(p.targets)[i];
+      const bool ignored = target == p.ignore_index;
+      const float y_t = ignored ? 0.0f : scale_logit(zr[target], inv_t);
+      const RowResult r = finalize_row(chain.global_max, chain.sum, y_t, ignored);
+      p.logp[i] = r.logp;
+      p.lse[row] = r.lse;
+    }
     if (p.entropy) p.entropy[row] = entropy_row_summaries(summaries.data(), usums.data(), tiles);
   });
 }

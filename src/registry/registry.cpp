@@ -16,7 +16,7 @@ std::string backend_ids(bool contract_bearing_only = false) {
 }  // namespace
 
 const Backend& select_backend(const CallOptions& opt, Memory memory, bool partials, bool entropy, CallReport& report,
-                              bool sampling) {
+                              int64_t targets_per_row, int64_t topk, bool sampling) {
   check_environment();
   report.strict = opt.strict || env_strict();
   std::string requested = opt.backend.empty() ? env_backend() : opt.backend;
@@ -65,6 +65,13 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
                                "for "
                             << (chosen->memory() == Memory::cuda ? "CUDA tensors" : "this backend") << "; "
                             << cpu_contract_backend().id() << " runs it, on host memory");
+  DETLOGP_CHECK(targets_per_row <= 1 || chosen->supports_multi_targets(),
+                "backend '" << chosen->id() << "' takes one target per row, but targets has K=" << targets_per_row
+                            << " ids per row; " << cpu_contract_backend().id()
+                            << " takes [N, K] targets, on host memory (or call once per target column)");
+  DETLOGP_CHECK(topk == 0 || chosen->supports_topk(),
+                "backend '" << chosen->id() << "' does not compute the top-k output (docs/contract.md §12); "
+                            << cpu_contract_backend().id() << " does, on host memory");
   DETLOGP_CHECK(memory == Memory::host || chosen->memory() == memory,
                 "backend '" << chosen->id() << "' needs host memory but the tensors are in CUDA memory");
   report.provenance = chosen->provenance();

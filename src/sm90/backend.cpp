@@ -74,6 +74,66 @@ class Sm90Backend final : public detail::CudaLaneBackend {
   }
 };
 
+// Partial mode off the tile grid: the shard's edge columns (head columns, then tail lanes; at most
+// 126) through the fused kernel's serving entry on a copy of their weight rows, which gives their z
+// with the fused kernel's K walk (the bits of every other launch: §3.1, the tile shape is free),
+// then edge_lanes_kernel for the bias, the serving logits, y, the edge lanes and y_t. `f` is the
+// call's fused parameters (temperatures, targets).
+void launch_edge_columns(const detail::LogpProblem& p, const ShardGeometry& g, const FusedParams& f,
+                         const DeviceStatus* status, int sms, cudaStream_t stream) {
+  const int64_t cols = g.head_cols + g.tail_lanes;
+  const int64_t ds = (p.dim + 7) / 8 * 8;  // a TMA row stride: a multiple of 16 bytes
+  const int64_t tiles = (cols + kVocabTile - 1) / kVocabTile;
+  auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t weight_bytes = aligned(static_cast<size_t>(cols * ds) * 2);
+  const size_t z_bytes = aligned(static_cast<size_t>(p.rows * cols) * 4);
+  const size_t summary_bytes = aligned(static_cast<size_t>(p.rows * tiles) * sizeof(TileSummary));
+  const size_t target_bytes = aligned(static_cast<size_t>(p.rows) * 4);
+  StreamBuffer ws(weight_bytes + z_bytes + summary_bytes + target_bytes, stream, p.device,
+                  "the edge columns of a shard off the tile grid");
+  auto* weight = reinterpret_cast<uint16_t*>(ws.get());
+  auto* z = reinterpret_cast<float*>(ws.get() + weight_bytes);
+  const size_t row_bytes = static_cast<size_t>(p.dim) * 2, pitch = static_cast<size_t>(ds) * 2,
+               src_pitch = static_cast<size_t>(p.weight_stride) * 2;
+  if (g.head_cols > 0)
+    DETLOGP_CUDA_CHECK(cudaMemcpy2DAsync(weight, pitch, p.weight, src_pitch, row_bytes,
+                                         static_cast<size_t>(g.head_cols), cudaMemcpyDeviceToDevice, stream));
+  if (g.tail_lanes > 0)
+    DETLOGP_CUDA_CHECK(
+        cudaMemcpy2DAsync(weight + g.head_cols * ds, pitch, p.weight + (p.vocab_local - g.tail_lanes) * p.weight_stride,
+                          src_pitch, row_bytes, static_cast<size_t>(g.tail_lanes), cudaMemcpyDeviceToDevice, stream));
+  const Bucket b = select_bucket(p.rows, cols, p.dim, true, sms);
+  const BucketInfo bi = bucket_info(b);
+  FusedParams e = f;
+  e.row_begin = 0;
+  e.row_end = p.rows;
+  e.vocab_start = 0;  // its own ids: no target of the call is among them (y_t is set below)
+  e.vocab_local = cols;
+  e.real_vocab = cols;
+  e.bias = nullptr;  // added by edge_lanes_kernel, as the epilogue adds it
+  e.logits = z;
+  e.logits_stride = cols;
+  e.summaries = reinterpret_cast<TileSummary*>(ws.get() + weight_bytes + z_bytes);  // not read
+  e.usums = nullptr;
+  e.local_tiles = tiles;
+  e.whole_tiles = whole_local_tiles(cols, 0, cols);
+  e.target_logit = reinterpret_cast<float*>(ws.get() + weight_bytes + z_bytes + summary_bytes);  // not read
+  e.ignore_index = f.ignore_index;
+  e.status = status;
+  e.validate_in_kernel = 0;
+  e.m_tiles = static_cast<int32_t>((p.rows + bi.block_m - 1) / bi.block_m);
+  e.n_tiles = static_cast<int32_t>((cols + bi.block_n - 1) / bi.block_n);
+  e.group_m = std::max(1, 2048 / bi.block_m);
+  const CUtensorMap map_h = encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden");
+  const CUtensorMap map_w = encode_bf16_map(weight, cols, p.dim, ds, bi.weight_box_rows(), "weight", 0);
+  launch_fused(b, map_h, map_w, e, /*logits_vec2=*/false, sms, stream);
+  launch_edge_lanes(EdgeLanesParams{p.rows, p.vocab_start, p.vocab_local, static_cast<int32_t>(g.head_cols),
+                                    static_cast<int32_t>(g.head_lanes), static_cast<int32_t>(g.tail_lanes), z, p.bias,
+                                    p.logits, p.edge_logits, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index,
+                                    f.inv_temperature, p.temperature_rows, p.target_logit, status},
+                    stream);
+}
+
 void Sm90Backend::run(const detail::LogpProblem& p) const {
   DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
@@ -88,6 +148,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     check_alignment(p.summaries, 8, "summaries");
     check_alignment(p.target_logit, 4, "target_logit");
     if (p.usums) check_alignment(p.usums, 4, "usums");
+    if (p.edge_logits) check_alignment(p.edge_logits, 4, "edge_logits");
   } else {
     DETLOGP_CHECK(p.vocab_start == 0 && p.vocab_local >= p.real_vocab,
                   "full mode needs the whole real vocabulary (vocab_start="
@@ -115,8 +176,24 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.inv_temperature = inverse_temperature(p.temperature);  // IEEE fl(1 / T), as on the device
   f.temperature_rows = p.temperature_rows;
   f.logits = p.logits;  // partial mode too: a tensor-parallel rank's serving entry keeps its shard
+  f.logits_stride = p.vocab_local;
   f.local_tiles = p.local_tiles();
   f.whole_tiles = whole_local_tiles(p.vocab_local, p.vocab_start, p.real_vocab);
+  // A shard off the tile grid (partial mode): the fused launch covers its whole tiles only, columns
+  // [head_cols, head_cols + whole_cols) as a shard of their own that starts on the grid; its edge
+  // columns go through a launch of their own below. An aligned shard is its whole tiles.
+  const ShardGeometry geo = p.partial_mode() ? p.geometry() : ShardGeometry{};
+  const int64_t edge_cols = geo.head_cols + geo.tail_lanes;
+  const uint16_t* main_weight = p.weight;
+  if (edge_cols > 0) {
+    main_weight = p.weight + geo.head_cols * p.weight_stride;
+    f.vocab_local = geo.whole_cols;
+    f.vocab_start = p.vocab_start + geo.head_cols;
+    if (f.bias) f.bias += geo.head_cols;
+    if (f.logits) f.logits += geo.head_cols;
+    f.local_tiles = geo.tiles;
+    f.whole_tiles = whole_local_tiles(f.vocab_local, f.vocab_start, p.real_vocab);
+  }
   const bool vec2 = f.logits != nullptr && reinterpret_cast<uintptr_t>(f.logits) % 8 == 0 && p.vocab_local % 2 == 0;
 
   // Every host-side step (bucket choice, tensor-map encoding) happens before the first launch, so
@@ -128,12 +205,12 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   };
   std::vector<ChunkLaunch> launches;
   auto plan_rows = [&](int64_t row_begin, int64_t rows) {
-    const Bucket b = select_bucket(rows, p.vocab_local, p.dim, f.logits != nullptr, sms);
+    const Bucket b = select_bucket(rows, f.vocab_local, p.dim, f.logits != nullptr, sms);
     const BucketInfo bi = bucket_info(b);
     if (launches.empty() || launches.back().bucket != b) {
       launches.push_back(
           {b, encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden"),
-           encode_bf16_map(p.weight, p.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(), "weight", 0), f});
+           encode_bf16_map(main_weight, f.vocab_local, p.dim, p.weight_stride, bi.weight_box_rows(), "weight", 0), f});
     } else {
       const ChunkLaunch same_maps = launches.back();
       launches.push_back(same_maps);
@@ -143,11 +220,11 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     q.row_begin = row_begin;
     q.row_end = row_begin + rows;
     q.m_tiles = static_cast<int32_t>((rows + bi.block_m - 1) / bi.block_m);
-    q.n_tiles = static_cast<int32_t>((p.vocab_local + bi.block_n - 1) / bi.block_n);
+    q.n_tiles = static_cast<int32_t>((f.vocab_local + bi.block_n - 1) / bi.block_n);
     q.group_m = std::max(1, 2048 / bi.block_m);  // ~2048 rows of hidden stay in L2 per weight pass
   };
   if (p.partial_mode()) {
-    plan_rows(0, p.rows);
+    if (f.vocab_local > 0) plan_rows(0, p.rows);  // no whole tile: edge columns only
   } else {
     for (int64_t row0 = 0; row0 < p.rows; row0 += lay.chunk) plan_rows(row0, std::min(lay.chunk, p.rows - row0));
   }
@@ -178,12 +255,17 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     launch_partial_owner(PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start,
                                             p.vocab_local, p.target_logit, p.target_owned, status},
                          stream);
-    FusedParams& q = launches[0].params;
-    q.summaries = p.summaries;
-    q.usums = p.usums;
-    q.target_logit = p.target_logit;
-    q.status = status;
-    launch_fused(launches[0].bucket, launches[0].map_h, launches[0].map_w, q, vec2, sms, stream);
+    if (!launches.empty()) {
+      FusedParams& q = launches[0].params;
+      q.summaries = p.summaries;
+      q.usums = p.usums;
+      q.target_logit = p.target_logit;
+      q.status = status;
+      launch_fused(launches[0].bucket, launches[0].map_h, launches[0].map_w, q, vec2, sms, stream);
+    }
+    // After the whole tiles' launch: a target in the tail columns may lie in its last fragment past
+    // its columns (zero-filled), where it stores +0; the edge lanes' y_t is stored after it.
+    if (edge_cols > 0) launch_edge_columns(p, geo, f, status, sms, stream);
   } else {
     auto* summaries = reinterpret_cast<TileSummary*>(ws.get() + lay.summaries_offset);
     auto* target_logit = reinterpret_cast<float*>(ws.get() + lay.target_offset);
@@ -216,7 +298,8 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
   if (hp.rows == 0) return;
   int device = 0;
   DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
-  const int64_t n = hp.rows, d = hp.dim, v = hp.vocab_local, tiles = hp.local_tiles();
+  const int64_t n = hp.rows, d = hp.dim, v = hp.vocab_local;
+  int64_t tiles = hp.local_tiles(), edge_lanes = 0;
   // Contiguous device copies (row stride D, padded to a multiple of 8 elements for TMA).
   const int64_t ds = (d + 7) / 8 * 8;
   DeviceAllocation hidden(static_cast<size_t>(n * ds) * 2, device, "hidden"),
@@ -251,16 +334,24 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
         cudaMemcpy(temps.get(), hp.temperature_rows, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
     p.temperature_rows = static_cast<float*>(temps.get());
   }
-  DeviceAllocation logp, lse, logits, summaries, target_logit, owned, usums, entropy;
+  DeviceAllocation logp, lse, logits, summaries, target_logit, owned, usums, entropy, edge;
   if (hp.partial_mode()) {
-    summaries = DeviceAllocation(static_cast<size_t>(n * tiles) * sizeof(TileSummary), device, "summaries");
+    const ShardGeometry g = hp.geometry();
+    tiles = g.tiles;
+    edge_lanes = g.edge_lanes();
+    summaries = DeviceAllocation(static_cast<size_t>(std::max<int64_t>(1, n * tiles)) * sizeof(TileSummary), device,
+                                 "summaries");
+    if (edge_lanes > 0) {
+      edge = DeviceAllocation(static_cast<size_t>(n * edge_lanes) * 4, device, "edge_logits");
+      p.edge_logits = static_cast<float*>(edge.get());
+    }
     target_logit = DeviceAllocation(static_cast<size_t>(n) * 4, device, "target_logit");
     owned = DeviceAllocation(static_cast<size_t>(n), device, "target_owned");
     p.summaries = static_cast<TileSummary*>(summaries.get());
     p.target_logit = static_cast<float*>(target_logit.get());
     p.target_owned = static_cast<uint8_t*>(owned.get());
     if (hp.usums) {
-      usums = DeviceAllocation(static_cast<size_t>(n * tiles) * 4, device, "usums");
+      usums = DeviceAllocation(static_cast<size_t>(std::max<int64_t>(1, n * tiles)) * 4, device, "usums");
       p.usums = static_cast<float*>(usums.get());
     }
     if (hp.logits) {
@@ -283,11 +374,15 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
   }
   run(p);
   if (hp.partial_mode()) {
-    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.summaries, p.summaries, static_cast<size_t>(n * tiles) * sizeof(TileSummary),
-                                  cudaMemcpyDeviceToHost));
+    if (tiles > 0)
+      DETLOGP_CUDA_CHECK(cudaMemcpy(hp.summaries, p.summaries, static_cast<size_t>(n * tiles) * sizeof(TileSummary),
+                                    cudaMemcpyDeviceToHost));
+    if (edge_lanes > 0)
+      DETLOGP_CUDA_CHECK(
+          cudaMemcpy(hp.edge_logits, p.edge_logits, static_cast<size_t>(n * edge_lanes) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n), cudaMemcpyDeviceToHost));
-    if (hp.usums)
+    if (hp.usums && tiles > 0)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.usums, p.usums, static_cast<size_t>(n * tiles) * 4, cudaMemcpyDeviceToHost));
     if (hp.logits)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));

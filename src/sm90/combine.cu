@@ -2,6 +2,9 @@
 // row's tile summaries (the full-mode combine, and the tensor-parallel merge over rank-ordered
 // partials, device_merge of core/device_ops.hpp) and target ownership flags (partial mode).
 // No atomics anywhere.
+#include <algorithm>
+#include <memory>
+
 #include "core/device_ops.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
@@ -47,23 +50,60 @@ __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(co
   prefetch_rows_l2(p, blockIdx.x, 1);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (p.status->code != kStatusOk) return;
-  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums};
+  const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums, nullptr, nullptr};
   chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,
                                                p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
 }
 
 // The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
-// 32-register chunked form for many (more CTAs resident).
+// 32-register chunked form for many (more CTAs resident). kHeads: some rank completes a tile that
+// straddles its start (a shard boundary off the tile grid).
 static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB kernel parameter space");
-template <bool kEntropy>
+template <bool kEntropy, bool kHeads>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_held_kernel(const __grid_constant__ MergeParams p) {
-  chain_row_cta_held<kHeldTiles, 16, kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64,
-                                               p.ignore_index, p.logp, p.lse, p.entropy);
+  chain_row_cta_held<kHeldTiles, 16, kEntropy, kHeads>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets,
+                                                       p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
 }
-template <bool kEntropy>
+template <bool kEntropy, bool kHeads>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
-  chain_row_cta<kEntropy>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                          p.lse, p.entropy);
+  chain_row_cta<kEntropy, kHeads>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
+                                  p.logp, p.lse, p.entropy);
+}
+
+// The straddling tiles' summaries, one thread per (row, tile): the lanes gathered from the ranks'
+// edge lanes and summarized by the contract's tile functions (straddle_summary, as on the host).
+static_assert(sizeof(StraddleParams) <= 4096, "straddle parameters must fit the 4 KiB kernel parameter space");
+template <bool kEntropy>
+__global__ void straddle_summaries_kernel(const __grid_constant__ StraddleParams p) {
+  const int64_t row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const int k = static_cast<int>(blockIdx.y);
+  if (row >= p.rows) return;
+  const TileEntropySummary s = detail::straddle_summary<kEntropy>(p.tiles[k], p.runs, row);
+  p.summaries[k * p.rows + row] = s.summary;
+  if constexpr (kEntropy) p.usums[k * p.rows + row] = s.usum;
+}
+
+// Partial mode off the tile grid: the edge columns' z to bias, serving logits, y, edge lanes and
+// y_t (EdgeLanesParams), one thread per (row, edge column); the same add_bias and scale_logit as
+// the fused epilogue, so the same bits as its logits and y_t.
+__global__ void edge_lanes_kernel(const EdgeLanesParams p) {
+  if (p.status->code != kStatusOk) return;
+  const int cols = p.head_cols + p.tail_lanes;
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= p.rows * cols) return;
+  const int64_t row = i / cols;
+  const int c = static_cast<int>(i - row * cols);
+  const int64_t col = c < p.head_cols ? c : p.vocab_local - p.tail_lanes + (c - p.head_cols);
+  float z = p.edge_z[i];
+  if (p.bias != nullptr) z = add_bias(z, p.bias[col]);
+  if (p.logits != nullptr) p.logits[row * p.vocab_local + col] = z;
+  const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
+  const float y = scale_logit(z, inv_t);
+  const int lanes = p.head_lanes + p.tail_lanes;
+  if (c < p.head_lanes) p.edge_logits[row * lanes + c] = y;
+  if (c >= p.head_cols) p.edge_logits[row * lanes + p.head_lanes + (c - p.head_cols)] = y;
+  const int64_t t = load_target(p.targets, p.targets_i64, row);
+  if (t != p.ignore_index && t == p.vocab_start + col) p.target_logit[row] = y;  // the single owner
 }
 
 // Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
@@ -152,16 +192,43 @@ void launch_merge(const MergeParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(p.rows));
   const bool held = p.rows <= kCombineHeldMaxRows;
-  if (p.entropy != nullptr) {
+  bool heads = false;
+  for (int s = 0; s < p.count; ++s) heads = heads || p.segments[s].head != nullptr;
+  auto run = [&](auto held_kernel, auto chunked_kernel) {
     if (held)
-      merge_rows_held_kernel<true><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+      held_kernel<<<grid, kCombineCtaThreads, 0, stream>>>(p);
     else
-      merge_rows_kernel<true><<<grid, kCombineCtaThreads, 0, stream>>>(p);
-  } else if (held) {
-    merge_rows_held_kernel<false><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+      chunked_kernel<<<grid, kCombineCtaThreads, 0, stream>>>(p);
+  };
+  // 64-aligned shards (no heads) keep the kernels without the head test.
+  if (p.entropy != nullptr) {
+    if (heads)
+      run(merge_rows_held_kernel<true, true>, merge_rows_kernel<true, true>);
+    else
+      run(merge_rows_held_kernel<true, false>, merge_rows_kernel<true, false>);
+  } else if (heads) {
+    run(merge_rows_held_kernel<false, true>, merge_rows_kernel<false, true>);
   } else {
-    merge_rows_kernel<false><<<grid, kCombineCtaThreads, 0, stream>>>(p);
+    run(merge_rows_held_kernel<false, false>, merge_rows_kernel<false, false>);
   }
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_straddle_summaries(const StraddleParams& p, cudaStream_t stream) {
+  DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "straddle grid of " << p.rows << " rows out of range");
+  if (p.rows == 0 || p.count == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.rows + 127) / 128), static_cast<unsigned>(p.count));
+  if (p.usums != nullptr)
+    straddle_summaries_kernel<true><<<grid, 128, 0, stream>>>(p);
+  else
+    straddle_summaries_kernel<false><<<grid, 128, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_edge_lanes(const EdgeLanesParams& p, cudaStream_t stream) {
+  const int64_t n = p.rows * (p.head_cols + p.tail_lanes);
+  if (n == 0) return;
+  edge_lanes_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
@@ -176,19 +243,48 @@ void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream) {
 namespace detlogp::detail {
 
 void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const void* targets, bool targets_i64,
-                  int64_t ignore_index, float* logp, float* lse, int device, void* stream, float* entropy) {
+                  int64_t ignore_index, float* logp, float* lse, int device, void* stream, float* entropy,
+                  const StraddlePlan* straddles) {
   DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
                 "the device merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
   if (rows == 0) return;
   cuda::DeviceGuard guard(device);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   sm90::MergeParams p{};
   p.rows = rows;
   p.count = static_cast<int32_t>(ranks.size());
   for (size_t r = 0; r < ranks.size(); ++r) {
-    DETLOGP_CHECK(entropy == nullptr || ranks[r].usums != nullptr,
+    DETLOGP_CHECK(entropy == nullptr || ranks[r].tiles == 0 || ranks[r].usums != nullptr,
                   "the entropy merge needs every rank's entropy sums; rank " << r << " has none");
-    p.segments[r] =
-        sm90::MergeSegment{ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned, ranks[r].usums};
+    p.segments[r] = sm90::MergeSegment{
+        ranks[r].summaries, ranks[r].tiles, ranks[r].target_logit, ranks[r].owned, ranks[r].usums, nullptr, nullptr};
+  }
+  // The straddling tiles first, into a stream-ordered scratch buffer that lives until the merge
+  // has read it (freed on the stream after the merge's launch).
+  const size_t count = straddles ? straddles->tiles.size() : 0;
+  std::unique_ptr<cuda::StreamBuffer> scratch;
+  if (count > 0) {
+    DETLOGP_CHECK(count <= static_cast<size_t>(sm90::kMaxMergeSegments) &&
+                      straddles->runs.size() <= static_cast<size_t>(sm90::kMaxStraddleRuns),
+                  "the device merge takes at most " << sm90::kMaxMergeSegments << " straddling tiles and "
+                                                    << sm90::kMaxStraddleRuns << " edge runs, got " << count << " and "
+                                                    << straddles->runs.size());
+    const size_t summary_bytes = (count * static_cast<size_t>(rows) * sizeof(TileSummary) + 255) / 256 * 256;
+    const size_t usum_bytes = entropy ? count * static_cast<size_t>(rows) * sizeof(float) : 0;
+    scratch = std::make_unique<cuda::StreamBuffer>(summary_bytes + usum_bytes, s, device, "the straddling tiles");
+    sm90::StraddleParams sp{};
+    sp.rows = rows;
+    sp.count = static_cast<int32_t>(count);
+    std::copy(straddles->tiles.begin(), straddles->tiles.end(), sp.tiles);
+    std::copy(straddles->runs.begin(), straddles->runs.end(), sp.runs);
+    sp.summaries = reinterpret_cast<TileSummary*>(scratch->get());
+    sp.usums = entropy ? reinterpret_cast<float*>(scratch->get() + summary_bytes) : nullptr;
+    sm90::launch_straddle_summaries(sp, s);
+    for (size_t k = 0; k < count; ++k) {
+      sm90::MergeSegment& seg = p.segments[straddles->tiles[k].completed_by];
+      seg.head = sp.summaries + k * static_cast<size_t>(rows);
+      seg.head_usum = sp.usums ? sp.usums + k * static_cast<size_t>(rows) : nullptr;
+    }
   }
   p.targets = targets;
   p.targets_i64 = targets_i64 ? 1 : 0;
@@ -196,7 +292,7 @@ void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const
   p.logp = logp;
   p.lse = lse;
   p.entropy = entropy;
-  sm90::launch_merge(p, static_cast<cudaStream_t>(stream));
+  sm90::launch_merge(p, s);
 }
 
 }  // namespace detlogp::detail

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/straddle.hpp"
 #include "cuda/status.hpp"
 #include "detlogp/reduce.hpp"
 
@@ -33,7 +34,8 @@ struct FusedParams {
   float temperature;
   float inv_temperature;          // inverse_temperature(temperature), computed on the host
   const float* temperature_rows;  // [N] or null
-  float* logits;                  // [N][V_local] unscaled z, or null (trainer entry)
+  float* logits;                  // [N][logits_stride] unscaled z of columns [0, V_local), or null (trainer entry)
+  int64_t logits_stride;          // V_local, or more where the launch covers part of a shard's columns
   TileSummary* summaries;         // [row - row_begin][local_tiles]
   float* usums;                   // [row - row_begin][local_tiles] entropy sums u_g (entropy launches), or null
   int64_t local_tiles;
@@ -64,13 +66,17 @@ struct CombineParams {
 };
 
 // A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t and, for a
-// tensor-parallel rank, its ownership flags (null: owns every non-ignored row).
+// tensor-parallel rank, its ownership flags (null: owns every non-ignored row). A rank whose
+// shard completes a tile straddling its start has that tile's summary
+// (and entropy sum) as `head` [rows], chained right before its own tiles.
 struct MergeSegment {
   const TileSummary* summaries;
   int64_t tiles;
   const float* target_logit;
   const uint8_t* owned;
   const float* usums;  // [rows][tiles] entropy sums: set on every segment when the merge writes entropy
+  const TileSummary* head;
+  const float* head_usum;
 };
 
 // The owned merge over rank-ordered partials, segments in ascending tile order. They travel in
@@ -86,6 +92,42 @@ struct MergeParams {
   float* logp;     // [rows]
   float* lse;      // [rows]
   float* entropy;  // [rows] or null
+};
+
+// The straddling tiles of a merge (core/straddle.hpp's plan, in the kernel parameters): tile k's
+// summary for row r goes to summaries[k * rows + r] (and its entropy sum to usums, when non-null).
+inline constexpr int kMaxStraddleRuns = 2 * kMaxMergeSegments;
+struct StraddleParams {
+  int64_t rows;
+  int32_t count;  // straddling tiles
+  detail::StraddleTile tiles[kMaxMergeSegments];
+  detail::EdgeRun runs[kMaxStraddleRuns];
+  TileSummary* summaries;  // [count][rows]
+  float* usums;            // [count][rows] or null
+};
+
+// Partial mode of a shard off the tile grid: the fused launch over its edge columns wrote their z
+// to edge_z [rows][edge_cols] (head columns, then tail columns); this adds the bias, stores the
+// serving logits, scales, exports the real lanes' y as the edge lanes and sets y_t where the target
+// is one of those columns.
+struct EdgeLanesParams {
+  int64_t rows;
+  int64_t vocab_start;
+  int64_t vocab_local;
+  int32_t head_cols;   // edge columns [0, head_cols): local columns [0, head_cols)
+  int32_t head_lanes;  // the real ones among them (a prefix)
+  int32_t tail_lanes;  // edge columns [head_cols, head_cols + tail_lanes): the shard's last columns
+  const float* edge_z;
+  const float* bias;   // [V_local] or null
+  float* logits;       // [rows][V_local] or null
+  float* edge_logits;  // [rows][head_lanes + tail_lanes]
+  const void* targets;
+  int32_t targets_i64;
+  int64_t ignore_index;
+  float inv_temperature;
+  const float* temperature_rows;
+  float* target_logit;
+  const DeviceStatus* status;
 };
 
 struct PartialOwnerParams {

@@ -28,7 +28,7 @@ class Sm90Unavailable final : public CudaLaneBackend {
 }  // namespace
 
 void device_merge(const std::vector<DeviceMergeRank>&, int64_t, const void*, bool, int64_t, float*, float*, int, void*,
-                  float*) {
+                  float*, const StraddlePlan*) {
   DETLOGP_FAIL("CUDA-memory merge unavailable: " << kNoCudaReason);
 }
 

@@ -12,10 +12,10 @@ class PartialsBackend {
  public:
   virtual ~PartialsBackend() = default;
   // Picks the backend for this rank's partials in `memory` (with the tiles' entropy sums when
-  // `entropy`) and fills `report` (its provenance names the backend: every rank must be served by
-  // the same one under the same contract); throws when none can serve (the protocol turns that
-  // into the same error on every rank).
-  virtual void select(Memory memory, bool entropy, CallReport& report) = 0;
+  // `entropy`, taking targets_per_row targets a row, with top-k lists of `topk` when > 0) and fills `report` (its
+  // provenance names the backend: every rank must be served by the same one under the same contract); throws when none
+  // can serve (the protocol turns that into the same error on every rank).
+  virtual void select(Memory memory, bool entropy, int64_t targets_per_row, int64_t topk, CallReport& report) = 0;
   // Computes the partials of one validated row chunk on the selected backend.
   virtual void run(const detail::LogpProblem& problem) const = 0;
 };

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "detlogp/bitcmp.hpp"
@@ -18,12 +19,14 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-// One hand-made vocab shard [start, start + count) of p's weight, with its partials buffers.
+// One hand-made vocab shard [start, start + count) of p's weight, with its partials buffers sized
+// by the shard's geometry (whole tiles and edge lanes).
 struct Shard {
   int64_t start = 0, count = 0;
   std::vector<detlogp::TileSummary> summaries;
   std::vector<float> target_logit;
   std::vector<uint8_t> owned;
+  std::vector<float> edge_logits;
   detlogp::ShardPartials partials;
 
   detlogp::CallReport run(const Problem& p) { return run(p, p.inputs()); }
@@ -32,14 +35,18 @@ struct Shard {
     in.weight = detlogp::TensorView::matrix(p.weight.data() + start * p.dim, detlogp::DType::bf16, count, p.dim);
     if (!p.bias.empty()) in.bias = detlogp::TensorView::vector(p.bias.data() + start, detlogp::DType::f32, count);
     in.vocab_start = start;
+    const detlogp::ShardGeometry g = detlogp::shard_geometry(start, count, in.real_vocab);
     partials.rows = p.rows;
-    partials.tiles = detlogp::shard_tiles(count);
+    partials.tiles = g.tiles;
+    partials.edge_lanes = g.edge_lanes();
     summaries.assign(static_cast<size_t>(p.rows * partials.tiles), {NAN, NAN});
     target_logit.assign(static_cast<size_t>(p.rows), NAN);
     owned.assign(static_cast<size_t>(p.rows), 77);
+    edge_logits.assign(static_cast<size_t>(p.rows * partials.edge_lanes), NAN);
     partials.summaries = summaries.data();
     partials.target_logit = target_logit.data();
     partials.target_owned = owned.data();
+    partials.edge_logits = edge_logits.data();
     return detlogp::linear_logp_partials(in, partials, cpu_backend_options());
   }
 };
@@ -164,29 +171,83 @@ TEST(TensorParallel, PartialsAreTheGlobalTileSummariesAndTheOwnedTargetLogit) {
   }
 }
 
-TEST(TensorParallel, ShardStartNotOnATileBoundaryIsRefused) {
+TEST(TensorParallel, PartialsSizedForAnotherGeometryAreRefused) {
+  // [100, 1100) of real_vocab 2053: tiles 2..16 whole, 28 head lanes (ids 100..127) and 12 tail
+  // lanes (ids 1088..1099). Buffers sized as if the shard were 64-aligned are refused by name.
   const Problem p = tp_problem(2112, 2053, 33);
   Shard shard;
   shard.start = 100;
   shard.count = 1000;
-  try {
-    shard.run(p);
-    FAIL() << "a shard starting at vocab id 100 was accepted";
-  } catch (const detlogp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("vocab_start"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("100"), std::string::npos) << e.what();
-  }
-  for (float x : shard.target_logit) EXPECT_TRUE(std::isnan(x)) << "partials written despite the error";
-  for (uint8_t o : shard.owned) EXPECT_EQ(o, 77) << "partials written despite the error";
+  const detlogp::ShardGeometry g = detlogp::shard_geometry(100, 1000, 2053);
+  EXPECT_EQ(g.first_tile, 2);
+  EXPECT_EQ(g.tiles, 15);
+  EXPECT_EQ(g.head_lanes, 28);
+  EXPECT_EQ(g.tail_lanes, 12);
+  shard.run(p);  // the geometry's buffers: accepted
+  auto refused = [&](const std::function<void(detlogp::ShardPartials&)>& edit, const std::string& needle) {
+    Shard s = shard;
+    s.partials.summaries = s.summaries.data();
+    s.partials.target_logit = s.target_logit.data();
+    s.partials.target_owned = s.owned.data();
+    s.partials.edge_logits = s.edge_logits.data();
+    std::fill(s.target_logit.begin(), s.target_logit.end(), NAN);
+    std::fill(s.owned.begin(), s.owned.end(), uint8_t{77});
+    edit(s.partials);
+    detlogp::LinearLogpInputs in = p.shard_inputs(100, 1000);
+    try {
+      detlogp::linear_logp_partials(in, s.partials, cpu_backend_options());
+      ADD_FAILURE() << needle << ": accepted";
+    } catch (const detlogp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    for (float x : s.target_logit) EXPECT_TRUE(std::isnan(x)) << "partials written despite the error";
+    for (uint8_t o : s.owned) EXPECT_EQ(o, 77) << "partials written despite the error";
+  };
+  refused([](detlogp::ShardPartials& q) { q.tiles = detlogp::shard_tiles(1000); },
+          "partials.tiles=16 but the shard [100, 1100) has 15 whole tiles");
+  refused([](detlogp::ShardPartials& q) { q.edge_lanes = 0; },
+          "partials.edge_lanes=0 but the shard [100, 1100) has 40 edge lanes (28 at its start, 12 at its end");
+  refused([](detlogp::ShardPartials& q) { q.edge_logits = nullptr; },
+          "partials.edge_logits is null but the shard [100, 1100) has 40 edge lanes per row");
 }
 
-TEST(TensorParallel, ShardEndingInsideTheRealVocabAtANonTileBoundaryIsRefused) {
-  // [0, 1000) of real_vocab 2053: its last tile would straddle two shards.
+TEST(TensorParallel, PartialsOfAnUnalignedShardAreItsWholeTilesAndItsEdgeLanes) {
+  // The whole tiles' summaries are the global tiles' (tile_summary of the TP = 1 logits), the edge
+  // lanes are the TP = 1 scaled logits of those ids, and y_t is owned by the shard holding t.
   const Problem p = tp_problem(2112, 2053, 34);
-  Shard shard;
-  shard.start = 0;
-  shard.count = 1000;
-  EXPECT_THROW(shard.run(p), detlogp::Error);
+  const Outputs served = run_linear_logp(p, /*with_logits=*/true);
+  for (const auto& [start, count] :
+       {std::pair<int64_t, int64_t>{100, 1000}, {0, 1000}, {1000, 1053}, {70, 20}, {2050, 62}, {2040, 72}}) {
+    Shard shard;
+    shard.start = start;
+    shard.count = count;
+    shard.run(p);
+    const detlogp::ShardGeometry g = detlogp::shard_geometry(start, count, p.real_vocab);
+    const std::string what = "shard [" + std::to_string(start) + ", " + std::to_string(start + count) + ")";
+    for (int64_t n = 0; n < p.rows; ++n) {
+      const float inv = detlogp::inverse_temperature(p.temperature_rows[n]);
+      auto y_of = [&](int64_t id) { return detlogp::scale_logit(served.logits[n * p.vocab + id], inv); };
+      for (int64_t j = 0; j < g.tiles; ++j) {
+        const int64_t g0 = (g.first_tile + j) * 64;
+        float y[64] = {};
+        for (int l = 0; l < 64 && g0 + l < p.vocab; ++l) y[l] = y_of(g0 + l);
+        const int real = static_cast<int>(std::clamp<int64_t>(p.real_vocab - g0, 0, 64));
+        const detlogp::TileSummary want = detlogp::tile_summary(y, real);
+        const detlogp::TileSummary got = shard.summaries[n * g.tiles + j];
+        ASSERT_EQ(bc::float_bits(got.max), bc::float_bits(want.max)) << what << " row " << n << " tile " << j;
+        ASSERT_EQ(bc::float_bits(got.sum), bc::float_bits(want.sum)) << what << " row " << n << " tile " << j;
+      }
+      for (int64_t e = 0; e < g.edge_lanes(); ++e) {
+        const int64_t id = e < g.head_lanes ? start + e : start + count - g.tail_lanes + (e - g.head_lanes);
+        ASSERT_EQ(bc::float_bits(shard.edge_logits[n * g.edge_lanes() + e]), bc::float_bits(y_of(id)))
+            << what << " row " << n << " edge lane " << e << " (id " << id << ")";
+      }
+      const int64_t t = p.targets[n];
+      const bool owns = t != p.ignore_index && t >= start && t < start + count;
+      EXPECT_EQ(shard.owned[n], owns ? 1 : 0) << what << " row " << n << " target " << t;
+      if (owns) EXPECT_EQ(bc::float_bits(shard.target_logit[n]), bc::float_bits(y_of(t))) << what << " row " << n;
+    }
+  }
 }
 
 TEST(TensorParallel, MergeRefusesATargetOwnedByNoShard) {
@@ -240,9 +301,11 @@ TEST(TensorParallel, PartialsRecordTheirLayout) {
 TEST(TensorParallel, ARefusedPartialsCallRecordsNoLayout) {
   const Problem p = tp_problem(2112, 2053, 41);
   Shard shard;
-  shard.start = 100;  // not a multiple of 64
+  shard.start = 100;
   shard.count = 1000;
-  EXPECT_THROW(shard.run(p), detlogp::Error);
+  detlogp::LinearLogpInputs in = p.inputs();
+  in.temperature = 0.0f;  // outside the range
+  EXPECT_THROW(shard.run(p, in), detlogp::Error);
   EXPECT_EQ(shard.partials.layout.vocab_local, 0);
 }
 
@@ -360,12 +423,19 @@ TEST(TensorParallel, MergeRefusesPartialsWithoutOrWithAMismatchedLayout) {
                        "no layout");
   shards = shards_of(p, {0, 1024, 2112});
   shards[0].partials.layout.vocab_local = 960;
-  expect_merge_refused(p, shards, {"rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles"},
+  expect_merge_refused(p, shards,
+                       {"rank 0 partials have tiles=16 but their layout's shard [0, 960) has 15 whole tiles"},
                        "tiles against V_local");
+  // A layout moved off the tile grid: the buffers no longer fit its geometry.
   shards = shards_of(p, {0, 1024, 2112});
   shards[1].partials.layout.vocab_start = 1000;
   shards[0].partials.layout.vocab_local = 1000;
-  shards[0].partials.tiles = detlogp::shard_tiles(1000);
-  expect_merge_refused(p, shards, {"rank 1 shard starts at vocab_start=1000, which is not a multiple of VOCAB_TILE=64"},
+  shards[0].partials.tiles = 15;
+  expect_merge_refused(p, shards,
+                       {"rank 0 partials have edge_lanes=0 but their layout's shard [0, 1000) has 40 edge lanes"},
                        "start off the tile grid");
+  shards = shards_of(p, {0, 1024, 2112});
+  shards[1].partials.layout.real_vocab = 0;
+  expect_merge_refused(p, shards, {"rank 1 partials carry a layout with vocab_start=1024 and real_vocab=0"},
+                       "no real_vocab");
 }

@@ -27,21 +27,6 @@ namespace bc = detlogp::bitcmp;
 
 namespace {
 
-// Outputs with an entropy output, poisoned.
-struct EntropyOutputs {
-  Outputs out;
-  std::vector<float> entropy;
-
-  EntropyOutputs(int64_t rows, int64_t vocab_local, bool with_logits)
-      : out(rows, vocab_local, with_logits), entropy(poisoned(static_cast<size_t>(rows))) {}
-  detlogp::LinearLogpOutputs views() {
-    detlogp::LinearLogpOutputs o = out.views();
-    o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, static_cast<int64_t>(entropy.size()));
-    return o;
-  }
-  bool untouched() const { return out.untouched() && count_unpoisoned(entropy) == 0; }
-};
-
 // TP = 1: linear_logp on the whole vocabulary, with the entropy.
 EntropyOutputs single(const Problem& p) {
   EntropyOutputs r(p.rows, p.vocab, false);
@@ -329,7 +314,7 @@ std::vector<RankResult> run_operator(
 // partials but not the entropy output.
 class WithoutEntropy final : public detlogp::tp::PartialsBackend {
  public:
-  void select(detlogp::Memory, bool entropy, detlogp::CallReport& report) override {
+  void select(detlogp::Memory, bool entropy, int64_t, int64_t, detlogp::CallReport& report) override {
     DETLOGP_CHECK(!entropy, "backend 'partials-without-entropy' does not compute the entropy output");
     report.provenance = detlogp::detail::cpu_contract_backend().provenance();
   }

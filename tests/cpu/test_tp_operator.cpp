@@ -155,8 +155,24 @@ TEST(TensorParallelOperator, EveryRankRefusesTheSameWayBeforeAnyDataMoves) {
       EXPECT_TRUE(rs[r].out.untouched()) << "rank " << r << " wrote outputs";
     }
   };
-  // A shard start that is not a multiple of 64, seen by one rank only.
-  expect_all_refuse(run_ranks(p, {0, 1000, 2053}, false), "vocab_start=1000 is not a multiple of VOCAB_TILE=64");
+  // An overlap at a boundary off the tile grid: rank 1 starts at 990, rank 0 ends at 1000.
+  expect_all_refuse(run_ranks(p, {0, 1000, 2053}, false,
+                              [&](int r, detlogp::LinearLogpInputs& in) {
+                                if (r != 1) return;
+                                in.vocab_start = 990;
+                                in.weight.rows = 2053 - 990;
+                                in.weight.data = p.weight.data() + 990 * p.dim;
+                                in.bias.rows = 2053 - 990;
+                                in.bias.data = p.bias.data() + 990;
+                              }),
+                    "rank 1 shard starts at vocab_start=990 but rank 0 ends at 1000: vocab ids [990, 1000) are owned "
+                    "by two ranks");
+  // A real_vocab that disagrees, on one rank of an unaligned split.
+  expect_all_refuse(run_ranks(p, {0, 1000, 2053}, false,
+                              [](int r, detlogp::LinearLogpInputs& in) {
+                                if (r == 1) in.real_vocab = 2060;
+                              }),
+                    "ranks disagree on real_vocab: rank 0 has 2053, rank 1 has 2060");
   // A gap: ids [1024, 1088) are owned by no rank.
   expect_all_refuse(run_ranks(p, {0, 1024, 2053}, false,
                               [&](int r, detlogp::LinearLogpInputs& in) {
@@ -249,7 +265,7 @@ namespace {
 class ReportedAs final : public detlogp::tp::PartialsBackend {
  public:
   explicit ReportedAs(std::function<void(detlogp::Provenance&)> edit) : edit_(std::move(edit)) {}
-  void select(detlogp::Memory, bool, detlogp::CallReport& report) override {
+  void select(detlogp::Memory, bool, int64_t, int64_t, detlogp::CallReport& report) override {
     report.provenance = detlogp::detail::cpu_contract_backend().provenance();
     edit_(report.provenance);
   }

@@ -178,6 +178,21 @@ struct Outputs {
   }
 };
 
+// Outputs with an entropy output, poisoned.
+struct EntropyOutputs {
+  Outputs out;
+  std::vector<float> entropy;
+
+  EntropyOutputs(int64_t rows, int64_t vocab_local, bool with_logits)
+      : out(rows, vocab_local, with_logits), entropy(poisoned(static_cast<size_t>(rows))) {}
+  detlogp::LinearLogpOutputs views() {
+    detlogp::LinearLogpOutputs o = out.views();
+    o.entropy = detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, static_cast<int64_t>(entropy.size()));
+    return o;
+  }
+  bool untouched() const { return out.untouched() && count_unpoisoned(entropy) == 0; }
+};
+
 // These tests exercise the CPU backend, also on a GPU machine where "auto" would pick SM90
 // (tests/gpu covers that backend).
 inline detlogp::CallOptions cpu_backend_options() {

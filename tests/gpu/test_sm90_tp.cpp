@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "detlogp/dist.hpp"
@@ -119,6 +120,14 @@ void run_ranks(std::vector<RankData>& ranks, std::vector<std::unique_ptr<detlogp
   for (auto& t : threads) t.join();
 }
 
+// Columns [start, start + count) of every row of the whole vocabulary's logits [rows][kVocab].
+std::vector<float> logits_shard(const std::vector<float>& logits, int64_t rows, int64_t start, int64_t count) {
+  std::vector<float> shard;
+  for (int64_t n = 0; n < rows; ++n)
+    shard.insert(shard.end(), logits.begin() + n * kVocab + start, logits.begin() + n * kVocab + start + count);
+  return shard;
+}
+
 // Every rank succeeded and holds the reference bits (and its logits shard on the serving entry).
 int64_t check_ranks(std::vector<RankData>& ranks, const Reference& ref, int64_t rows, const std::string& what) {
   int64_t mismatched_rows = 0;
@@ -134,11 +143,7 @@ int64_t check_ranks(std::vector<RankData>& ranks, const Reference& ref, int64_t 
         << what << " rank " << r << ": " << a.describe("logp") << "; " << b.describe("lse");
     if (ranks[r].out.logits.size() && !ref.logits.empty()) {
       const auto got = ranks[r].out.logits.to_host();
-      std::vector<float> expect;
-      for (int64_t n = 0; n < rows; ++n)
-        expect.insert(expect.end(), ref.logits.begin() + n * kVocab + ranks[r].start,
-                      ref.logits.begin() + n * kVocab + ranks[r].start + ranks[r].count);
-      const auto c = bc::compare(expect, got);
+      const auto c = bc::compare(logits_shard(ref.logits, rows, ranks[r].start, ranks[r].count), got);
       EXPECT_TRUE(c.identical()) << what << " rank " << r << " logits shard: " << c.describe("logits");
     }
   }
@@ -528,4 +533,300 @@ TEST_F(Sm90Tp, NcclRanksGiveTheTp1BitsAndRefuseAnInvalidTargetTogether) {
 #else
   GTEST_SKIP() << "NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)";
 #endif
+}
+
+// ---- Shards at any boundary (docs/contract.md §7) ------------------------------------------------
+// Engines split an unpadded head as V / TP (Qwen3 151936 / 4 = 37984, not a multiple of 64): the
+// SM90 partial mode then computes the whole tiles in the fused launch and the edge columns in a
+// launch of their own, and the device merge assembles the straddling tiles (their summaries on the
+// device, chained as the completing rank's head tile). logp, lse and entropy keep the TP = 1 bits.
+namespace {
+
+// V / tp rows each over the real vocabulary, the last rank also holding the padding rows.
+std::vector<int64_t> engine_bounds(int tp) {
+  std::vector<int64_t> b{0};
+  for (int r = 0; r < tp; ++r) b.push_back(b.back() + kReal / tp + (r < kReal % tp ? 1 : 0));
+  b.back() = kVocab;
+  return b;
+}
+
+// One lane, a shard inside one tile, shards of a few lanes around the real vocabulary's end and one
+// of padding only, off the grid.
+std::vector<int64_t> narrow_bounds() {
+  if (options().small) return {0, 1, 70, 90, 1000, 2049, 2052, 2060, kVocab};
+  return {0, 1, 70, 90, 2050, 2060, 100001, 151900, 151990, kVocab};
+}
+
+std::string bounds_name(const std::vector<int64_t>& bounds) {
+  std::string s = "shards";
+  for (int64_t x : bounds) s += " " + std::to_string(x);
+  return s;
+}
+
+// t with targets right before, at and after every boundary (where real).
+std::vector<int32_t> boundary_targets(std::vector<int32_t> t, const std::vector<int64_t>& bounds) {
+  size_t n = 5;
+  for (size_t r = 1; r + 1 < bounds.size(); ++r)
+    for (int64_t d : {-1, 0, 1}) {
+      const int64_t id = bounds[r] + d;
+      if (id >= 0 && id < kReal && n < t.size()) t[n++] = static_cast<int32_t>(id);
+    }
+  return t;
+}
+
+detlogp::MutableTensorView device_vector(float* p, int64_t rows, int device) {
+  detlogp::MutableTensorView v = detlogp::mutable_vector(p, detlogp::DType::f32, rows, detlogp::Memory::cuda);
+  v.device = device;
+  return v;
+}
+
+// TP = 1 on GPU 0 with the entropy output: logp, lse, entropy (and the logits, serving).
+struct EntropyReference {
+  std::vector<float> logp, lse, entropy, logits;
+};
+EntropyReference tp1_with_entropy(const std::vector<uint16_t>& h, const std::vector<uint16_t>& w,
+                                  const std::vector<float>& b, const std::vector<int32_t>& targets, int64_t rows) {
+  std::vector<RankData> one(1);
+  upload_rank(one[0], 0, 0, kVocab, h, w, b, targets, rows, true);
+  DevBuf<float> entropy(static_cast<size_t>(rows));
+  detlogp::LinearLogpOutputs out = rank_outputs(one[0], rows);
+  out.entropy = device_vector(entropy.get(), rows, 0);
+  detlogp::CallOptions opt;
+  opt.strict = true;
+  detlogp::linear_logp(rank_inputs(one[0], rows), out, opt);
+  GPU_CUDA(cudaDeviceSynchronize());
+  return {one[0].out.logp.to_host(), one[0].out.lse.to_host(), entropy.to_host(), one[0].out.logits.to_host()};
+}
+
+}  // namespace
+
+namespace {
+
+// The operator over `bounds` (rank r on devices[r], over `comms`) with the entropy output: every
+// rank's logp, lse and entropy against `want` (and its logits shard, serving). Returns the rank-rows
+// that differ.
+int64_t run_unaligned(const std::vector<int64_t>& bounds, const std::vector<int>& devices,
+                      std::vector<std::unique_ptr<detlogp::Communicator>>& comms, const std::vector<uint16_t>& h,
+                      const std::vector<uint16_t>& w, const std::vector<float>& b, const std::vector<int32_t>& targets,
+                      int64_t rows, bool serving, const EntropyReference& want, const std::string& what) {
+  const int tp = static_cast<int>(bounds.size()) - 1;
+  std::vector<RankData> ranks(static_cast<size_t>(tp));
+  std::vector<DevBuf<float>> entropy(static_cast<size_t>(tp));
+  for (int r = 0; r < tp; ++r) {
+    upload_rank(ranks[r], devices[r], bounds[r], bounds[r + 1] - bounds[r], h, w, b, targets, rows, serving);
+    entropy[r] = DevBuf<float>(static_cast<size_t>(rows));
+    entropy[r].poison();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; ++r)
+    threads.emplace_back([&, r] {
+      detlogp::CallOptions opt;
+      opt.strict = true;
+      opt.cuda_stream = ranks[r].stream;
+      try {
+        GPU_CUDA(cudaSetDevice(ranks[r].device));
+        detlogp::LinearLogpOutputs out = rank_outputs(ranks[r], rows);
+        out.entropy = device_vector(entropy[r].get(), rows, ranks[r].device);
+        detlogp::linear_logp_tensor_parallel(rank_inputs(ranks[r], rows), out, *comms[r], opt);
+        GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
+      } catch (const std::exception& e) {
+        ranks[r].error = e.what();
+      }
+    });
+  for (auto& th : threads) th.join();
+  int64_t bad = 0;
+  for (int r = 0; r < tp; ++r) {
+    EXPECT_TRUE(ranks[r].error.empty()) << what << " rank " << r << ": " << ranks[r].error;
+    if (!ranks[r].error.empty()) continue;
+    GPU_CUDA(cudaSetDevice(ranks[r].device));
+    const auto logp = ranks[r].out.logp.to_host(), lse = ranks[r].out.lse.to_host(), ent = entropy[r].to_host();
+    const auto a = bc::compare(want.logp, logp), c = bc::compare(want.lse, lse), e = bc::compare(want.entropy, ent);
+    EXPECT_TRUE(a.identical() && c.identical() && e.identical())
+        << what << " rank " << r << ": " << a.describe("logp") << "; " << c.describe("lse") << "; "
+        << e.describe("entropy");
+    for (int64_t n = 0; n < rows; ++n)
+      bad += !same_bits(logp[n], want.logp[n]) || !same_bits(lse[n], want.lse[n]) || !same_bits(ent[n], want.entropy[n])
+                 ? 1
+                 : 0;
+    if (serving) {
+      const auto z =
+          bc::compare(logits_shard(want.logits, rows, ranks[r].start, ranks[r].count), ranks[r].out.logits.to_host());
+      EXPECT_TRUE(z.identical()) << what << " rank " << r << " logits shard: " << z.describe("logits");
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_F(Sm90Tp, UnalignedShardsOnOneGpuGiveTheTp1Bits) {
+  std::vector<std::vector<int64_t>> splits;
+  for (int tp : {2, 3, 4, 8}) splits.push_back(engine_bounds(tp));
+  splits.push_back(narrow_bounds());
+  for (size_t i = 0; i < splits.size(); ++i) {
+    const std::vector<int64_t>& bounds = splits[i];
+    const int tp = static_cast<int>(bounds.size()) - 1;
+    const std::vector<int32_t> targets = boundary_targets(t, bounds);
+    const EntropyReference want = tp1_with_entropy(h, w, b, targets, rows);
+    for (bool serving : {false, true}) {
+      if (serving && i != 1) continue;  // the serving entry at TP = 3: every rank's logits shard too
+      const std::string what = bounds_name(bounds) + (serving ? " serving" : "");
+      auto comms = detlogp::make_local_communicators(tp, detlogp::Memory::cuda, 0);
+      const int64_t bad = run_unaligned(bounds, std::vector<int>(static_cast<size_t>(tp), 0), comms, h, w, b, targets,
+                                        rows, serving, want, what);
+      std::printf("%s on one GPU: %lld rank-rows differ from TP=1 (logp, lse, entropy)\n", what.c_str(),
+                  static_cast<long long>(bad));
+    }
+  }
+}
+
+// The same over real NCCL, one GPU per rank, TP in {2, 4, 8} up to the GPU count.
+TEST_F(Sm90Tp, NcclUnalignedShardsGiveTheTp1Bits) {
+#ifdef DETLOGP_WITH_NCCL
+  if (!options().nccl) GTEST_SKIP() << "NCCL part skipped: --no-nccl";
+  int gpus = 0;
+  GPU_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) GTEST_SKIP() << "NCCL part skipped: fewer than 2 GPUs visible";
+  for (int tp = 2; tp <= gpus && tp <= 8; tp *= 2) {
+    std::vector<ncclComm_t> comms_raw(static_cast<size_t>(tp));
+    std::vector<int> devs(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; ++r) devs[r] = r;
+    const ncclResult_t init = ncclCommInitAll(comms_raw.data(), tp, devs.data());
+    ASSERT_EQ(init, ncclSuccess) << "ncclCommInitAll(" << tp << ") failed: " << ncclGetErrorString(init);
+    std::vector<std::unique_ptr<detlogp::Communicator>> comms;
+    for (int r = 0; r < tp; ++r) comms.push_back(detlogp::make_nccl_communicator(comms_raw[r]));
+    const std::vector<int64_t> bounds = engine_bounds(tp);
+    const std::vector<int32_t> targets = boundary_targets(t, bounds);
+    const EntropyReference want = tp1_with_entropy(h, w, b, targets, rows);
+    for (bool serving : {false, true}) {
+      const std::string what = "NCCL " + bounds_name(bounds) + (serving ? " serving" : "");
+      const int64_t bad = run_unaligned(bounds, devs, comms, h, w, b, targets, rows, serving, want, what);
+      std::printf("%s on %d GPUs: %lld rank-rows differ from TP=1 (logp, lse, entropy)\n", what.c_str(), tp,
+                  static_cast<long long>(bad));
+    }
+    for (auto c : comms_raw) ncclCommDestroy(c);
+  }
+#else
+  GTEST_SKIP() << "NCCL part skipped: this build has no NCCL (DETLOGP_WITH_NCCL undefined)";
+#endif
+}
+
+// The CUDA partials of shards off the tile grid are the contract's pieces of the TP = 1 logits: each
+// whole tile's summary is tile_summary of the TP = 1 scaled logits, each edge lane the TP = 1 scaled
+// logit of its id, y_t the owner's. merge_partials on the device (the straddling tiles assembled
+// there) gives the bits of the host merge of the same partials and of TP = 1, with the entropy, at
+// 37 rows (the held-tiles merge) and at the fixture's rows (the chunked merge, 300 without --small).
+TEST_F(Sm90Tp, UnalignedCudaPartialsAreTheTp1PiecesAndMergeOnTheDevice) {
+  const std::vector<int64_t> bounds = engine_bounds(3);
+  for (const int64_t n_rows : {int64_t{37}, rows}) {
+    SCOPED_TRACE("rows=" + std::to_string(n_rows));
+    std::vector<int32_t> targets = boundary_targets(t, bounds);
+    targets.resize(static_cast<size_t>(n_rows));
+    std::vector<uint16_t> hn(h.begin(), h.begin() + n_rows * kDim);
+    const EntropyReference want = tp1_with_entropy(hn, w, b, targets, n_rows);
+    struct DevicePartials {
+      DevBuf<detlogp::TileSummary> summaries;
+      DevBuf<float> target_logit, usums, edge;
+      DevBuf<uint8_t> owned;
+      detlogp::ShardPartials p;
+      std::vector<detlogp::TileSummary> h_summaries;
+      std::vector<float> h_target_logit, h_usums, h_edge;
+      std::vector<uint8_t> h_owned;
+      detlogp::ShardPartials host;
+    };
+    std::vector<RankData> ranks(bounds.size() - 1);
+    std::vector<DevicePartials> parts(bounds.size() - 1);
+    detlogp::CallOptions opt;
+    opt.strict = true;
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+      upload_rank(ranks[r], 0, bounds[r], bounds[r + 1] - bounds[r], hn, w, b, targets, n_rows, false);
+      const detlogp::ShardGeometry g = detlogp::shard_geometry(bounds[r], bounds[r + 1] - bounds[r], kReal);
+      DevicePartials& d = parts[r];
+      d.summaries = DevBuf<detlogp::TileSummary>(static_cast<size_t>(n_rows * g.tiles));
+      d.usums = DevBuf<float>(static_cast<size_t>(n_rows * g.tiles));
+      d.target_logit = DevBuf<float>(static_cast<size_t>(n_rows));
+      d.owned = DevBuf<uint8_t>(static_cast<size_t>(n_rows));
+      d.edge = DevBuf<float>(static_cast<size_t>(n_rows * g.edge_lanes()));
+      d.p.rows = n_rows;
+      d.p.tiles = g.tiles;
+      d.p.edge_lanes = g.edge_lanes();
+      d.p.summaries = d.summaries.get();
+      d.p.usums = d.usums.get();
+      d.p.target_logit = d.target_logit.get();
+      d.p.target_owned = d.owned.get();
+      d.p.edge_logits = d.edge.get();
+      d.p.memory = detlogp::Memory::cuda;
+      d.p.device = 0;
+      opt.cuda_stream = ranks[r].stream;
+      detlogp::linear_logp_partials(rank_inputs(ranks[r], n_rows), d.p, opt);
+      GPU_CUDA(cudaStreamSynchronize(ranks[r].stream));
+      d.h_summaries = d.summaries.to_host();
+      d.h_usums = d.usums.to_host();
+      d.h_target_logit = d.target_logit.to_host();
+      d.h_owned = d.owned.to_host();
+      d.h_edge = d.edge.to_host();
+      d.host = d.p;
+      d.host.memory = detlogp::Memory::host;
+      d.host.summaries = d.h_summaries.data();
+      d.host.usums = d.h_usums.data();
+      d.host.target_logit = d.h_target_logit.data();
+      d.host.target_owned = d.h_owned.data();
+      d.host.edge_logits = d.h_edge.data();
+      // The pieces against the TP = 1 logits (z, scaled as the contract scales: T = 1 here).
+      for (int64_t n = 0; n < n_rows; ++n) {
+        for (int64_t j = 0; j < g.tiles; ++j) {
+          const int64_t g0 = (g.first_tile + j) * 64;
+          float y[64] = {};
+          for (int l = 0; l < 64 && g0 + l < kVocab; ++l) y[l] = want.logits[n * kVocab + g0 + l];
+          const int real = static_cast<int>(std::clamp<int64_t>(kReal - g0, 0, 64));
+          const detlogp::TileEntropySummary s = detlogp::tile_entropy_summary(y, real);
+          const detlogp::TileSummary got = d.h_summaries[n * g.tiles + j];
+          ASSERT_TRUE(same_bits(got.max, s.summary.max) && same_bits(got.sum, s.summary.sum) &&
+                      same_bits(d.h_usums[n * g.tiles + j], s.usum))
+              << "rank " << r << " row " << n << " whole tile " << g.first_tile + j;
+        }
+        for (int64_t e = 0; e < g.edge_lanes(); ++e) {
+          const int64_t id = e < g.head_lanes ? bounds[r] + e : bounds[r + 1] - g.tail_lanes + (e - g.head_lanes);
+          ASSERT_TRUE(same_bits(d.h_edge[n * g.edge_lanes() + e], want.logits[n * kVocab + id]))
+              << "rank " << r << " row " << n << " edge lane " << e << " (id " << id << ")";
+        }
+        const int64_t tg = targets[n];
+        const bool owns = tg != -100 && tg >= bounds[r] && tg < bounds[r + 1];
+        ASSERT_EQ(d.h_owned[n], owns ? 1 : 0) << "rank " << r << " row " << n;
+        if (owns) {
+          ASSERT_TRUE(same_bits(d.h_target_logit[n], want.logits[n * kVocab + tg])) << "rank " << r << " row " << n;
+        }
+      }
+    }
+    std::vector<detlogp::ShardPartials> dev, host;
+    for (const DevicePartials& d : parts) {
+      dev.push_back(d.p);
+      host.push_back(d.host);
+    }
+    std::vector<float> logp(n_rows), lse(n_rows), entropy(n_rows);
+    detlogp::merge_partials(host, detlogp::TensorView::vector(targets.data(), detlogp::DType::i32, n_rows), -100,
+                            detlogp::mutable_vector(logp.data(), detlogp::DType::f32, n_rows),
+                            detlogp::mutable_vector(lse.data(), detlogp::DType::f32, n_rows),
+                            detlogp::mutable_vector(entropy.data(), detlogp::DType::f32, n_rows));
+    DevBuf<float> d_logp(n_rows), d_lse(n_rows), d_entropy(n_rows);
+    d_logp.poison();
+    d_lse.poison();
+    d_entropy.poison();
+    detlogp::TensorView tv =
+        detlogp::TensorView::vector(ranks[0].targets.get(), detlogp::DType::i32, n_rows, detlogp::Memory::cuda);
+    tv.device = 0;
+    opt.cuda_stream = ranks[0].stream;
+    detlogp::merge_partials(dev, tv, -100, device_vector(d_logp.get(), n_rows, 0),
+                            device_vector(d_lse.get(), n_rows, 0), device_vector(d_entropy.get(), n_rows, 0), opt);
+    GPU_CUDA(cudaStreamSynchronize(ranks[0].stream));
+    for (const auto& [name, got, host_bits, tp1] :
+         {std::tuple<const char*, std::vector<float>, std::vector<float>*, const std::vector<float>*>{
+              "logp", d_logp.to_host(), &logp, &want.logp},
+          {"lse", d_lse.to_host(), &lse, &want.lse},
+          {"entropy", d_entropy.to_host(), &entropy, &want.entropy}}) {
+      const auto a = bc::compare(*host_bits, got), c = bc::compare(*tp1, got);
+      EXPECT_TRUE(a.identical()) << a.describe(std::string("device merge against the host merge: ") + name);
+      EXPECT_TRUE(c.identical()) << c.describe(std::string("device merge against TP = 1: ") + name);
+    }
+  }
 }

@@ -343,7 +343,7 @@ TEST_F(Cli, ShardPartialsMergeToTheFullResult) {
     ASSERT_NE(tile_max, nullptr);
     // The layout a merge checks travels with the partials.
     const std::map<std::string, std::string> layout = {
-        {"format", "detlogp-partials-v1"},
+        {"format", "detlogp-partials-v2"},
         {"rows", std::to_string(problem.rows)},
         {"tiles", std::to_string(detlogp::shard_tiles(s == 0 ? split : problem.vocab - split))},
         {"vocab_start", s == 0 ? "0" : std::to_string(split)},
@@ -541,9 +541,11 @@ TEST_F(Cli, BadOptionsAreUsageErrors) {
     EXPECT_EQ(t.exit_code, 3) << value << ": " << t.err;
     EXPECT_NE(t.err.find(expected), std::string::npos) << value << ": stderr lacks \"" << expected << "\":\n" << t.err;
   }
+  // A shard off the tile grid gives partials with its edge lanes.
   const CliResult shard = run_cli("run --rows 4 --dim 8 --vocab 64 --vocab-start 32 --real-vocab 128 --partials");
-  EXPECT_EQ(shard.exit_code, 3) << shard.err;
-  EXPECT_NE(shard.err.find("vocab_start=32"), std::string::npos) << shard.err;
+  EXPECT_EQ(shard.exit_code, 0) << shard.err;
+  EXPECT_NE(shard.out.find("sha256(tile_max|tile_sum|target_logit|target_owned|edge_logits)"), std::string::npos)
+      << shard.out;
 }
 
 TEST_F(Cli, VerifyPassesOnTheCpuBackend) {
@@ -618,6 +620,52 @@ TEST_F(Cli, EntropyIsWrittenBesideUnchangedLogpAndLse) {
   opt.backend = kCpu;
   detlogp::linear_logp(problem.inputs(true, true), o, opt);
   expect_same_bits(values_of<float>(*b.find("entropy")), entropy, "entropy");
+}
+
+// [N, K] targets give logp [N, K], and --topk K writes topk_ids [N, K] I64 and topk_logp [N, K] F32
+// after the other outputs, with the library's bits (docs/contract.md §6, §11).
+TEST_F(Cli, SeveralTargetsARowAndTopkAreWritten) {
+  const fs::path dir = test_dir();
+  const FileProblem problem;
+  const int64_t k = 3;
+  std::vector<int32_t> ids;
+  for (int64_t n = 0; n < problem.rows; ++n)
+    for (int64_t j = 0; j < k; ++j)
+      ids.push_back(j == 0 ? problem.targets[n] : static_cast<int32_t>((n * 31 + j) % 300));
+  SafetensorsContents c = problem.contents(true, true);
+  SafetensorsContents multi;
+  for (const char* name : {"hidden", "weight", "bias", "temperature"}) multi.add(name, *c.find(name));
+  multi.add("targets", tensor_of(ElementType::i32, {problem.rows, k}, ids));
+  detlogp::io::write_safetensors(dir / "multi.safetensors", multi);
+  const CliResult r =
+      run_cli("run --backend " + std::string(kCpu) + " --input '" + (dir / "multi.safetensors").string() +
+              "' --topk 7 --out '" + (dir / "out.safetensors").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("sha256(logp|lse|topk_ids|topk_logp)"), std::string::npos) << r.out;
+  const SafetensorsContents out = detlogp::io::read_safetensors(dir / "out.safetensors");
+  ASSERT_NE(out.find("topk_ids"), nullptr);
+  EXPECT_EQ(out.find("logp")->shape, (std::vector<int64_t>{problem.rows, k}));
+  EXPECT_EQ(out.find("topk_ids")->shape, (std::vector<int64_t>{problem.rows, 7}));
+  EXPECT_EQ(out.find("topk_logp")->shape, (std::vector<int64_t>{problem.rows, 7}));
+  std::vector<float> logp(problem.rows * k), lse(problem.rows), topk_logp(problem.rows * 7);
+  std::vector<int64_t> topk_ids(problem.rows * 7);
+  detlogp::LinearLogpInputs in = problem.inputs(true, true);
+  in.targets = detlogp::TensorView::matrix(ids.data(), detlogp::DType::i32, problem.rows, k);
+  detlogp::LinearLogpOutputs o{detlogp::mutable_matrix(logp.data(), detlogp::DType::f32, problem.rows, k),
+                               detlogp::mutable_vector(lse.data(), detlogp::DType::f32, problem.rows),
+                               {},
+                               {},
+                               detlogp::mutable_matrix(topk_ids.data(), detlogp::DType::i64, problem.rows, 7),
+                               detlogp::mutable_matrix(topk_logp.data(), detlogp::DType::f32, problem.rows, 7)};
+  detlogp::CallOptions opt;
+  opt.backend = kCpu;
+  detlogp::linear_logp(in, o, opt);
+  expect_same_bits(values_of<float>(*out.find("logp")), logp, "logp");
+  expect_same_bits(values_of<float>(*out.find("topk_logp")), topk_logp, "topk_logp");
+  EXPECT_EQ(values_of<int64_t>(*out.find("topk_ids")), topk_ids);
+  const CliResult big = run_cli("run --backend " + std::string(kCpu) + " --rows 4 --dim 8 --vocab 64 --topk 129");
+  EXPECT_EQ(big.exit_code, 3) << big.err;
+  EXPECT_NE(big.err.find("topk=129 (topk_ids has K=129 columns) must be in [1, 128]"), std::string::npos) << big.err;
 }
 
 // --partials --entropy adds the tiles' entropy sums (usums [N, tiles] F32) after the four partials
@@ -721,7 +769,7 @@ TEST_F(Cli, VocabShardNeedsPartials) {
   const SafetensorsContents file = detlogp::io::read_safetensors(dir / "out.safetensors");
   EXPECT_EQ(file.find("logp"), nullptr);
   ASSERT_NE(file.find("tile_max"), nullptr);
-  EXPECT_EQ(file.metadata.at("format"), "detlogp-partials-v1");
+  EXPECT_EQ(file.metadata.at("format"), "detlogp-partials-v2");
   EXPECT_EQ(file.metadata.at("real_vocab"), "128");
   EXPECT_EQ(file.metadata.at("vocab_local"), "64");
   // The whole vocabulary in one shard may still be asked for as partials (TP = 1).

@@ -191,8 +191,8 @@ def test_error_mapping_values():
         detlogp.linear_logp(h, w, t, temperature=np.array([1, -1, 1, 1, 1], np.float32))
     with pytest.raises(ValueError, match=r"temperature=1e-39" + RANGE):  # subnormal: checked at N = 0 too
         detlogp.linear_logp(h[:0], w, t[:0], temperature=1e-39)
-    with pytest.raises(ValueError, match=r"vocab_start=10 is not a multiple of VOCAB_TILE=64"):
-        detlogp.linear_logp_partials(h, w, t % 50, vocab_start=10, real_vocab=500)
+    with pytest.raises(ValueError, match=r"vocab_start=-10 must be >= 0"):
+        detlogp.linear_logp_partials(h, w, t % 50, vocab_start=-10, real_vocab=500)
     with pytest.raises(ValueError, match=r"unknown backend 'nope'"):
         detlogp.linear_logp(h, w, t, backend="nope")
     h, w, t, _, _ = make_problem(5, 32, 128)
@@ -339,7 +339,7 @@ def test_refused_arrays_name_the_argument():
         (dict(hidden=None), "hidden must be an array (numpy, or anything with __dlpack__), got None"),
         (dict(hidden=np.zeros((), np.uint16)), "hidden must be 2-D, got ndim=0"),
         (dict(hidden=h[None]), "hidden must be 2-D, got ndim=3"),
-        (dict(targets=t[:, None]), "targets must be 1-D, got ndim=2"),
+        (dict(targets=t[:, None, None]), "targets must be 1-D [N] or 2-D [N, K], got ndim=3"),
         (dict(hidden=np.broadcast_to(h[0], h.shape)),
          "hidden row_stride=0 is smaller than its 32 columns (overlapping rows are not supported)"),
         (dict(hidden=h[::-1]),

@@ -1,7 +1,8 @@
 """detlogp.linear_logp_partials + detlogp.merge_partials (numpy, CPU backend): the partials carry
 their layout, and the merge refuses (through the C++ checks, in their words, writing nothing)
 shards out of rank order, gaps, overlaps, other targets, another ignore_index, real_vocab,
-temperature or backend; a valid merge gives the whole-vocabulary bits."""
+temperature or backend; a valid merge gives the whole-vocabulary bits, at 64-aligned boundaries and
+at any other (the partials then carry their edge lanes)."""
 
 import re
 
@@ -117,7 +118,8 @@ def test_partials_without_a_layout_are_refused(problem):
     bare = parts[0]._replace(layout=None)
     refused([bare, parts[1]], problem[2], "rank 0 partials carry no layout (layout.vocab_local=0)")
     short = parts[0]._replace(layout=parts[0].layout._replace(vocab_local=960))
-    refused([short, parts[1]], problem[2], "rank 0 partials have tiles=16 but their layout's V_local=960 spans 15 tiles")
+    refused([short, parts[1]], problem[2],
+            "rank 0 partials have tiles=16 but their layout's shard [0, 960) has 15 whole tiles")  # fmt: skip
 
 
 @pytest.mark.parametrize("case", INTEGER_CASES, ids=[c[0] for c in INTEGER_CASES])
@@ -144,8 +146,10 @@ def test_merge_takes_targets_by_the_shared_rules(problem):
     cases = [
         (list(problem[2]), "targets must be an array (numpy, or anything with __dlpack__), got list"),
         (None, "targets must be an array (numpy, or anything with __dlpack__), got None"),
-        (np.array(3), "targets must be 1-D, got ndim=0"),
-        (problem[2][:, None], "targets must be 1-D, got ndim=2"),
+        (np.array(3), "targets must be 1-D [N] or 2-D [N, K], got ndim=0"),
+        (problem[2][:, None, None], "targets must be 1-D [N] or 2-D [N, K], got ndim=3"),
+        (np.repeat(problem[2][:, None], 2, axis=1),
+         f"targets must be [N={len(problem[2])}, K=1] i32 or i64, contiguous (the partials' K)"),
         (problem[2].astype(np.float64), "targets has dtype float64, which detlogp does not take here"),
     ]
     for targets, message in cases:
@@ -192,3 +196,102 @@ def test_merge_with_entropy_needs_every_ranks_usums(problem):
     short = with_usums[0]._replace(usums=with_usums[0].usums[:, :3].copy())
     with pytest.raises(detlogp.InputError, match=re.escape(f"rank 0 usums must be [N={len(t)}, tiles=16] float32")):
         detlogp.merge_partials([short, with_usums[1]], t, return_entropy=True)
+
+
+def test_shards_at_any_boundary_merge_to_the_whole_vocabulary_bits(problem):
+    """Engines split the vocabulary as V / TP, off the 64-lane tile grid: the partials then carry the
+    scaled logits of their edge lanes, and the merge assembles the straddling tiles (docs/contract.md
+    §7): logp, lse and entropy keep the TP = 1 bits. A shard narrower than a tile, one lane, and one
+    of padding only included."""
+    h, w, t, b, temp = problem
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_entropy=True)
+    for bounds in ([0, 704, 1408, V], [0, 1000, 1001, 1030, 2050, V], [0, 37, 2052, 2060, V], [0, 1056, V]):
+        parts = entropy_shards(problem, bounds)
+        for p, (lo, hi) in zip(parts, zip(bounds[:-1], bounds[1:])):
+            g = detlogp.shard_geometry(lo, hi - lo, REAL)
+            assert p.summaries.shape == (len(t), g.tiles, 2) and p.edge_logits.shape == (len(t), g.edge_lanes)
+        logp, lse, entropy = detlogp.merge_partials(parts, t, return_entropy=True)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+        assert np.array_equal(bits(entropy), bits(full.entropy)), bounds
+    # The edge lanes are the whole call's scaled logits of those ids.
+    served = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    p = shard(problem, 1000, 1030)
+    assert detlogp.shard_geometry(1000, 30, REAL) == (16, 0, 24, 24, 0, 6)
+    y = (served.logits * (np.float32(1) / temp)[:, None]).astype(np.float32)
+    assert np.array_equal(bits(p.edge_logits), bits(np.concatenate([y[:, 1000:1024], y[:, 1024:1030]], axis=1)))
+    assert shards(problem, [0, 1024, V])[0].edge_logits.shape == (len(t), 0)  # aligned: none
+
+
+def test_edge_lanes_that_do_not_fit_the_shard_are_refused(problem):
+    t = problem[2]
+    parts = shards(problem, [0, 1000, V])
+    cut = parts[0]._replace(edge_logits=parts[0].edge_logits[:, :5].copy())
+    refused([cut, parts[1]], t, "rank 0 partials have edge_lanes=5 but their layout's shard [0, 1000) has 40 edge lanes")
+    refused([parts[0]._replace(edge_logits=None), parts[1]], t, "rank 0 partials have edge_lanes=0")
+    with pytest.raises(detlogp.InputError, match=re.escape("vocab_local=0 must be >= 1")):
+        detlogp.shard_geometry(0, 0, 10)
+
+
+def test_several_ids_a_row_give_each_single_target_bits(problem):
+    """targets [N, K]: logp [N, K] from one pass, entry k the bits of the call with targets[:, k];
+    ignore_index per entry; through linear_logp, reduce_logits and the partials' merge (shards on
+    and off the tile grid)."""
+    h, w, t, b, temp = problem
+    rng = np.random.default_rng(5)
+    k = 6
+    ids = rng.integers(0, REAL, size=(len(t), k)).astype(np.int64)
+    ids[:, 0] = np.where(t == -100, 7, t)
+    ids[::3, 2] = -100
+    ids[:, 3] = REAL - 1
+    full = detlogp.linear_logp(h, w, ids, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_entropy=True)
+    assert full.logp.shape == (len(t), k)
+    for j in range(k):
+        one = detlogp.linear_logp(h, w, ids[:, j].copy(), bias=b, temperature=temp, real_vocab=REAL, backend=CPU,
+                                  return_entropy=True)  # fmt: skip
+        assert np.array_equal(bits(full.logp[:, j].copy()), bits(one.logp)), j
+        assert np.array_equal(bits(full.lse), bits(one.lse)) and np.array_equal(bits(full.entropy), bits(one.entropy))
+    assert np.all(full.logp[::3, 2] == 0)
+    served = detlogp.linear_logp(h, w, ids, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    logp, lse = detlogp.reduce_logits(served.logits, ids, temperature=temp, real_vocab=REAL)
+    assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse))
+    for bounds in ([0, 1024, V], [0, 700, 1401, V]):
+        parts = [
+            detlogp.linear_logp_partials(h, w[lo:hi], ids, bias=b[lo:hi], temperature=temp, vocab_start=lo,
+                                         real_vocab=REAL, backend=CPU)
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]  # fmt: skip
+        assert parts[0].target_logit.shape == (len(t), k) and parts[0].target_owned.shape == (len(t), k)
+        logp, lse = detlogp.merge_partials(parts, ids)
+        assert np.array_equal(bits(logp), bits(full.logp)) and np.array_equal(bits(lse), bits(full.lse)), bounds
+    bad = ids.copy()
+    bad[4, 5] = REAL
+    with pytest.raises(detlogp.TargetIndexError, match=re.escape(f"targets[4, 5]={REAL} is >= real_vocab={REAL}")):
+        detlogp.linear_logp(h, w, bad, bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
+
+
+def test_topk_is_the_full_sort_and_merges_across_shards(problem):
+    """topk=K: the K real ids of the largest scaled logits (ties to the lower id) and their
+    single-target logp bits, the same through the shards' merge, on and off the tile grid
+    (docs/contract.md §11)."""
+    h, w, t, b, temp = problem
+    k = 20
+    full = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, topk=k)
+    served = detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, return_logits=True)
+    y = (served.logits[:, :REAL] * (np.float32(1) / temp)[:, None]).astype(np.float32)
+    want = np.argsort(-y, axis=1, kind="stable")[:, :k]
+    assert np.array_equal(full.topk_ids, want)
+    single = detlogp.linear_logp(h, w, want.copy(), bias=b, temperature=temp, real_vocab=REAL, backend=CPU)
+    assert np.array_equal(bits(full.topk_logp), bits(single.logp))
+    for bounds in ([0, 1024, V], [0, 700, 1401, V]):
+        parts = [
+            detlogp.linear_logp_partials(h, w[lo:hi], t, bias=b[lo:hi], temperature=temp, vocab_start=lo,
+                                         real_vocab=REAL, backend=CPU, topk=k)
+            for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]  # fmt: skip
+        logp, lse, ids, topk_logp = detlogp.merge_partials(parts, t, return_topk=True)
+        assert np.array_equal(ids, full.topk_ids) and np.array_equal(bits(topk_logp), bits(full.topk_logp)), bounds
+        assert np.array_equal(bits(logp), bits(full.logp)), bounds
+    with pytest.raises(detlogp.InputError, match=re.escape("topk=129 (topk_ids has K=129 columns) must be in [1, 128]")):
+        detlogp.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=REAL, backend=CPU, topk=129)
+    with pytest.raises(detlogp.InputError, match=re.escape("the top-k output needs every rank's top-k lists")):
+        detlogp.merge_partials(shards(problem, [0, 1024, V]), t, return_topk=True)

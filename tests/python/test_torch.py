@@ -350,17 +350,18 @@ def test_torch_compile_cpu():
         assert rel_err(c.grad.float(), a.grad.double()) < 1e-2
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_tensor_parallel_gloo(world):
+@pytest.mark.parametrize("world, split", [(2, "tile"), (3, "tile"), (2, "engine"), (3, "engine")])
+def test_tensor_parallel_gloo(world, split):
     """TP through torch.distributed (gloo, CPU processes; three ranks: uneven shards) gives the
     TP=1 bits, and every refusal (one rank's bad input, disagreeing backends or contracts) is the
-    same exception on every rank."""
+    same exception on every rank. split="engine": V / world rows per rank (517 / 2 = 259 + 258,
+    517 / 3 = 173 + 172 + 172), boundaries off the 64-lane tile grid."""
     pytest.importorskip("torch.distributed")
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-           str(29515 + world), str(HERE / "tp_worker.py"), "--device", "cpu", "--rows", "33", "--dim", "64", "--vocab",
-           "517"]  # fmt: skip
+           str(29515 + world + (10 if split == "engine" else 0)), str(HERE / "tp_worker.py"), "--device", "cpu",
+           "--rows", "33", "--dim", "64", "--vocab", "517", "--split", split]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr

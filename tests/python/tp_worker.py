@@ -1,6 +1,6 @@
 """One rank of the tensor-parallel check: detlogp.torch.linear_logp with tp_group against TP=1.
 
-Run by torchrun (`torchrun --nproc-per-node 2 tests/python/tp_worker.py --device cuda`) on GPUs,
+Run by torchrun (`torchrun --nproc-per-node 2 tests/python/tp_worker.py --device cuda [--split engine]`) on GPUs,
 or spawned by tests/python/test_torch.py with gloo on the CPU. Exit code 0 only when every check
 passed; each check prints one line with the numbers it compared.
 """
@@ -17,7 +17,11 @@ import detlogp.torch as dt
 from detlogp._torch import tensor_parallel
 
 
-def shard_bounds(vocab: int, world: int, rank: int):
+def shard_bounds(vocab: int, world: int, rank: int, split: str = "tile"):
+    if split == "engine":  # V / world rows each, as inference engines shard: boundaries off the tile grid
+        sizes = [vocab // world + (r < vocab % world) for r in range(world)]
+        start = sum(sizes[:rank])
+        return start, start + sizes[rank]
     per = -(-vocab // world)
     shard = max(64, -(-per // 64) * 64)  # multiple of VOCAB_TILE: no tile straddles two ranks
     start = min(vocab, rank * shard)
@@ -41,6 +45,8 @@ def main():
     ap.add_argument("--rows", type=int, default=257)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--vocab", type=int, default=5000)
+    ap.add_argument("--split", choices=("tile", "engine"), default="tile",
+                    help="shards of whole 64-lane tiles, or V / world rows each (straddling tiles)")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -58,7 +64,7 @@ def main():
 
     real_vocab = args.vocab - 40  # a padded head: the last rows of the weight are padding
     h, w, b, t, temp = problem(args.rows, args.dim, args.vocab, dev, 1234)
-    lo, hi = shard_bounds(args.vocab, world, rank)
+    lo, hi = shard_bounds(args.vocab, world, rank, args.split)
 
     # TP = 1 on every rank (the whole weight), then the same rows through the group.
     h1 = h.clone().requires_grad_()

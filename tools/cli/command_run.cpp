@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -31,10 +32,14 @@ void run_help(std::ostream& os) {
         "that is a vocabulary shard (vocab_start > 0 or vocab_start + V_local < real_vocab) has no\n"
         "logp/lse of its own: it is refused unless --partials asks for its tensor-parallel partials,\n"
         "tile_max, tile_sum [N, tiles] f32, target_logit [N] f32, target_owned [N] u8 (and with\n"
-        "--entropy the tiles' entropy sums usums [N, tiles] f32), written with their layout\n"
-        "(vocab_start, vocab_local, real_vocab, ignore_index, backend, targets digest).\n"
+        "--entropy the tiles' entropy sums usums [N, tiles] f32; for a shard that is not 64-aligned\n"
+        "the scaled logits of its lanes in the tiles that straddle its boundaries, edge_logits\n"
+        "[N, edge_lanes] f32), written with their layout (vocab_start, vocab_local, real_vocab,\n"
+        "ignore_index, backend, targets digest, the shard's tiles and edge lanes).\n"
         "The SHA-256 covers the raw little-endian bytes of the output tensors concatenated in the\n"
-        "order printed (logp|lse[|logits][|entropy], or the partials).\n\n";
+        "order printed (logp|lse[|logits][|entropy][|topk_ids|topk_logp], or the partials).\n"
+        "targets may be [N, K] (K ids a row: logp [N, K]); --topk K adds topk_ids [N, K] i64 and\n"
+        "topk_logp [N, K] f32.\n\n";
   print_option_help(os, command_options("run"));
   os << "\nexit codes: 0 ok, 1 --repeat saw differing bits, 2 usage error, 3 error (bad input, refused)\n";
 }
@@ -145,13 +150,15 @@ int command_run(const Options& o) {
   const std::filesystem::path out_path = checked_out_path(o);
   const HostProblem p = load_problem(o);
   const CallOptions opt = call_options(o);
+  // The range is the library's check (topk in [1, 128], <= real_vocab): any integer >= 1 reaches it.
+  const int64_t topk = o.has("topk") ? o.integer("topk", 0, 1, std::numeric_limits<int64_t>::max()) : 0;
 
   RunOutputs out;
   double best_seconds = 0;
   std::string first_sha;
   for (int64_t r = 0; r < repeat; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    RunOutputs current = compute(p, entry, opt, o.flag("entropy"));
+    RunOutputs current = compute(p, entry, opt, o.flag("entropy"), topk);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const std::string sha = output_sha256(current);
     if (r == 0) {
@@ -173,7 +180,7 @@ int command_run(const Options& o) {
     io::SafetensorsContents file;
     for (auto& [name, t] : out.tensors) file.add(name, std::move(t));
     if (out.entry == Entry::partials) file.metadata = partials_metadata(p, out);
-    file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v1" : "detlogp-output-v1";
+    file.metadata["format"] = out.entry == Entry::partials ? "detlogp-partials-v2" : "detlogp-output-v1";
     file.metadata["detlogp_version"] = version_string();
     file.metadata["provenance"] = to_string(out.report.provenance);
     file.metadata["sha256"] = first_sha;

@@ -33,7 +33,9 @@ struct RunOutputs {
 // entropy: also the rows' entropy [N] f32, after the other outputs (docs/contract.md §10); for
 // partials, the tiles' entropy sums usums [N, tiles] f32 after the four partials tensors, which a
 // merge with entropy needs from every shard.
-RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy = false);
+// topk > 0: also topk_ids [N, K] i64 and topk_logp [N, K] f32 after them (docs/contract.md §12);
+// for partials the shard's lists, topk_logit [N, K] f32 and topk_ids [N, K] i64, last.
+RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bool entropy = false, int64_t topk = 0);
 
 // The layout a partials file carries so shards can be checked before a merge (docs/cli.md): rows,
 // tiles, backend, contract and the library's PartialsLayout (vocab_start, vocab_local, real_vocab,

@@ -220,9 +220,9 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
                                               << shape_to_string(weight.shape));
   DETLOGP_CHECK(weight.shape[1] == hidden.shape[1], "'" << weight_file << "': tensor 'weight' has D=" << weight.shape[1]
                                                         << " columns but 'hidden' has D=" << hidden.shape[1]);
-  DETLOGP_CHECK(targets.shape.size() == 1 && targets.shape[0] == hidden.shape[0],
-                "'" << targets_file << "': tensor 'targets' must be [N=" << hidden.shape[0] << "], got shape "
-                    << shape_to_string(targets.shape));
+  DETLOGP_CHECK((targets.shape.size() == 1 || targets.shape.size() == 2) && targets.shape[0] == hidden.shape[0],
+                "'" << targets_file << "': tensor 'targets' must be [N=" << hidden.shape[0] << "] or [N="
+                    << hidden.shape[0] << ", K] (K ids a row), got shape " << shape_to_string(targets.shape));
 
   HostProblem p;
   p.storage.assign(in.files.begin(), in.files.end());
@@ -234,7 +234,9 @@ HostProblem problem_from_inputs(const NamedInputs& in) {
   const DType targets_dtype = checked_library_dtype("targets", targets.dtype, {DType::i32, DType::i64});
   p.hidden = TensorView::matrix(library_bytes(hidden, p), hidden_dtype, p.rows, p.dim);
   p.weight = TensorView::matrix(library_bytes(weight, p), weight_dtype, p.vocab_local, p.dim);
-  p.targets = TensorView::vector(library_bytes(targets, p), targets_dtype, p.rows);
+  p.targets = targets.shape.size() == 2
+                  ? TensorView::matrix(library_bytes(targets, p), targets_dtype, p.rows, targets.shape[1])
+                  : TensorView::vector(library_bytes(targets, p), targets_dtype, p.rows);
   if (auto it = in.tensors.find("bias"); it != in.tensors.end()) {
     const auto& [file, bias] = it->second;
     DETLOGP_CHECK(bias.shape.size() == 1 && bias.shape[0] == p.vocab_local,

@@ -71,7 +71,9 @@ __device__ __forceinline__ void entropy_chains_step(float& sum, float& usum, flo
 // The row's tiles are the concatenation of `count` segments in ascending global tile order (one
 // per tensor-parallel rank in the merge); y_t comes from the segment that owns the target
 // (owned == null: the segment owns every non-ignored row).
-template <bool kEntropy = false>
+// kHeads: segments may carry a head tile (a straddling tile, MergeSegment::head), chained by the
+// chain thread right before the segment's tiles, with the same operations as a staged tile.
+template <bool kEntropy = false, bool kHeads = false>
 __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                               const void* targets, int targets_i64, int64_t ignore_index, float* logp,
                                               float* lse, float* entropy = nullptr) {
@@ -84,6 +86,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   float global_max = fp::neg_inf();
   for (int s = 0; s < count; ++s) {
     const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
+    if constexpr (kHeads)
+      if (tid == 0 && segments[s].head != nullptr) global_max = chain_max(global_max, segments[s].head[r].max);
 #pragma unroll 4
     for (int64_t g = tid; g < segments[s].tiles; g += kCombineCtaThreads)
       global_max = chain_max(global_max, tiles[g].max);
@@ -93,6 +97,17 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
   float sum = 0.0f, usum = 0.0f, comp = 0.0f;
   for (int s = 0; s < count; ++s) {
     const TileSummary* tiles = segments[s].summaries + r * segments[s].tiles;
+    if constexpr (kHeads) {
+      if (tid == 0 && segments[s].head != nullptr) {  // the straddling tile before the segment's own
+        const TileSummary ts = segments[s].head[r];
+        const float factor = chain_factor_or_skip(ts, global_max);
+        if constexpr (kEntropy)
+          entropy_chains_step(sum, usum, comp, ts.sum, factor,
+                              entropy_chain_term_or_skip(ts, segments[s].head_usum[r], global_max, factor));
+        else
+          sum = chain_fma(sum, ts.sum, factor);
+      }
+    }
     for (int64_t base = 0; base < segments[s].tiles; base += kChainChunk) {
       const int64_t left = segments[s].tiles - base;
       const int n = static_cast<int>(left < kChainChunk ? left : kChainChunk);
@@ -248,7 +263,9 @@ __device__ __forceinline__ void chain_fma_rounds_entropy(float& sum, float& usum
 // copying the tiles to shared memory first (fewer registers, several rows per CTA) was slower: the
 // loads then go in rounds.
 inline constexpr int kHeldTiles = 12;  // 3072 tiles a chunk: Qwen3-8B's 2374 in one
-template <int kHeld = kHeldTiles, int kRound = 16, bool kEntropy = false>
+// kHeads: segments may carry a head tile (MergeSegment::head), the segment's tile 0 here, its own
+// tiles after it.
+template <int kHeld = kHeldTiles, int kRound = 16, bool kEntropy = false, bool kHeads = false>
 __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                    const void* targets, int targets_i64, int64_t ignore_index,
                                                    float* logp, float* lse, float* entropy = nullptr) {
@@ -258,16 +275,33 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
   __shared__ alignas(16) float terms[kEntropy ? kChunk : 1];
   static_assert(sizeof(pairs) + sizeof(terms) + sizeof(warp_max) <= 48 * 1024, "static shared memory");
   const int tid = threadIdx.x;
+  // Tiles of segment s in the row: its own, and with kHeads its head before them.
+  auto tiles_of = [&](int s) {
+    if constexpr (kHeads) return segments[s].tiles + (segments[s].head != nullptr ? 1 : 0);
+    return segments[s].tiles;
+  };
   int64_t total = 0;
-  for (int s = 0; s < count; ++s) total += segments[s].tiles;
+  for (int s = 0; s < count; ++s) total += tiles_of(s);
   auto tile_at = [&](int64_t g) {  // tile g of the row across the segments
     int s = 0;
-    while (s + 1 < count && g >= segments[s].tiles) g -= segments[s++].tiles;
+    while (s + 1 < count && g >= tiles_of(s)) g -= tiles_of(s++);
+    if constexpr (kHeads) {
+      if (segments[s].head != nullptr) {
+        if (g == 0) return segments[s].head[r];
+        --g;
+      }
+    }
     return segments[s].summaries[r * segments[s].tiles + g];
   };
   auto usum_at = [&](int64_t g) {  // its entropy sum
     int s = 0;
-    while (s + 1 < count && g >= segments[s].tiles) g -= segments[s++].tiles;
+    while (s + 1 < count && g >= tiles_of(s)) g -= tiles_of(s++);
+    if constexpr (kHeads) {
+      if (segments[s].head != nullptr) {
+        if (g == 0) return segments[s].head_usum[r];
+        --g;
+      }
+    }
     return segments[s].usums[r * segments[s].tiles + g];
   };
 

@@ -222,14 +222,14 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
             if (tile_col0 >= p.vocab_local) break;  // uniform: past the shard
             const int64_t left = p.vocab_local - tile_col0;
             const int cols = left >= kVocabTile ? kVocabTile : static_cast<int>(left);
-            float* out = p.logits + row[h] * p.vocab_local + tile_col0;
+            float* out = p.logits + row[h] * p.logits_stride + tile_col0;
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj)
               store_logit_pair(out, 8 * jj + 2 * q, cols, acc[at(tt, h, 2 * jj)], acc[at(tt, h, 2 * jj + 1)],
                                logits_vec2);
           }
         } else {
-          float* out = p.logits + row[h] * p.vocab_local + col0 + 2 * q;
+          float* out = p.logits + row[h] * p.logits_stride + col0 + 2 * q;
 #pragma unroll
           for (int tt = 0; tt < kTiles; ++tt)
 #pragma unroll

@@ -1,0 +1,43 @@
+// The top-k output (docs/contract.md §12): the K real ids of a row with the largest scaled logits
+// y (§3.3), in one total order, and their logp. One definition of the order and of the bounded
+// list every backend and the merge keep, host and device.
+#pragma once
+
+#include <cstdint>
+
+#include "detlogp/config.hpp"
+#include "detlogp/fpops.hpp"
+
+namespace detlogp {
+
+// The largest K of the top-k output.
+inline constexpr int kMaxTopk = 128;
+
+struct TopkEntry {
+  float y;     // the scaled logit
+  int64_t id;  // global vocabulary id; -1: no entry (a list that holds fewer than K)
+};
+
+// a comes before b: the larger y first, NaN before every number; equal y (+0 and -0 are equal),
+// and two NaNs, the lower id first. A total order on (y, id) pairs of distinct ids, so the K first
+// of any set of entries do not depend on the order in which they were offered.
+DETLOGP_HD bool topk_before(TopkEntry a, TopkEntry b) {
+  const bool an = fp::is_nan(a.y), bn = fp::is_nan(b.y);
+  if (an || bn) return an && bn ? a.id < b.id : an;
+  if (a.y != b.y) return a.y > b.y;
+  return a.id < b.id;
+}
+
+// Offers e to the list `list` of `count` entries (sorted by topk_before) of at most k: kept, in
+// its place, if the list is not full or e comes before its last entry (which then leaves).
+DETLOGP_HD void topk_offer(TopkEntry* list, int k, int& count, TopkEntry e) {
+  if (count == k && !topk_before(e, list[k - 1])) return;
+  int i = count < k ? count++ : k - 1;
+  while (i > 0 && topk_before(e, list[i - 1])) {
+    list[i] = list[i - 1];
+    --i;
+  }
+  list[i] = e;
+}
+
+}  // namespace detlogp
