@@ -211,11 +211,8 @@ struct RowStats {
   float lse;
 };
 DETLOGP_HD RowStats row_stats(const TileSummary* tiles, int64_t n_tiles) {
-  float m = fp::neg_inf();
-  for (int64_t g = 0; g < n_tiles; ++g) m = chain_max(m, tiles[g].max);
-  float sum = 0.0f;
-  for (int64_t g = 0; g < n_tiles; ++g) sum = chain_step(sum, tiles[g], m);
-  return {m, sum, finalize_row(m, sum, 0.0f, true).lse};
+  const RowChain chain = chain_row_summaries(tiles, n_tiles);
+  return {chain.global_max, chain.sum, finalize_row(chain.global_max, chain.sum, 0.0f, true).lse};
 }
 
 // A row with a processed distribution: its lse is finite (§11.1).
