@@ -55,7 +55,19 @@ struct CallOptions {
   std::string backend;  // "" -> env DETLOGP_BACKEND, else "auto"
   bool strict = false;  // also switched on by env DETLOGP_STRICT=1
   void* cuda_stream = nullptr;
+  // CUDA memory only. false: the call waits for its device validation (targets, row temperatures)
+  // and throws its error itself. true: the call returns once its kernels are enqueued, so the host
+  // can run ahead of the GPU; a bad input still writes nothing, and its error is thrown by this
+  // host thread's next CUDA call (of linear_logp or linear_logp_grad_logits) whose check finds
+  // that validation done, at the latest when 16 calls are outstanding, or by
+  // check_deferred_errors().
+  bool defer_errors = false;
 };
+
+// Waits for the device validation of this host thread's calls made with defer_errors and throws
+// the first error among them (naming the call's entry, the argument, row and value). A no-op when
+// none is outstanding, and in builds without CUDA.
+void check_deferred_errors();
 
 // The fused operator: logp[n] = min(y_t - lse, 0), lse[n] = M + logc(S) over the whole real
 // vocabulary. The shard must cover it (vocab_start == 0, V_local >= real_vocab); for a vocab

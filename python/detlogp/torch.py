@@ -28,7 +28,8 @@ from ._errors import InputError, StrictModeError
 from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
-from ._torch.op import last_report, linear_logp_op as _linear_logp_op
+from ._torch.op import check_errors, last_report, set_deferred_errors
+from ._torch.op import linear_logp_op as _linear_logp_op
 from ._torch.sampling import linear_logp_sampled as _linear_logp_sampled
 from ._torch.sampling import sample
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
@@ -39,11 +40,13 @@ __all__ = [
     "BACKWARD_FUSED_CHUNK_BYTES",
     "BACKWARD_VOCAB_CHUNK",
     "TORCH_BACKEND_ID",
+    "check_errors",
     "grad_logits",
     "last_backward_path",
     "last_report",
     "linear_logp",
     "sample",
+    "set_deferred_errors",
     "weight_fingerprint",
 ]
 

@@ -525,6 +525,10 @@ NB_MODULE(_detlogp, m) {
 
   m.def("version", &detlogp::version_string);
   m.def("check_environment", &detlogp::check_environment);
+  m.def("check_deferred_errors", [] {
+    nb::gil_scoped_release release;
+    detlogp::check_deferred_errors();
+  });
   m.def("shard_tiles", &detlogp::shard_tiles, "vocab_local"_a);
   // (first_tile, tiles, head_cols, head_lanes, whole_cols, tail_lanes) of a shard (detlogp/shards.hpp).
   m.def(
@@ -575,17 +579,19 @@ NB_MODULE(_detlogp, m) {
       "linear_logp",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
          const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
-         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp, bool defer_errors) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
         if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
         if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
-        const detlogp::CallOptions opt = options(backend, strict, stream);
+        detlogp::CallOptions opt = options(backend, strict, stream);
+        opt.defer_errors = defer_errors;
         return reported([&] { return detlogp::linear_logp(in, out, opt); });
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a,
-      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
+      "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none(),
+      "defer_errors"_a = false);
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry), optional usums

@@ -15,6 +15,7 @@ CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsA
   report.strict = opt.strict || detail::env_strict();
   detail::GradLogitsProblem p = detail::make_grad_logits_problem(in, args, dz);
   p.stream = opt.cuda_stream;
+  p.defer_errors = opt.defer_errors;
   detail::dispatch_grad_logits(p, report);
   return report;
 }
@@ -27,6 +28,7 @@ CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingPro
   report.strict = opt.strict || detail::env_strict();
   detail::GradLogitsProblem p = detail::make_sampled_grad_logits_problem(in, program, args, dz);
   p.stream = opt.cuda_stream;
+  p.defer_errors = opt.defer_errors;
   detail::dispatch_grad_logits(p, report);
   return report;
 }

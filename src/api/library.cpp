@@ -1,4 +1,5 @@
 // What the library is and how it is set up: its version, its backends, its environment knobs.
+#include "core/device_ops.hpp"
 #include "core/env.hpp"
 #include "detlogp/detlogp.hpp"
 #include "registry/registry.hpp"
@@ -22,5 +23,7 @@ std::vector<BackendInfo> list_backends() {
 }
 
 void check_environment() { detail::check_environment(); }
+
+void check_deferred_errors() { detail::drain_deferred_device_errors(); }
 
 }  // namespace detlogp

@@ -13,6 +13,7 @@ CallReport linear_logp(const LinearLogpInputs& in, const LinearLogpOutputs& out,
                                                           out.topk_ids.present() ? out.topk_ids.cols : 0);
   detail::LogpProblem problem = detail::make_problem(in, &out, nullptr);
   problem.stream = opt.cuda_stream;
+  problem.defer_errors = opt.defer_errors;
   if (problem.rows > 0) detail::dispatch(backend, problem);
   return report;
 }

@@ -53,5 +53,8 @@ class DeviceAllocation {
 void device_copy_async(void* dst, const void* src, size_t bytes, int device, void* stream);
 // cudaStreamSynchronize.
 void device_stream_sync(int device, void* stream);
+// check_deferred_errors: waits for this host thread's deferred device validations and throws the
+// first error (a no-op without CUDA).
+void drain_deferred_device_errors();
 
 }  // namespace detlogp::detail

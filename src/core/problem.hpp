@@ -36,6 +36,7 @@ struct HeadOperands {
   Memory memory = Memory::host;
   int device = 0;
   void* stream = nullptr;
+  bool defer_errors = false;  // CallOptions::defer_errors: no wait for the device validation
 
   DETLOGP_HD int64_t target(int64_t row, int64_t k = 0) const {
     const int64_t i = row * targets_per_row + k;

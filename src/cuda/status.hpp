@@ -53,7 +53,7 @@ DETLOGP_HD int64_t load_target(const void* targets, int is_i64, int64_t row) {
 void launch_validate(const ValidateParams& p, cudaStream_t stream);
 
 // Throws the error the status word describes (code != kStatusOk), naming the row and value.
-[[noreturn]] void throw_status(const DeviceStatus& s, const detail::LogpProblem& p);
+[[noreturn]] void throw_status(const DeviceStatus& s, const detail::HeadOperands& p);
 
 // The validation verdict of one call: the host-mapped slot the validation writes (status, then
 // the call's sequence number) and the device pointer to pass in ValidateParams. All null under
@@ -63,8 +63,17 @@ struct Verdict {
   HostStatusSlot* device = nullptr;
   uint64_t seq = 0;
 };
-// The next slot of this host thread's ring (none while `stream` is capturing).
+// The next slot of this host thread's ring (none while `stream` is capturing). First throws the
+// error of any earlier deferred call whose validation has reported one (without waiting), and
+// waits for the deferred call that still holds the slot, if any.
 Verdict prepare_verdict(cudaStream_t stream);
+// Leaves the verdict outstanding (CallOptions::defer_errors): an event recorded on `stream` after
+// the call's kernels lets a later wait tell a finished call from one still queued; `entry` (a
+// literal) and p's real_vocab and ignore_index name the error when it is thrown.
+void defer_verdict(const Verdict& v, cudaStream_t stream, const detail::HeadOperands& p, const char* entry);
+// The verdict of the call: waits for it (await_verdict) and throws its error, or leaves it
+// outstanding with p.defer_errors. Nothing to do under stream capture (v.host null).
+void settle_verdict(const Verdict& v, cudaStream_t stream, const detail::HeadOperands& p, const char* entry);
 // Waits until the validation of the call has reported (polling the stream, so a fault of earlier
 // work surfaces as its CUDA error instead of a hang) and returns its status. The call's other
 // kernels keep running: this is the only wait of a call.

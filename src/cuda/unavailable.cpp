@@ -26,5 +26,6 @@ void device_copy_async(void*, const void*, size_t, int, void*) {
   DETLOGP_FAIL("CUDA copy unavailable: " << kNoCudaReason);
 }
 void device_stream_sync(int, void*) { DETLOGP_FAIL("CUDA stream unavailable: " << kNoCudaReason); }
+void drain_deferred_device_errors() {}  // no CUDA call was made, so none is outstanding
 
 }  // namespace detlogp::detail

@@ -287,9 +287,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
     }
   }
 
-  if (verdict.host == nullptr) return;  // capturing
-  const DeviceStatus status_seen = cuda::await_verdict(verdict, stream);
-  if (status_seen.code != kStatusOk) cuda::throw_status(status_seen, p);
+  cuda::settle_verdict(verdict, stream, p, "linear_logp");
 }
 
 void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
@@ -318,6 +316,7 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
   p.memory = Memory::cuda;
   p.device = device;
   p.stream = nullptr;
+  p.defer_errors = false;  // the results are copied to the caller's host memory below
   p.hidden = static_cast<uint16_t*>(hidden.get());
   p.hidden_stride = ds;
   p.weight = static_cast<uint16_t*>(weight.get());

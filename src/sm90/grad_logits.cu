@@ -150,14 +150,7 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   // The verdict (the call returns while the kernel runs, in stream order). Under stream capture
   // no host wait is possible: the kernel still writes nothing on invalid input, but the error
   // cannot be raised from here.
-  if (verdict.host == nullptr) return;
-  const DeviceStatus seen = cuda::await_verdict(verdict, stream);
-  if (seen.code != kStatusOk) {
-    LogpProblem named;  // throw_status names real_vocab and ignore_index
-    named.real_vocab = p.real_vocab;
-    named.ignore_index = p.ignore_index;
-    cuda::throw_status(seen, named);
-  }
+  cuda::settle_verdict(verdict, stream, p, "linear_logp_grad_logits");
 }
 
 }  // namespace detlogp::detail

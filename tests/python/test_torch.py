@@ -169,6 +169,22 @@ def test_torch_errors():
         dt.linear_logp(h, w, t, temperature=-torch.ones(6))
 
 
+def test_deferred_errors_setting():
+    """CPU tensors raise in the call itself whatever the setting (host memory is checked on the
+    host); check_errors() with nothing outstanding is a no-op; the setting takes a bool only."""
+    h, w, b, t, _ = problem(6, 16, 123)
+    bad = t.clone()
+    bad[2] = 123
+    dt.check_errors()
+    assert dt.set_deferred_errors(True) is True
+    with pytest.raises(detlogp.TargetIndexError, match=r"targets\[2\]=123 is >= real_vocab=123"):
+        dt.linear_logp(h, w, bad)
+    dt.check_errors()
+    with pytest.raises(detlogp.InputError, match="enabled must be a bool, got int"):
+        dt.set_deferred_errors(1)
+    assert dt.set_deferred_errors(True) is True
+
+
 def test_contract_refusals_are_the_librarys_words():
     """The contract lanes let the C++ validation refuse shapes, dtypes and the bias, with its message
     (the one the numpy face and the CLI give), instead of words of their own."""

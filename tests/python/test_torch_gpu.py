@@ -186,6 +186,7 @@ def test_gpu_errors():
     bad[3] = 5000
     with pytest.raises(IndexError, match=r"targets\[3\]=5000 is >= real_vocab=1000"):
         dt.linear_logp(h, w, bad)
+        dt.check_errors()  # the device validation's verdict is deferred by default
     with pytest.raises(detlogp.InputError) as e:  # the library's words, on every lane
         dt.linear_logp(h, w, t.cpu())
     assert str(e.value).endswith("targets is in host memory but hidden is in CUDA memory; all tensors of a call must "
@@ -194,6 +195,44 @@ def test_gpu_errors():
         dt.linear_logp(h.float(), w.float(), t.cpu(), backend=dt.TORCH_BACKEND_ID)
     assert str(e.value).endswith("targets is in host memory but hidden is in CUDA memory; all tensors of a call must "
                                  "live together")  # fmt: skip
+
+
+def test_deferred_errors():
+    """A CUDA call returns once its kernels are enqueued: a bad target's error is raised by the
+    thread's next call that finds the validation done, or by check_errors(); the bad call writes
+    nothing (its logp rows stay NaN) and the calls after the error are served again."""
+    h, w, b, t, _ = problem(32, 128, 1000)
+    ref, ref_lse = dt.linear_logp(h, w, t)
+    dt.check_errors()  # nothing outstanding: a no-op
+    bad = t.clone()
+    bad[3] = 5000
+    logp, _ = dt.linear_logp(h, w, bad)
+    torch.cuda.synchronize()
+    assert torch.isnan(logp).all()
+    with pytest.raises(detlogp.TargetIndexError, match=r"targets\[3\]=5000 is >= real_vocab=1000 \(checked on the "
+                       r"device for an earlier linear_logp call"):  # fmt: skip
+        dt.linear_logp(h, w, t)
+    again, again_lse = dt.linear_logp(h, w, t)
+    dt.check_errors()
+    assert torch.equal(again.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(again_lse.view(torch.int32), ref_lse.view(torch.int32))
+    # More bad calls than the ring of verdicts holds: a call waits for the oldest at the latest and
+    # raises it, having read the others (none is left to raise again).
+    with pytest.raises(detlogp.TargetIndexError, match="earlier linear_logp call"):
+        for _ in range(40):
+            dt.linear_logp(h, w, bad)
+    dt.check_errors()
+    # Immediate errors on request.
+    previous = dt.set_deferred_errors(False)
+    try:
+        assert previous is True
+        with pytest.raises(detlogp.TargetIndexError, match=r"targets\[3\]=5000 is >= real_vocab=1000 \(checked on the "
+                           r"device; nothing was written\)"):  # fmt: skip
+            dt.linear_logp(h, w, bad)
+    finally:
+        dt.set_deferred_errors(previous)
+    assert torch.equal(dt.linear_logp(h, w, t)[0].view(torch.int32), ref.view(torch.int32))
+    dt.check_errors()
 
 
 def test_torch_lane_checks_cuda_targets_and_temperatures():
@@ -220,6 +259,7 @@ def test_zero_d_cuda_temperature_stays_on_the_device():
     h, w, b, t, _ = problem(32, 128, 1000)
     with pytest.raises(detlogp.InputError, match=r"temperature_rows\[0\]=-1 is outside the temperature range"):
         dt.linear_logp(h, w, t, temperature=torch.tensor(-1.0, device="cuda"))
+        dt.check_errors()
     logp, _ = dt.linear_logp(h[:0], w, t[:0], temperature=torch.tensor(-1.0, device="cuda"))
     assert logp.shape == (0,)
 

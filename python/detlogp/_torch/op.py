@@ -12,10 +12,32 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
+from .._errors import InputError
 from . import backward
 from .tensors import aligned_operands, library_problem, out_dtype, rows_of, stream_of, vector_copies
 
 _tls = threading.local()
+_deferred = {"enabled": True}
+
+
+def set_deferred_errors(enabled: bool) -> bool:
+    """Whether CUDA calls of detlogp.torch.linear_logp leave their device validation's verdict
+    outstanding (the default: the call returns once its kernels are enqueued, as torch ops do)
+    instead of waiting for it. A deferred call with a bad target or row temperature writes nothing
+    but NaN logp (and entropy) rows, and its error is raised by this thread's next detlogp CUDA call
+    that finds the validation done, or by detlogp.torch.check_errors(). Returns the previous setting."""
+    if not isinstance(enabled, bool):
+        raise InputError(f"enabled must be a bool, got {type(enabled).__name__}")
+    previous = _deferred["enabled"]
+    _deferred["enabled"] = enabled
+    return previous
+
+
+def check_errors() -> None:
+    """Waits for the device validation of this thread's deferred calls and raises the first error
+    among them (argument, row and value, and which entry made the call); a no-op when none is
+    outstanding. Call it where a training or rollout step must know its inputs were valid."""
+    _ext.check_deferred_errors()
 
 
 def last_report() -> Optional[dict]:
@@ -112,10 +134,15 @@ def linear_logp_op(
         )
         return out
     n, v = rows_of(hidden), rows_of(weight)
-    logp = hidden.new_empty((n,), dtype=torch.float32)
+    # A deferred call (CUDA, not capturing) that meets a bad input writes nothing: its logp (and
+    # entropy) rows stay NaN, so a loss built on them shows it before the error is raised.
+    defer = _deferred["enabled"] and hidden.is_cuda and not torch.cuda.is_current_stream_capturing()
+    new_row = (lambda shape: hidden.new_full(shape, float("nan"), dtype=torch.float32)) if defer else (
+        lambda shape: hidden.new_empty(shape, dtype=torch.float32))  # fmt: skip
+    logp = new_row((n,))
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
-    entropy = hidden.new_empty((n,) if return_entropy else (0,), dtype=torch.float32)
+    entropy = new_row((n,) if return_entropy else (0,))
     # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
     # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
     hidden, weight, copies = aligned_operands(hidden, weight, backend)
@@ -130,7 +157,7 @@ def linear_logp_op(
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
     report = _ext.linear_logp(
         problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden),
-        entropy if return_entropy else None,
+        entropy if return_entropy else None, defer_errors=defer,
     )  # fmt: skip
     set_report(dict(report, copies=copies))
     return logp, lse, logits, entropy

@@ -1,0 +1,126 @@
+"""Where a decode-size call spends its host time: detlogp.torch.linear_logp (trainer and serving)
+against F.linear at N = 1 / 8 / 64, at a given head.
+
+    PYTHONPATH=build/python python3 bench/host_overhead.py [--dim 4096 --vocab 151936] [--iters 200]
+
+Three figures per case, each a median:
+  host us     the call's host time alone: the wall time of `iters` back-to-back calls with the GPU
+              kept busy ahead of them (a long sleep kernel first), over iters; what an eager loop
+              pays on the CPU per call;
+  eager us    CUDA events around one call after an L2 flush (the users' method), the host work
+              before the first kernel included;
+  graph us    the same call replayed from a CUDA graph: the kernels alone.
+Then the torch profiler's CPU self times and cProfile's Python self times of eager trainer calls
+at N = 1 (the top entries), which name the host steps that remain.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import detlogp.torch as dt
+
+FLUSH_BYTES = 256 << 20
+
+
+def busy_gpu(us: float) -> None:
+    torch.cuda._sleep(int(us * 1.98e3))  # ~cycles at ~1.98 GHz: keeps the queue ahead of the host
+
+
+def host_time(fn, iters: int) -> float:
+    torch.cuda.synchronize()
+    busy_gpu(iters * 2000)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6
+
+
+def eager_time(fn, flush, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        flush.fill_(1)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def graph_time(fn, flush, iters: int) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return eager_time(g.replay, flush, iters)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dim", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--rows", default="1,8,64")
+    ap.add_argument("--iters", type=int, default=100)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("host_overhead: skipped, no CUDA device")
+        return
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = (torch.randn(args.vocab, args.dim, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    print(f"{'N':>5} {'case':<22} {'host us':>9} {'eager us':>9} {'graph us':>9} {'eager/F.linear':>15}")
+    for n in [int(x) for x in args.rows.split(",")]:
+        h = torch.randn(n, args.dim, device=dev, generator=g)
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+        t = torch.randint(0, args.vocab, (n,), device=dev, generator=g)
+        cases = {
+            "F.linear": lambda: F.linear(h, w),
+            "detlogp trainer": lambda: dt.linear_logp(h, w, t),
+            "detlogp serving": lambda: dt.linear_logp(h, w, t, return_logits=True),
+        }
+        ref = None
+        for name, fn in cases.items():
+            fn()
+            ht = host_time(fn, args.iters)
+            et = eager_time(fn, flush, args.iters)
+            gt = graph_time(fn, flush, args.iters)
+            ref = et if ref is None else ref
+            print(f"{n:>5} {name:<22} {ht:>9.1f} {et:>9.1f} {gt:>9.1f} {et / ref:>15.3f}", flush=True)
+    h1 = h[:1].contiguous()
+    t1 = t[:1].contiguous()
+    for _ in range(3):
+        dt.linear_logp(h1, w, t1)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            dt.linear_logp(h1, w, t1)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    import cProfile
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        dt.linear_logp(h1, w, t1)
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
