@@ -173,7 +173,10 @@ def _detlogp_available(ctx: Context) -> Optional[str]:
     return None
 
 
-def _detlogp_entropy_available(ctx: Context) -> Optional[str]:
+def detlogp_entropy_unavailable(ctx: Context) -> Optional[str]:
+    """Why detlogp's entropy output cannot run here (None when it can): the installed
+    detlogp.torch lacks return_entropy, or a small forward + backward with it fails (its backend
+    does not serve it), in the library's words."""
     why = _detlogp_available(ctx)
     if why:
         return why
@@ -181,9 +184,11 @@ def _detlogp_entropy_available(ctx: Context) -> Optional[str]:
     if not _sig_has(dt.linear_logp, "return_entropy"):
         return "the installed detlogp.torch.linear_logp has no return_entropy argument"
     try:
-        h = torch.zeros(2, 64, dtype=torch.bfloat16, device=ctx.device)
-        w = torch.zeros(128, 64, dtype=torch.bfloat16, device=ctx.device)
-        dt.linear_logp(h, w, torch.zeros(2, dtype=torch.long, device=ctx.device), return_entropy=True)
+        h = torch.ones(2, 64, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
+        w = torch.ones(128, 64, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
+        logp, _lse, entropy = dt.linear_logp(h, w, torch.zeros(2, dtype=torch.long, device=ctx.device),
+                                             return_entropy=True)  # fmt: skip
+        (logp.sum() - ENTROPY_COEF * entropy.sum()).backward()
     except Exception as e:  # noqa: BLE001 - the backend's refusal, in its words
         return f"linear_logp(..., return_entropy=True) failed: {_first_sentence(e)}"
     return None
@@ -331,7 +336,7 @@ def _register_builtins() -> None:
     register_method(Method(
         "detlogp-entropy", "detlogp.torch.linear_logp(return_entropy=True)", (TRAINER, FWDBWD),
         forward=_detlogp_entropy, entropy_of=_second, ratio_ref="detlogp-trainer", kind="detlogp",
-        loss=lambda h, w, t, g: _entropy_loss(_detlogp_entropy(h, w, t), g), available=_detlogp_entropy_available,
+        loss=lambda h, w, t, g: _entropy_loss(_detlogp_entropy(h, w, t), g), available=detlogp_entropy_unavailable,
         **lp,
     ))  # fmt: skip
     register_method(Method(

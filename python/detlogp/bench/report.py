@@ -75,6 +75,9 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
     if not heads:
         return "no timed rows to plot"
     cols = [MODE_EAGER, MODE_TRAINER, MODE_FWDBWD]
+    # One colour per method in every panel, in the order the methods first appear.
+    palette = plt.get_cmap("tab20").colors
+    color = {k: palette[i % len(palette)] for i, k in enumerate(dict.fromkeys(r["method"] for r in ok))}
     fig, axes = plt.subplots(len(heads), len(cols), figsize=(15, 4.2 * len(heads)), dpi=110, squeeze=False)
     meta = rows[0]
     for i, head in enumerate(heads):
@@ -83,7 +86,7 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
         for j, mode in enumerate(cols):
             ax = axes[i][j]
             if mode == MODE_FWDBWD:
-                _bars(ax, [r for r in hr if r["mode"] == mode], f"{head} {dv}: forward + backward")
+                _bars(ax, [r for r in hr if r["mode"] == mode], f"{head} {dv}: forward + backward", color)
                 continue
             modes = [MODE_EAGER, MODE_GRAPH] if mode == MODE_EAGER else [mode]
             for mm in modes:
@@ -94,10 +97,13 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
                 for key, pts in by.items():
                     pts.sort()
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if mm != MODE_GRAPH else "s",
-                            linestyle="-" if mm != MODE_GRAPH else "--",
+                            linestyle="-" if mm != MODE_GRAPH else "--", color=color[key],
                             label=key + (" (graph)" if mm == MODE_GRAPH else ""))  # fmt: skip
             ax.axhline(1.0, color="gray", linestyle=":")
             ax.set_xscale("log", base=2)
+            lo, hi = ax.get_ylim()
+            if lo > 0 and hi / lo > 20:
+                ax.set_yscale("log")
             ax.set_xlabel("N (rows)")
             ax.set_ylabel("time / torch F.linear (same run)")
             ax.set_title(f"{head} {dv}: {'decode' if mode == MODE_EAGER else 'trainer forward'}", fontsize=9)
@@ -105,7 +111,8 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=6)
     fig.suptitle(f"{meta['gpu']}, torch {meta['torch_version']}, detlogp {meta['detlogp_version']}, "
-                 f"{meta['date'][:10]}{', ' + meta['git_sha'] if meta['git_sha'] else ''} (median, cold L2)",
+                 f"{meta['date'][:10]}{', ' + meta['git_sha'] if meta['git_sha'] else ''} "
+                 f"({'median, cold L2' if meta['device'] == 'cuda' else 'median, wall clock'})",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -114,7 +121,7 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
     return None
 
 
-def _bars(ax, rows: List[dict], title: str) -> None:
+def _bars(ax, rows: List[dict], title: str, color: Dict[str, tuple]) -> None:
     if not rows:
         ax.set_axis_off()
         ax.set_title(title + " (not run)", fontsize=9)
@@ -123,7 +130,7 @@ def _bars(ax, rows: List[dict], title: str) -> None:
     rows = [r for r in rows if r["N"] == n]
     keys = [r["method"] for r in rows]
     ms = [float(r["ms_median"]) for r in rows]
-    bars = ax.barh(keys, ms, color=["tab:orange" if k.startswith("detlogp") else "tab:blue" for k in keys])
+    bars = ax.barh(keys, ms, color=[color[k] for k in keys])
     for b, r in zip(bars, rows):
         mib = r.get("peak_extra_mib")
         label = f" {float(r['ms_median']):.3g} ms" + (f", {float(mib) / 1024:.2f} GiB" if mib else "")
