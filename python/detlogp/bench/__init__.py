@@ -52,7 +52,17 @@ import sys
 from typing import List, Optional
 
 from .data import HEADS, Inputs, fp64_reference, make_inputs
-from .methods import DECODE, FWDBWD, REFERENCE, TRAINER, Context, Method, methods, register_method
+from .methods import (
+    DECODE,
+    FWDBWD,
+    REFERENCE,
+    TRAINER,
+    Context,
+    Method,
+    register_method,
+    registered_methods,
+    unregister_method,
+)
 
 __all__ = [
     "HEADS",
@@ -62,9 +72,10 @@ __all__ = [
     "fp64_reference",
     "main",
     "make_inputs",
-    "methods",
     "register_method",
+    "registered_methods",
     "run",
+    "unregister_method",
 ]
 
 MAIN_HEADS = ("qwen3-8b", "llama3-8b", "qwen3-0.6b")

@@ -81,7 +81,14 @@ def register_method(method: Method, replace: bool = False) -> Method:
     return method
 
 
-def methods() -> List[Method]:
+def unregister_method(key: str) -> Method:
+    """Removes a registered method (its key: KeyError when none has it); returns it."""
+    if key not in _METHODS:
+        raise KeyError(f"no registered method {key!r}; registered: {sorted(_METHODS)}")
+    return _METHODS.pop(key)
+
+
+def registered_methods() -> List[Method]:
     """Every registered method, in registration order."""
     return list(_METHODS.values())
 

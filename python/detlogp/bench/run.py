@@ -11,7 +11,7 @@ import torch
 
 from . import harness
 from .data import HEAD_LABELS, fp64_reference, make_inputs
-from .methods import DECODE, FWDBWD, REFERENCE, TRAINER, Context, Method, methods
+from .methods import DECODE, FWDBWD, REFERENCE, TRAINER, Context, Method, registered_methods
 
 MODE_EAGER, MODE_GRAPH, MODE_TRAINER, MODE_FWDBWD = "decode-eager", "decode-graph", "trainer-forward", "forward+backward"
 COLUMNS = [
@@ -60,7 +60,7 @@ class Runner:
         self.ctx = Context(dev, cap)
         self.cuda = dev.type == "cuda"
         self.timer = harness.Timer(dev)
-        chosen = methods()
+        chosen = registered_methods()
         if cfg.only is not None:
             known = {m.key for m in chosen}
             unknown = [k for k in cfg.only if k not in known]
