@@ -123,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--csv", default="detlogp-bench.csv", help="where the CSV goes (default detlogp-bench.csv)")
     ap.add_argument("--png", help="where the plot goes (default: the CSV's name with .png; 'none': no plot)")
     ap.add_argument("--list", action="store_true", help="list the methods and whether they can run here, then exit")
+    ap.add_argument("--table", metavar="CSV", help="print the markdown tables (the README's) of a run's CSV, then exit")
     return ap
 
 
@@ -182,8 +183,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     from . import report
-    from .run import Runner, summarize
+    from .run import Runner
 
+    if args.table:
+        print(report.markdown(report.read_csv(args.table)))
+        return 0
     cfg = config_from_args(args, argv)
     runner = Runner(cfg)
     if args.list:
@@ -203,5 +207,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"wrote {png}" if why is None else f"PNG skipped: {why}")
     print("skipped or failed:")
     report.print_skips(rows)
-    print(summarize(rows))
+    print(report.markdown(rows))
     return 0

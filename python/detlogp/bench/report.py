@@ -149,3 +149,55 @@ def print_skips(rows: List[dict], out=sys.stdout) -> None:
                 seen.add(k)
                 print(f"  {r['method']} ({r['mode']}{', N=' + str(r['N']) if r['N'] != '' else ''}): {r['status']}: "
                       f"{r['reason']}", file=out)  # fmt: skip
+
+
+def read_csv(path: str) -> List[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def markdown(rows: List[dict]) -> str:
+    """The README's tables from a run's rows, per head: each method's time over F.linear's per
+    suite and N (paired ratio in parentheses), then each method's columns that do not depend on N
+    (batch invariance, accuracy) and its forward + backward time and peak extra memory."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    out = []
+    meta = rows[0] if rows else {}
+    if meta:
+        out.append(f"{meta['gpu']}, torch {meta['torch_version']}, detlogp {meta['detlogp_version']}, "
+                   f"{meta['date'][:10]}{', ' + meta['git_sha'] if meta['git_sha'] else ''}: `{meta['command']}`")  # fmt: skip
+    for head in dict.fromkeys(r["head"] for r in ok):
+        hr = [r for r in ok if r["head"] == head]
+        keys = list(dict.fromkeys(r["method"] for r in hr if r["method"] != "torch-linear"))
+        out.append(f"\n{head} (D = {hr[0]['D']}, V = {hr[0]['V']}): time / torch F.linear of the same run "
+                   "(paired), F.linear in ms\n")  # fmt: skip
+        out.append("| suite | N | F.linear ms | " + " | ".join(f"`{k}`" for k in keys) + " |")
+        out.append("|---" * (3 + len(keys)) + "|")
+        cells = {(r["mode"], r["N"], r["method"]): r for r in hr}
+        for mode, n in dict.fromkeys((r["mode"], r["N"]) for r in hr):
+            ref = cells.get((mode, n, "torch-linear"))
+            line = [mode, n, f"{float(ref['ms_median']):.4g}" if ref else ""]
+            for k in keys:
+                c = cells.get((mode, n, k))
+                line.append(f"{float(c['ratio_vs_linear']):.3f} ({float(c['ratio_vs_linear_paired']):.3f})"
+                            if c and c["ratio_vs_linear"] else "")  # fmt: skip
+            out.append("| " + " | ".join(line) + " |")
+        out.append("\n| method | batch-invariant | max abs logp error vs fp64 | max abs entropy error | "
+                   "forward + backward ms (N) | peak extra GiB |")  # fmt: skip
+        out.append("|---|---|---|---|---|---|")
+        for k in keys:
+            mine = [r for r in hr if r["method"] == k]
+            fb = next((r for r in mine if r["mode"] == MODE_FWDBWD), None)
+            first = mine[0]
+            gib = f"{float(fb['peak_extra_mib']) / 1024:.2f}" if fb and fb["peak_extra_mib"] else ""
+            out.append(f"| `{k}` | {first['batch_invariant']} | {first['max_abs_err_logp']} | "
+                       f"{first['max_abs_err_entropy']} | {fb['ms_median'] + ' (' + fb['N'] + ')' if fb else ''} | "
+                       f"{gib} |")  # fmt: skip
+    why_not: Dict[str, List[str]] = {}
+    for r in rows:
+        if r["status"] != "ok" and r["method"] not in why_not.setdefault(r["reason"], []):
+            why_not[r["reason"]].append(r["method"])
+    if why_not:
+        out.append("\nNot timed: " + "; ".join(", ".join(f"`{k}`" for k in ks) + f" ({why})"
+                                               for why, ks in why_not.items()) + ".")  # fmt: skip
+    return "\n".join(out)

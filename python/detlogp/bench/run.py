@@ -381,14 +381,3 @@ class Runner:
         print(f"total {time.monotonic() - self.t0:.1f} s")
         return self.rows
 
-
-def summarize(rows: List[dict]) -> str:
-    """The methods' median ratios to F.linear per head and mode, as text (the run's last lines)."""
-    out = []
-    keyed: Dict[Tuple[str, str, str], List[str]] = {}
-    for r in rows:
-        if r["status"] == "ok" and r["ratio_vs_linear"]:
-            keyed.setdefault((r["head"], r["mode"], r["method"]), []).append(f"{r['N']}:{float(r['ratio_vs_linear']):.3f}")
-    for (head, mode, key), cells in keyed.items():
-        out.append(f"{head:11s} {mode:17s} {key:28s} x F.linear at N " + " ".join(cells))
-    return "\n".join(out)
