@@ -65,10 +65,14 @@ from .methods import (
 )
 
 __all__ = [
+    "DECODE",
+    "FWDBWD",
     "HEADS",
+    "TRAINER",
     "Context",
     "Inputs",
     "Method",
+    "REFERENCE",
     "fp64_reference",
     "main",
     "make_inputs",
@@ -118,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
                     "forward + backward; --quick 10, 6, 5; CPU 10, 5, 3)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=2, help="untimed calls of every method before a suite (default 2)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (and no N = 16384 on a GPU)")
-    ap.add_argument("--time-budget", type=float, help="seconds: suites that would start later are skipped (rows say so)")
+    ap.add_argument("--time-budget", type=float,
+                    help="seconds: suites that would start later are skipped (their rows say so)")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default="detlogp-bench.csv", help="where the CSV goes (default detlogp-bench.csv)")
     ap.add_argument("--png", help="where the plot goes (default: the CSV's name with .png; 'none': no plot)")

@@ -255,7 +255,8 @@ def _liger_sm90_available(ctx: Context, entropy: bool = False) -> Optional[str]:
     if not ctx.cuda:
         return "needs an SM90 (Hopper) CUDA device; this run is on the CPU"
     if ctx.capability != (9, 0):
-        return f"needs an SM90 (Hopper, compute capability 9.0) GPU; this one is sm_{ctx.capability[0]}{ctx.capability[1]}"
+        major, minor = ctx.capability
+        return f"needs an SM90 (Hopper, compute capability 9.0) GPU; this one is sm_{major}{minor}"
     if entropy and not _sig_has(fn.forward, "return_entropy"):
         return "the installed LigerFusedScaledCrossEntropySM90Function has no return_entropy"
     return None

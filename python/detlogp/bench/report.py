@@ -164,8 +164,9 @@ def markdown(rows: List[dict]) -> str:
     out = []
     meta = rows[0] if rows else {}
     if meta:
+        sha = ", " + meta["git_sha"] if meta["git_sha"] else ""
         out.append(f"{meta['gpu']}, torch {meta['torch_version']}, detlogp {meta['detlogp_version']}, "
-                   f"{meta['date'][:10]}{', ' + meta['git_sha'] if meta['git_sha'] else ''}: `{meta['command']}`")  # fmt: skip
+                   f"{meta['date'][:10]}{sha}: `{meta['command']}`")  # fmt: skip
     for head in dict.fromkeys(r["head"] for r in ok):
         hr = [r for r in ok if r["head"] == head]
         keys = list(dict.fromkeys(r["method"] for r in hr if r["method"] != "torch-linear"))

@@ -13,7 +13,8 @@ from . import harness
 from .data import HEAD_LABELS, fp64_reference, make_inputs
 from .methods import DECODE, FWDBWD, REFERENCE, TRAINER, Context, Method, registered_methods
 
-MODE_EAGER, MODE_GRAPH, MODE_TRAINER, MODE_FWDBWD = "decode-eager", "decode-graph", "trainer-forward", "forward+backward"
+MODE_EAGER, MODE_GRAPH = "decode-eager", "decode-graph"
+MODE_TRAINER, MODE_FWDBWD = "trainer-forward", "forward+backward"
 COLUMNS = [
     "head", "D", "V", "mode", "N", "method", "label", "status", "reason", "reps", "ms_median", "ms_min",
     "ratio_vs_linear", "ratio_vs_linear_paired", "ref_method", "ratio_vs_ref", "gflops", "peak_extra_mib",
@@ -136,9 +137,11 @@ class Runner:
             print(f"    {key:28s} {ms:10.4f} ms  x{row.get('ratio_vs_linear', '-'):>7s}{extra}{mib}")
 
     def _trial(self, head, mode, n, m: Method, step) -> Optional[dict]:
-        """One untimed call (the peak memory on a GPU). None and a failed row when it raises."""
+        """Two untimed calls: the first compiles, autotunes and allocates, the second gives the peak
+        memory on a GPU (an autotuner's trial buffers left out). None and a failed row when one raises."""
         try:
             if self.cuda:
+                step()
                 peak = harness.peak_extra_bytes(step)
                 return {"peak_extra_mib": f"{peak / 2**20:.1f}"}
             step()
@@ -181,9 +184,9 @@ class Runner:
         if not self.cuda:
             self._skipped_rows(head, MODE_GRAPH, ms, emitted, lambda m: "CUDA graphs need a CUDA device")
             return
+        uncapturable = "not capturable in a CUDA graph (it synchronizes with the host)"
         ms = self._skipped_rows(head, MODE_GRAPH, ms, emitted,
-                                lambda m: self.skip.get(m.key) or (None if m.graphable else "not capturable in a "
-                                                                   "CUDA graph (it synchronizes with the host)"))  # fmt: skip
+                                lambda m: self.skip.get(m.key) or (None if m.graphable else uncapturable))  # fmt: skip
         h, w, t = inp.hidden[:n], inp.weight, inp.targets[:n]
         cases, trial, by_key, keep = {}, {}, {}, []
         with torch.no_grad():
@@ -248,12 +251,12 @@ class Runner:
             if m.kind != "detlogp":
                 return None
             # The fastest other method that computes the same loss (no entropy term).
-            others = [k for k, mm in by_key.items() if k != REFERENCE and mm.kind != "detlogp" and mm.entropy_of is None]
+            others = [k for k, mm in by_key.items()
+                      if k != REFERENCE and mm.kind != "detlogp" and mm.entropy_of is None]  # fmt: skip
             return min(others, key=lambda k: med[k]) if others else None
 
         if cases:
             self._timed_suite(head, MODE_FWDBWD, n, cases, trial, by_key, 6.0 * n * head[1] * head[2], ref_of)
-        del hh, ww
 
     # ---- checks --------------------------------------------------------------------------------
 
@@ -328,7 +331,8 @@ class Runner:
                         where.append(f"row {r} {label}")
                         worst = max(worst, (x.double() - y.double()).abs().max().item())
         labels = list(dict.fromkeys(v[0] for v in variants))
-        against = f"against N={n_big}: " + ", ".join(x if x != "shifted" else f"N={n_big} shifted by one row" for x in labels)
+        shown = [x if x != "shifted" else f"N={n_big} shifted by one row" for x in labels]
+        against = f"against N={n_big}: " + ", ".join(shown)
         if not differ:
             return {"batch_invariant": "yes", "invariance_detail": f"{checked} row outputs bit-identical {against}"}
         return {"batch_invariant": "no",
@@ -375,7 +379,7 @@ class Runner:
                 if self.cuda:
                     torch.cuda.empty_cache()
             self.checks(head, inp, max(all_n))
-            del inp
+            plan, inp = None, None  # this head's tensors freed before the next head's are made
             if self.cuda:
                 torch.cuda.empty_cache()
         print(f"total {time.monotonic() - self.t0:.1f} s")
