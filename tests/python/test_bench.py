@@ -28,7 +28,7 @@ def read_rows(path):
         return reader.fieldnames, list(reader)
 
 
-def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path):
+def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path, capsys):
     out = tmp_path / "bench.csv"
     proc = subprocess.run([sys.executable, "-m", "detlogp.bench", *TINY, "--csv", str(out)], capture_output=True,
                           text=True, timeout=600, env=os.environ.copy())  # fmt: skip
@@ -85,6 +85,11 @@ def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path
     for r in rows:
         assert r["device"] == "cpu" and r["torch_version"] == torch.__version__ and r["detlogp_version"]
         assert r["date"] and "python -m detlogp.bench" in r["command"] and "--dim 64" in r["command"]
+    # The README's tables: printed at the end of the run, and again from the CSV by --table.
+    assert "| suite | N | F.linear ms |" in proc.stdout and "| `detlogp-trainer` | yes |" in proc.stdout
+    assert bench.main(["--table", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert table.strip() and table.strip() in proc.stdout
     png = out.with_suffix(".png")
     if importlib.util.find_spec("matplotlib") is not None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

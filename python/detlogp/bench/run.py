@@ -87,6 +87,7 @@ class Runner:
                    status=status, reason=reason)  # fmt: skip
         row.update(cols)
         row.update(self.cfg.meta)
+        row = {k: "" if val is None else str(val) for k, val in row.items()}  # as the CSV reads back
         self.rows.append(row)
         return row
 
