@@ -40,7 +40,9 @@ def metadata(device: torch.device, argv: List[str]) -> Dict[str, str]:
     if device.type == "cuda":
         gpu = torch.cuda.get_device_name(device)
     else:
-        gpu = f"none (CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads)"
+        # The load average says how far other work on the machine moved the wall-clock figures.
+        load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+        gpu = f"none (CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads{load})"
     return {
         "device": device.type,
         "gpu": gpu,

@@ -275,7 +275,8 @@ class Runner:
         acc_rows = list(range(min(ACCURACY_ROWS, n_big)))
         h, w, t = inp.hidden, inp.weight, inp.targets
         ref_logp, ref_entropy = fp64_reference(h[acc_rows], w, t[acc_rows])
-        print(f"  checks: rows {rows} alone, in N={n_small}, in N={n_big} (and shifted by one row); "
+        small = f", in N={n_small}" if n_small < n_big else ""
+        print(f"  checks: rows {rows} alone{small} and in N={n_big} shifted by one row, against N={n_big}; "
               f"rows 0..{acc_rows[-1]} against float64")  # fmt: skip
         with torch.no_grad():
             for m in ms:
