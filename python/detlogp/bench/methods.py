@@ -191,8 +191,8 @@ def detlogp_entropy_unavailable(ctx: Context) -> Optional[str]:
     if not _sig_has(dt.linear_logp, "return_entropy"):
         return "the installed detlogp.torch.linear_logp has no return_entropy argument"
     try:
-        h = torch.ones(2, 64, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
-        w = torch.ones(128, 64, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
+        h = torch.full((2, 128), 0.5, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
+        w = torch.full((1024, 128), 0.01, dtype=torch.bfloat16, device=ctx.device, requires_grad=True)
         logp, _lse, entropy = dt.linear_logp(h, w, torch.zeros(2, dtype=torch.long, device=ctx.device),
                                              return_entropy=True)  # fmt: skip
         (logp.sum() - ENTROPY_COEF * entropy.sum()).backward()

@@ -78,7 +78,8 @@ def write_png(rows: List[dict], path: str) -> Optional[str]:
         return "no timed rows to plot"
     cols = [MODE_EAGER, MODE_TRAINER, MODE_FWDBWD]
     # One colour per method in every panel, in the order the methods first appear.
-    palette = plt.get_cmap("tab20").colors
+    tab20 = plt.get_cmap("tab20").colors
+    palette = tab20[0::2] + tab20[1::2]  # ten distinct hues first, then their light shades
     color = {k: palette[i % len(palette)] for i, k in enumerate(dict.fromkeys(r["method"] for r in ok))}
     fig, axes = plt.subplots(len(heads), len(cols), figsize=(15, 4.2 * len(heads)), dpi=110, squeeze=False)
     meta = rows[0]
@@ -135,7 +136,7 @@ def _bars(ax, rows: List[dict], title: str, color: Dict[str, tuple]) -> None:
     bars = ax.barh(keys, ms, color=[color[k] for k in keys])
     for b, r in zip(bars, rows):
         mib = r.get("peak_extra_mib")
-        label = f" {float(r['ms_median']):.3g} ms" + (f", {float(mib) / 1024:.2f} GiB" if mib else "")
+        label = f" {float(r['ms_median']):.4g} ms" + (f", {float(mib) / 1024:.2f} GiB" if mib else "")
         ax.text(b.get_width(), b.get_y() + b.get_height() / 2, label, va="center", fontsize=6)
     ax.set_xlabel("ms (median; torch-linear: the forward GEMM alone)")
     ax.set_title(f"{title}, N = {n}", fontsize=9)
