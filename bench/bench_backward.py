@@ -37,17 +37,16 @@ return_entropy, or its backend does not serve the entropy, the case is skipped a
 """
 
 import argparse
-import inspect
 import json
-import os
-import random
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import detlogp.torch as dt
+from detlogp.bench import harness
+from detlogp.bench.harness import peak_extra_bytes, profile_kernels, round_robin
+from detlogp.bench.methods import Context, detlogp_entropy_unavailable
 
 
 def torch_reference(h, w, t):
@@ -75,19 +74,16 @@ def detlogp_contract_entropy(h, w, t):
     return logp, -ENTROPY_COEF * entropy.sum()
 
 
+def make_step(fn, h, w, t, g, env=None, forward_only=False, module=None):
+    """harness.make_step with module settings set on detlogp.torch."""
+    return harness.make_step(fn, h, w, t, g, env, forward_only, module, settings_of=dt)
+
+
 def entropy_unavailable(h, w, t):
     """Why the entropy case cannot run here (None when it can): the installed detlogp.torch lacks
-    return_entropy, or a small forward + backward with it fails (its backend does not serve it)."""
-    if "return_entropy" not in inspect.signature(dt.linear_logp).parameters:
-        return "the installed detlogp.torch.linear_logp has no return_entropy argument"
-    try:
-        hh = h[:64].clone().requires_grad_()
-        ww = w.clone().requires_grad_()
-        logp, extra = detlogp_contract_entropy(hh, ww, t[:64])
-        (logp.sum() + extra).backward()
-    except Exception as e:  # noqa: BLE001 - any refusal skips the case, with the library's words
-        return f"linear_logp(..., return_entropy=True) failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    return None
+    return_entropy, or its backend does not serve it (forward or backward)."""
+    cap = torch.cuda.get_device_capability(h.device) if h.is_cuda else None
+    return detlogp_entropy_unavailable(Context(h.device, cap))
 
 
 METHODS = {
@@ -112,110 +108,6 @@ METHOD_ENV = {
     "detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"},
     "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": {"DETLOGP_SM90_GRAD_CLUSTER": "1"},
 }
-
-
-def make_step(fn, h, w, t, g, env=None, forward_only=False, module=None):
-    """One forward (+ backward) of fn on fresh leaf copies of h and w, with env and module settings
-    applied around it. Returns (step, grads) where grads() gives the last step's gradients."""
-    hh = h.clone().requires_grad_()
-    ww = w.clone().requires_grad_()
-
-    def step():
-        hh.grad = None
-        ww.grad = None
-        saved = {k: os.environ.get(k) for k in (env or {})}
-        os.environ.update(env or {})
-        saved_module = {k: getattr(dt, k) for k in (module or {})}
-        for k, val in (module or {}).items():
-            setattr(dt, k, val)
-        try:
-            out = fn(hh, ww, t)
-            logp, extra = out if isinstance(out, tuple) else (out, None)
-            if not forward_only:
-                loss = (logp * g).sum()
-                (loss if extra is None else loss + extra).backward()
-        finally:
-            for k, val in saved_module.items():
-                setattr(dt, k, val)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-    return step, lambda: (hh.grad, ww.grad)
-
-
-def time_once(step, cuda):
-    """Milliseconds of one step: CUDA events on a GPU, wall clock on a CPU."""
-    if cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
-    step()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def peak_extra_bytes(step):
-    """Peak memory of one step above what was allocated before it (GPU only)."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    step()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
-
-
-def round_robin(cases, iters, warmup, cuda, seed=0):
-    """Times every case once per repetition in a fresh shuffled order; returns {key: [ms, ...]}."""
-    for step in cases.values():
-        for _ in range(warmup):
-            step()
-    rng = random.Random(seed)
-    times = {k: [] for k in cases}
-    for _ in range(iters):
-        order = list(cases)
-        rng.shuffle(order)
-        for k in order:
-            times[k].append(time_once(cases[k], cuda))
-    return times
-
-
-def profile_kernels(step, label, top=12):
-    """The CUDA kernels of one step (torch profiler): summed per name, longest first, and, for a
-    short step, the timeline (start offsets show the gaps between kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()  # warm
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
-    )
-    if not kernels:
-        print(f"{label}: the profiler saw no CUDA kernels")
-        return []
-    totals = {}
-    for e in kernels:
-        us, count = totals.get(e.name, (0.0, 0))
-        totals[e.name] = (us + e.time_range.elapsed_us(), count + 1)
-    busy = sum(us for us, _ in totals.values())
-    t0 = kernels[0].time_range.start
-    span = max(e.time_range.end for e in kernels) - t0
-    print(f"{label}: {len(kernels)} kernels, {busy / 1e3:.3f} ms of kernel time in a {span / 1e3:.3f} ms span")
-    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"  {us / 1e3:8.3f} ms {count:4d}x  {name[:110]}")
-    if len(kernels) <= 16:
-        print("  timeline (start us, duration us):")
-        for e in kernels:
-            print(f"  {e.time_range.start - t0:10.1f} {e.time_range.elapsed_us():10.1f}  {e.name[:100]}")
-    return [{"kernel": n, "ms": us / 1e3, "count": c} for n, (us, c) in totals.items()]
 
 
 def entropy_ratio(chosen, skipped, med, times):

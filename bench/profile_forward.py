@@ -24,15 +24,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import detlogp.torch as dt
-
-FLUSH_BYTES = 256 << 20  # four times the H200's L2
-
-
-def cuda_kernels(prof):
-    """The profile's CUDA kernels, in start order."""
-    return sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
-    )
+from detlogp.bench.harness import FLUSH_BYTES, cuda_kernels
 
 
 def main():

@@ -490,7 +490,7 @@ def test_gpu_memory_at_the_qwen3_8b_head_has_no_n_by_v_buffer():
 
     for p in m.parameters():  # gradients allocated once, before the measurement
         p.grad = torch.zeros_like(p)
-    peak_extra_bytes = _load("bench_backward", ROOT / "bench" / "bench_backward.py").peak_extra_bytes
+    from detlogp.bench.harness import peak_extra_bytes
     peaks = {}
     for name, fn in (("body", body_only), ("detlogp", detlogp_step), ("logits", logits_step)):
         fn()  # warm-up (allocator, kernels)
