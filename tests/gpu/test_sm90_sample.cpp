@@ -243,6 +243,7 @@ struct ReplayGrad {
   DevBuf<float> d_g, d_gs, d_gr;
   DevBuf<float> logp, raw, lse, lse_support, support_max, cut_logit, logits;
   DevBuf<int64_t> cut_id, support_size;
+  int64_t outside = 0;  // the replay's count of targets outside the support
 
   ReplayGrad(int64_t rows, int64_t dim, int64_t vocab, int64_t real, uint64_t seed)
       : n(rows), d(dim), v(vocab), real_vocab(real) {
@@ -299,8 +300,7 @@ struct ReplayGrad {
     out.cut_logit = dev_out(cut_logit.get(), DType::f32, n);
     out.cut_id = dev_out(cut_id.get(), DType::i64, n);
     out.support_size = dev_out(support_size.get(), DType::i64, n);
-    const detlogp::CallReport r = detlogp::linear_logp(head_inputs(d_targets.get()), prog.device_view(n), out);
-    EXPECT_GT(r.sampling.outside_support, 0);
+    outside = detlogp::linear_logp(head_inputs(d_targets.get()), prog.device_view(n), out).sampling.outside_support;
   }
   detlogp::LinearLogpInputs head_inputs(const int64_t* t) const {
     detlogp::LinearLogpInputs in;
@@ -392,6 +392,7 @@ TEST_F(Sm90Sample, TheReplayGradientIsTheHostFormulaOnTheServingLogits) {
   const S shapes[] = {{77, 128, 4099, 4096}, {8, 64, 151936, 151936}};
   for (const S& s : shapes) {
     const ReplayGrad rg(s.n, s.d, s.v, s.real, 41);
+    EXPECT_GT(rg.outside, 0) << "V=" << s.v << ": no target outside the support (the g_logp = 0 rows untested)";
     // Chunks: the whole head, one that starts off the 64-grid and one holding the padding tail.
     const std::pair<int64_t, int64_t> chunks[] = {{0, s.v}, {1000, 2053}, {s.v - 131, 131}};
     for (const auto& [c0, c] : chunks) {
@@ -414,10 +415,16 @@ TEST_F(Sm90Sample, TheReplayGradientRefusesABadDeviceParameterBeforeWriting) {
   ReplayGrad rg(6, 64, 300, 300, 43);
   rg.prog.min_p[3] = 1.0f;
   rg.prog.d_min_p.from_host(rg.prog.min_p);
+  DevBuf<uint16_t> dz(static_cast<size_t>(6 * 300));
+  dz.poison();
+  const detlogp::MutableTensorView out{TensorView::matrix(dz.get(), DType::bf16, 6, 300, Memory::cuda)};
   try {
-    rg.device_dz(0, 300, true, true);
+    detlogp::linear_logp_grad_logits(rg.head_inputs(rg.d_targets.get()), rg.prog.device_view(6),
+                                     rg.args(Memory::cuda, rg.device_ptrs(), true, true), out);
     ADD_FAILURE() << "not refused";
   } catch (const detlogp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("min_p_rows[3]=1 is outside [0, 1)"), std::string::npos) << e.what();
   }
+  const std::vector<uint16_t> after = dz.to_host();
+  EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](uint16_t x) { return x == 0xFFFFu; })) << "dz was written";
 }
