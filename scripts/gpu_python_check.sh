@@ -8,6 +8,8 @@
 #      torch's ops and the installed peers; arguments from BENCH_TORCH_ARGS, default the Qwen3-8B
 #      head), CSV and PNG into $OUT. --bench-only runs that step alone (after the build).
 # Logs go to $OUT (default out/gpu_python). Exit status: non-zero when any step failed.
+# A focused run: GPU_PYTHON_TESTS="tests/python/test_sampling_gpu.py" (pytest's arguments, default
+# tests/python) and GPU_PYTHON_STEPS=pytest (of pytest,tp,bench; default all three).
 #
 # The extension: an existing importable tree build/python (CMake -DDETLOGP_BUILD_PYTHON=ON); else
 # `--pip` installs the package (pip install --no-build-isolation --no-deps ., no network needed
@@ -21,6 +23,8 @@ OUT=${OUT:-out/gpu_python}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast
 status=0
+STEPS=${GPU_PYTHON_STEPS:-pytest,tp,bench}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
 step() {  # step NAME COMMAND...: runs, logs to $OUT/NAME.log, remembers a failure
   local name=$1
   shift
@@ -65,28 +69,34 @@ export PYTHONPATH=${pypath}${PYTHONPATH:+:$PYTHONPATH}
 "$PY" -c 'import detlogp, torch; print("detlogp", detlogp.__version__, detlogp.__file__); print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.device_count(), "GPUs"); [print(" ", b["id"], "contract" if b["contract"] else "non-contract", "available" if b["available"] else "unavailable: " + b["detail"]) for b in detlogp.backends()]' |
   tee "$OUT/environment.log"
 
-if [ $bench_only = 0 ]; then
-  step pytest "$PY" -m pytest -v -rs -p no:cacheprovider tests/python
+if [ $bench_only = 1 ]; then STEPS=""; fi  # the user-facing benchmark alone
+if has pytest; then
+  # shellcheck disable=SC2086 # GPU_PYTHON_TESTS is a list of pytest arguments
+  step pytest "$PY" -m pytest -v -rs -p no:cacheprovider ${GPU_PYTHON_TESTS:-tests/python}
   grep -E "passed|failed|SKIPPED" "$OUT/pytest.log" | tail -n 15
+fi
 
-  ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-  if [ "$ngpu" -ge 2 ]; then
-    step tp2_small "$PY" -m torch.distributed.run --nproc-per-node 2 tests/python/tp_worker.py --device cuda \
-      --rows 257 --dim 512 --vocab 5000
-    step tp2_qwen3_8b "$PY" -m torch.distributed.run --nproc-per-node 2 tests/python/tp_worker.py --device cuda \
-      --rows 1024 --dim 4096 --vocab 151936
-    grep -hE "PASS|FAIL|SKIP|TP_" "$OUT"/tp2_*.log | sort | uniq -c | sort -rn | head -n 30
-  else
-    echo "== tensor parallel TP=2 skipped: $ngpu CUDA device(s) visible, 2 needed"
-  fi
+ngpu=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if ! has tp; then
+  echo "== tensor parallel TP=2 not asked for (GPU_PYTHON_STEPS=$STEPS)"
+elif [ "$ngpu" -ge 2 ]; then
+  step tp2_small "$PY" -m torch.distributed.run --nproc-per-node 2 tests/python/tp_worker.py --device cuda \
+    --rows 257 --dim 512 --vocab 5000
+  step tp2_qwen3_8b "$PY" -m torch.distributed.run --nproc-per-node 2 tests/python/tp_worker.py --device cuda \
+    --rows 1024 --dim 4096 --vocab 151936
+  grep -hE "PASS|FAIL|SKIP|TP_" "$OUT"/tp2_*.log | sort | uniq -c | sort -rn | head -n 30
+else
+  echo "== tensor parallel TP=2 skipped: $ngpu CUDA device(s) visible, 2 needed"
+fi
 
-  if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    step bench_backward "$PY" bench/bench_backward.py --json "$OUT/bench_backward.json"
-    cat "$OUT/bench_backward.log"
-  else
-    echo "== backward benchmark skipped: no CUDA device (Qwen3-8B shapes need a GPU)"
-    status=1
-  fi
+if ! has bench; then
+  echo "== backward benchmark not asked for (GPU_PYTHON_STEPS=$STEPS)"
+elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  step bench_backward "$PY" bench/bench_backward.py --json "$OUT/bench_backward.json"
+  cat "$OUT/bench_backward.log"
+else
+  echo "== backward benchmark skipped: no CUDA device (Qwen3-8B shapes need a GPU)"
+  status=1
 fi
 
 if [ $bench = 1 ]; then

@@ -85,13 +85,22 @@ struct SampledGradRow {
 //   target column:  d = fl(d + fl(gl + glr))
 //   g = fl(d * inv_t)
 // that is dL/dy = onehot(t) (gl + glr) - gl [y in Sigma] p_Sigma + (gs - glr) p.
+// Its second half, after the two exponentials (for a backend that evaluates many at once: the SM90
+// epilogue, expc_normal where the arguments allow, same bits): p = expc(fl(y - lse)), p_support =
+// expc(fl(y - lse_Sigma)) (read only for a lane in Sigma), in_sigma = in_support(y, id, r.support).
+DETLOGP_HD float sampled_grad_from_p(float p, float p_support, bool in_sigma, const SampledGradRow& r, bool is_target) {
+  float d = fp::mul(fp::sub(r.gs, r.glr), p);
+  if (in_sigma) d = fp::fma(fp::neg(r.gl), p_support, d);
+  if (is_target) d = fp::add(d, fp::add(r.gl, r.glr));
+  return fp::mul(d, r.inv_t);
+}
+
 DETLOGP_HD float sampled_grad_logit(float z, int64_t id, const SampledGradRow& r, bool real, bool is_target) {
   if (!real) return 0.0f;
   const float y = scale_logit(z, r.inv_t);
-  float d = fp::mul(fp::sub(r.gs, r.glr), expc(fp::sub(y, r.lse)));
-  if (in_support(y, id, r.support)) d = fp::fma(fp::neg(r.gl), expc(fp::sub(y, r.lse_support)), d);
-  if (is_target) d = fp::add(d, fp::add(r.gl, r.glr));
-  return fp::mul(d, r.inv_t);
+  const bool in_sigma = in_support(y, id, r.support);
+  const float p_support = in_sigma ? expc(fp::sub(y, r.lse_support)) : 0.0f;
+  return sampled_grad_from_p(expc(fp::sub(y, r.lse)), p_support, in_sigma, r, is_target);
 }
 
 }  // namespace detlogp

@@ -94,7 +94,8 @@ def linear_logp(
     logp_raw, the plain call's logp: (logp, lse[, logp_raw]). Differentiable in hidden, weight and bias
     with the support held fixed (d logp / d y = onehot - the support's renormalized probabilities).
     temperature stays 1.0 (the program's is used); not with return_logits, return_entropy or
-    tp_group; CPU tensors only for now (CUDA: NotImplementedYetError)."""
+    tp_group (NotImplementedYetError). CPU tensors run on the CPU backend, CUDA tensors on the SM90
+    backend, forward and backward."""
     if sampling is not None:
         strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
         backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")

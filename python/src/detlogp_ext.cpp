@@ -724,12 +724,14 @@ NB_MODULE(_detlogp, m) {
 
   // The sampling program's rollout (docs/contract.md §11): head = (hidden, weight, bias | None, real_vocab,
   // vocab_start), program as program_of, seed an int (used without seed_rows) and seed_rows [N] int64 | None,
-  // key [N] int64; outputs token [N] i64, logp, logp_raw, lse [N] f32, support_size [N] i64, logits | None.
+  // key [N] int64; outputs token [N] i64, logp, logp_raw, lse [N] f32, support_size [N] i64, logits | None;
+  // stream: the CUDA stream of CUDA arrays (0: the default stream).
   m.def(
       "sample",
       [](const nb::tuple& head, const nb::tuple& program, nb::handle seed, nb::handle seed_rows, nb::handle key,
          const OutArray& token, const OutArray& logp, const OutArray& logp_raw, const OutArray& lse,
-         const OutArray& support_size, const std::optional<OutArray>& logits, const std::string& backend, bool strict) {
+         const OutArray& support_size, const std::optional<OutArray>& logits, const std::string& backend, bool strict,
+         uintptr_t stream) {
         if (head.size() != 5) value_error("the head tuple has " + std::to_string(head.size()) + " entries, expected 5");
         detlogp::SampleInputs in;
         in.hidden = view_of(array_arg(head[0], "hidden"), "hidden", 2, true);
@@ -748,11 +750,11 @@ NB_MODULE(_detlogp, m) {
         out.lse = out_view(lse, "lse", 1);
         out.support_size = out_view(support_size, "support_size", 1);
         if (logits) out.logits = out_view(*logits, "logits", 2);
-        const detlogp::CallOptions opt = options(backend, strict, 0);
+        const detlogp::CallOptions opt = options(backend, strict, stream);
         return reported([&] { return detlogp::sample(in, out, opt); });
       },
       "head"_a, "program"_a, "seed"_a, "seed_rows"_a.none(), "key"_a, "token"_a, "logp"_a, "logp_raw"_a, "lse"_a,
-      "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a);
+      "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0);
 
   // linear_logp replaying a sampling program: problem as linear_logp's (temperature 1, no rows: the
   // program's), outputs logp, logp_raw, lse [N] f32 and the optional lse_support, support_max, cut_logit
@@ -762,7 +764,7 @@ NB_MODULE(_detlogp, m) {
       [](const Problem& problem, const nb::tuple& program, const OutArray& logp, const OutArray& logp_raw,
          const OutArray& lse, const std::optional<OutArray>& lse_support, const std::optional<OutArray>& support_size,
          const std::optional<OutArray>& support_max, const std::optional<OutArray>& cut_logit,
-         const std::optional<OutArray>& cut_id, const std::string& backend, bool strict) {
+         const std::optional<OutArray>& cut_id, const std::string& backend, bool strict, uintptr_t stream) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         const detlogp::SamplingProgram prog = program_of(program);
         detlogp::SampledLogpOutputs out;
@@ -774,11 +776,11 @@ NB_MODULE(_detlogp, m) {
         out.support_max = opt_out_view(support_max, "support_max");
         out.cut_logit = opt_out_view(cut_logit, "cut_logit");
         out.cut_id = opt_out_view(cut_id, "cut_id");
-        const detlogp::CallOptions opt = options(backend, strict, 0);
+        const detlogp::CallOptions opt = options(backend, strict, stream);
         return reported([&] { return detlogp::linear_logp(in, prog, out, opt); });
       },
       "problem"_a, "program"_a, "logp"_a, "logp_raw"_a, "lse"_a, "lse_support"_a.none(), "support_size"_a.none(),
-      "support_max"_a.none(), "cut_logit"_a.none(), "cut_id"_a.none(), "backend"_a, "strict"_a);
+      "support_max"_a.none(), "cut_logit"_a.none(), "cut_id"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0);
 
   // The replay's logit gradient of one vocabulary chunk (detlogp.torch's backward with sampling=):
   // problem as linear_logp_grad_logits's, the program, the replay's outputs, the upstream gradients.
@@ -787,7 +789,7 @@ NB_MODULE(_detlogp, m) {
       [](const Problem& problem, const nb::tuple& program, const InArray& logp, const InArray& lse,
          const InArray& lse_support, const InArray& support_max, const InArray& cut_logit, const InArray& cut_id,
          const std::optional<InArray>& g_logp, const std::optional<InArray>& g_lse,
-         const std::optional<InArray>& g_logp_raw, const OutArray& dz) {
+         const std::optional<InArray>& g_logp_raw, const OutArray& dz, uintptr_t stream) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         const detlogp::SamplingProgram prog = program_of(program);
         detlogp::SampledGradArgs args;
@@ -801,10 +803,11 @@ NB_MODULE(_detlogp, m) {
         if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
         if (auto g = opt_view(g_logp_raw, "g_logp_raw", 1)) args.g_logp_raw = *g;
         const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
-        return reported([&] { return detlogp::linear_logp_grad_logits(in, prog, args, out); });
+        const detlogp::CallOptions opt = options("", false, stream);
+        return reported([&] { return detlogp::linear_logp_grad_logits(in, prog, args, out, opt); });
       },
       "problem"_a, "program"_a, "logp"_a, "lse"_a, "lse_support"_a, "support_max"_a, "cut_logit"_a, "cut_id"_a,
-      "g_logp"_a.none(), "g_lse"_a.none(), "g_logp_raw"_a.none(), "dz"_a);
+      "g_logp"_a.none(), "g_lse"_a.none(), "g_logp_raw"_a.none(), "dz"_a, "stream"_a = 0);
 
   // The weight-version fingerprint of an lm_head given as its rank-ordered bf16 host shards.
   m.def(

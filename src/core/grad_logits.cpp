@@ -60,19 +60,20 @@ GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, c
   const Memory mem = p.memory;
   const int dev = p.device;
   p.sampled = true;
-  check_program(program, p.rows, mem, dev, p.program);
+  SampledGradOperands& r = p.replay;
+  check_program(program, p.rows, mem, dev, r.program);
   for (const auto& [t, name] : {std::pair{&args.logp, "logp"}, std::pair{&args.lse_support, "lse_support"},
                                 std::pair{&args.support_max, "support_max"}, std::pair{&args.cut_logit, "cut_logit"}})
     DETLOGP_CHECK(t->present(), name << " is required (the replay's [N] f32 " << name << ")");
   DETLOGP_CHECK(args.cut_id.present(), "cut_id is required (the replay's [N] i64 cut_id)");
-  p.forward_logp = checked_vector(args.logp, "logp", p.rows, mem, dev);
-  p.lse_support = checked_vector(args.lse_support, "lse_support", p.rows, mem, dev);
-  p.support_max = checked_vector(args.support_max, "support_max", p.rows, mem, dev);
-  p.cut_logit = checked_vector(args.cut_logit, "cut_logit", p.rows, mem, dev);
+  r.forward_logp = checked_vector(args.logp, "logp", p.rows, mem, dev);
+  r.lse_support = checked_vector(args.lse_support, "lse_support", p.rows, mem, dev);
+  r.support_max = checked_vector(args.support_max, "support_max", p.rows, mem, dev);
+  r.cut_logit = checked_vector(args.cut_logit, "cut_logit", p.rows, mem, dev);
   check_vector(args.cut_id, "cut_id", p.rows, {DType::i64});
   check_memory(args.cut_id, "cut_id", mem, dev);
-  p.cut_id = static_cast<const int64_t*>(args.cut_id.data);
-  if (args.g_logp_raw.present()) p.g_logp_raw = checked_vector(args.g_logp_raw, "g_logp_raw", p.rows, mem, dev);
+  r.cut_id = static_cast<const int64_t*>(args.cut_id.data);
+  if (args.g_logp_raw.present()) r.g_logp_raw = checked_vector(args.g_logp_raw, "g_logp_raw", p.rows, mem, dev);
   return p;
 }
 
@@ -80,9 +81,15 @@ void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t
   const int64_t real = p.real_cols();
   for (int64_t n = 0; n < p.rows; ++n) {
     int64_t target_col = -1;
-    const GradRow r = p.grad_row(n, &target_col);
     const float* zr = z + n * z_stride;
     uint16_t* out = p.dz + n * p.dz_stride;
+    if (p.sampled) {
+      const SampledGradRow r = p.sampled_grad_row(n, &target_col);
+      for (int64_t c = 0; c < p.cols; ++c)
+        out[c] = bf16_round(sampled_grad_logit(zr[c], p.vocab_start + c, r, c < real, c == target_col));
+      continue;
+    }
+    const GradRow r = p.grad_row(n, &target_col);
     for (int64_t c = 0; c < p.cols; ++c) out[c] = grad_logit_bf16(zr[c], r, c < real, c == target_col);
   }
 }

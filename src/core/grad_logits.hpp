@@ -13,6 +13,37 @@
 
 namespace detlogp::detail {
 
+// The sampling replay's per-row operands of its logit gradient, host or device pointers ([rows]
+// each): the program and the replay forward's outputs, which fix the support (docs/contract.md
+// §11.10). One definition of a row's SampledGradRow for the CPU loop and the SM90 epilogue.
+struct SampledGradOperands {
+  ProgramOperands program;
+  const float* forward_logp = nullptr;  // the replay's logp: -inf for a target outside the support
+  const float* lse_support = nullptr;
+  const float* support_max = nullptr;
+  const float* cut_logit = nullptr;
+  const int64_t* cut_id = nullptr;
+  const float* g_logp_raw = nullptr;  // or null (zeros)
+
+  // Row n's operands: lse the forward's, g_logp and g_lse the upstream gradients (or null), ignored
+  // whether its target is ignore_index. A target outside the support has the constant logp -inf, so
+  // its g_logp does not enter.
+  DETLOGP_HD SampledGradRow row(int64_t n, int64_t real_vocab, bool ignored, const float* lse, const float* g_logp,
+                                const float* g_lse) const {
+    const SampleRowParams prm = program.row(n, real_vocab);
+    SampledGradRow r;
+    r.inv_t = prm.inv_temperature;
+    r.lse = lse[n];
+    r.lse_support = lse_support[n];
+    r.support = {support_max[n], {cut_logit[n], cut_id[n]}, prm.min_p};
+    const bool outside = forward_logp[n] == fp::neg_inf();
+    r.gl = (ignored || outside || g_logp == nullptr) ? 0.0f : g_logp[n];
+    r.gs = g_lse == nullptr ? 0.0f : g_lse[n];
+    r.glr = (ignored || g_logp_raw == nullptr) ? 0.0f : g_logp_raw[n];
+    return r;
+  }
+};
+
 struct GradLogitsProblem : HeadOperands {
   int64_t cols = 0;  // C: columns of the chunk (weight rows)
 
@@ -28,13 +59,7 @@ struct GradLogitsProblem : HeadOperands {
   // The sampling replay's gradient (sampled_grad_logit) instead of the plain one: the program and
   // the replay's per-row outputs (all [rows]).
   bool sampled = false;
-  ProgramOperands program;
-  const float* forward_logp = nullptr;
-  const float* lse_support = nullptr;
-  const float* support_max = nullptr;
-  const float* cut_logit = nullptr;
-  const int64_t* cut_id = nullptr;
-  const float* g_logp_raw = nullptr;  // or null (zeros)
+  SampledGradOperands replay;
 
   // Chunk columns [0, real_cols()) have global ids < real_vocab.
   int64_t real_cols() const {
@@ -62,18 +87,8 @@ struct GradLogitsProblem : HeadOperands {
   SampledGradRow sampled_grad_row(int64_t row, int64_t* target_col) const {
     const int64_t t = target(row);
     const bool ignored = t == ignore_index;
-    const SampleRowParams prm = program.row(row, real_vocab);
-    SampledGradRow r;
-    r.inv_t = prm.inv_temperature;
-    r.lse = lse[row];
-    r.lse_support = lse_support[row];
-    r.support = {support_max[row], {cut_logit[row], cut_id[row]}, prm.min_p};
-    const bool outside = forward_logp[row] == fp::neg_inf();
-    r.gl = (ignored || outside || g_logp == nullptr) ? 0.0f : g_logp[row];
-    r.gs = g_lse == nullptr ? 0.0f : g_lse[row];
-    r.glr = (ignored || g_logp_raw == nullptr) ? 0.0f : g_logp_raw[row];
     *target_col = target_column(t, ignored);
-    return r;
+    return replay.row(row, real_vocab, ignored, lse, g_logp, g_lse);
   }
   int64_t target_column(int64_t t, bool ignored) const {
     const int64_t local = t - vocab_start;
@@ -95,7 +110,8 @@ void sm90_grad_logits(const GradLogitsProblem& p);
 
 // Host: dz from given logits z [rows][z_stride] f32 that already include the bias (the serving
 // entry's logits of the chunk's columns); p.bias, p.hidden and p.weight are not read. Applying it
-// to an arch's own serving logits gives that arch's linear_logp_grad_logits bits.
+// to an arch's own serving logits gives that arch's linear_logp_grad_logits bits (the sampled form
+// too, with p.sampled).
 void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride);
 
 }  // namespace detlogp::detail

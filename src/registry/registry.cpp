@@ -91,10 +91,6 @@ void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
     if (p.rows > 0) cpu_grad_logits(p);
     return;
   }
-  DETLOGP_CHECK(!p.sampled,
-                "the sampling replay's logit gradient is not implemented for CUDA tensors yet "
-                "(docs/contract.md §11.10); "
-                    << cpu_contract_backend().id() << " computes it, on host memory");
   const Backend& sm90 = sm90_contract_backend();
   std::string why;
   DETLOGP_CHECK(sm90.available(&why),

@@ -426,10 +426,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
                                   {p.lse_support, "lse_support"},
                                   {p.support_max, "support_max"},
                                   {p.cut_logit, "cut_logit"},
-                                  {p.logits, "logits"},
-                                  {p.program.top_p_rows, "top_p_rows"},
-                                  {p.program.min_p_rows, "min_p_rows"},
-                                  {p.program.top_k_rows, "top_k_rows"}})
+                                  {p.logits, "logits"}})
     if (ptr) check_alignment(ptr, 4, name);
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{p.token, "token"},
                                   {p.support_size, "support_size"},
@@ -438,20 +435,9 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
                                   {p.key, "key"}})
     if (ptr) check_alignment(ptr, 8, name);
 
-  if (p.program.top_k_rows) check_alignment(p.program.top_k_rows, p.program.top_k_i64 ? 8 : 4, "top_k_rows");
-
   // The device-resident values, checked on the host.
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const std::vector<uint8_t> temps = read_back(p.program.temperature_rows, p.rows, 4, stream);
-  const std::vector<uint8_t> top_k = read_back(p.program.top_k_rows, p.rows, p.program.top_k_i64 ? 8 : 4, stream);
-  const std::vector<uint8_t> top_p = read_back(p.program.top_p_rows, p.rows, 4, stream);
-  const std::vector<uint8_t> min_p = read_back(p.program.min_p_rows, p.rows, 4, stream);
-  detail::ProgramOperands host = p.program;
-  host.temperature_rows = p.program.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
-  host.top_k_rows = p.program.top_k_rows ? top_k.data() : nullptr;
-  host.top_p_rows = p.program.top_p_rows ? reinterpret_cast<const float*>(top_p.data()) : nullptr;
-  host.min_p_rows = p.program.min_p_rows ? reinterpret_cast<const float*>(min_p.data()) : nullptr;
-  detail::check_program_rows(host, p.rows);
+  check_device_program(p.program, p.rows, stream);
   if (p.replay) {
     const std::vector<uint8_t> targets = read_back(p.targets, p.rows, p.targets_i64 ? 8 : 4, stream);
     detail::check_targets_host(targets.data(), p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
@@ -516,6 +502,25 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
 }
 
 }  // namespace
+
+void check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream) {
+  for (const auto& [ptr, name] : {std::pair<const void*, const char*>{program.temperature_rows, "temperature_rows"},
+                                  {program.top_p_rows, "top_p_rows"},
+                                  {program.min_p_rows, "min_p_rows"}})
+    if (ptr) check_alignment(ptr, 4, name);
+  if (program.top_k_rows) check_alignment(program.top_k_rows, program.top_k_i64 ? 8 : 4, "top_k_rows");
+  const std::vector<uint8_t> temps = read_back(program.temperature_rows, rows, 4, stream);
+  const std::vector<uint8_t> top_k = read_back(program.top_k_rows, rows, program.top_k_i64 ? 8 : 4, stream);
+  const std::vector<uint8_t> top_p = read_back(program.top_p_rows, rows, 4, stream);
+  const std::vector<uint8_t> min_p = read_back(program.min_p_rows, rows, 4, stream);
+  detail::ProgramOperands host = program;
+  host.temperature_rows = program.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
+  host.top_k_rows = program.top_k_rows ? top_k.data() : nullptr;
+  host.top_p_rows = program.top_p_rows ? reinterpret_cast<const float*>(top_p.data()) : nullptr;
+  host.min_p_rows = program.min_p_rows ? reinterpret_cast<const float*>(min_p.data()) : nullptr;
+  detail::check_program_rows(host, rows);
+}
+
 }  // namespace detlogp::sm90
 
 namespace detlogp::detail {

@@ -2,11 +2,14 @@
 // forward's status word and verdict) -> one persistent ping-pong kernel that recomputes each logit
 // tile with the forward's TMA + wgmma mainloop (pingpong_produce / pingpong_consume) and writes
 // the bf16 logit gradient from the accumulators (device/epilogue_grad_logits.cuh). No workspace
-// besides the status word, no atomics; every dz element is written by exactly one thread.
+// besides the status word, no atomics; every dz element is written by exactly one thread. The
+// sampling replay's gradient is the same kernel with its sampled epilogue (kSampled); the
+// program's per-row values are read back and checked on the host first, as the replay forward does.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/env.hpp"
 #include "core/grad_logits.hpp"
@@ -16,6 +19,7 @@
 #include "sm90/device/epilogue_grad_logits.cuh"
 #include "sm90/device/mainloop.cuh"
 #include "sm90/launch_persistent.cuh"
+#include "sm90/sample.hpp"
 #include "sm90/tma.hpp"
 
 namespace detlogp::sm90 {
@@ -29,7 +33,7 @@ using GradC2Cfg = PingpongConfig<64, 256, 5, 64, 2>;
 // Persistent ping-pong: warpgroup 0 produces (one TMA thread), warpgroups 1 and 2 take alternate
 // tiles of this CTA (local tile j is work unit walk.first + j * walk.stride, see TileWalk);
 // mainloops run in local tile order, so one consumer's epilogue overlaps the other's mainloop.
-template <class Cfg>
+template <class Cfg, bool kSampled>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     grad_logits_sm90_pingpong_kernel(const __grid_constant__ CUtensorMap map_hidden,
                                      const __grid_constant__ CUtensorMap map_weight, const GradLogitsParams p,
@@ -58,7 +62,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           if (threadIdx.x % 32 == 0) ptx::mbar_arrive(&mainloop_done[c]);
 #pragma unroll
           for (int f = 0; f < Cfg::kFragments; ++f)
-            epilogue_grad_logits<Cfg::kBlockN>(acc[f], p, row0 + 64 * f, col0, dz_vec2 != 0);
+            epilogue_grad_logits<Cfg::kBlockN, kSampled>(acc[f], p, row0 + 64 * f, col0, dz_vec2 != 0);
         });
       });
 #endif
@@ -80,7 +84,12 @@ void launch_grad_logits(const detail::GradLogitsProblem& p, GradLogitsParams g, 
   int sms = 0;
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
   const int64_t units = (m_tiles + Cfg::kClusterM - 1) / Cfg::kClusterM * n_tiles;
-  launch_persistent<grad_logits_sm90_pingpong_kernel<Cfg>, Cfg>(units, sms, stream, map_h, map_w, g, vec2 ? 1 : 0);
+  if (p.sampled)
+    launch_persistent<grad_logits_sm90_pingpong_kernel<Cfg, true>, Cfg>(units, sms, stream, map_h, map_w, g,
+                                                                        vec2 ? 1 : 0);
+  else
+    launch_persistent<grad_logits_sm90_pingpong_kernel<Cfg, false>, Cfg>(units, sms, stream, map_h, map_w, g,
+                                                                         vec2 ? 1 : 0);
 }
 
 }  // namespace
@@ -108,13 +117,24 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
     check_alignment(p.entropy, 4, "entropy");
   }
   check_alignment(p.dz, 2, "dz");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (p.sampled) {
+    const SampledGradOperands& r = p.replay;
+    for (const auto& [ptr, name] : {std::pair<const void*, const char*>{r.forward_logp, "logp"},
+                                    {r.lse_support, "lse_support"},
+                                    {r.support_max, "support_max"},
+                                    {r.cut_logit, "cut_logit"},
+                                    {r.g_logp_raw, "g_logp_raw"}})
+      if (ptr) check_alignment(ptr, 4, name);
+    check_alignment(r.cut_id, 8, "cut_id");
+    check_device_program(r.program, p.rows, stream);  // a bad value writes nothing
+  }
   const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
   const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;
   DETLOGP_CHECK(m_tiles * n_tiles < (int64_t{1} << 31),
                 "the grad-logits grid of " << m_tiles << " x " << n_tiles << " tiles is out of range");
   const int cluster_m = grad_cluster_m();
 
-  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const Verdict verdict = cuda::prepare_verdict(stream);  // none under stream capture
   StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "SM90 grad-logits status word");
   auto* status = reinterpret_cast<DeviceStatus*>(status_word.get());
@@ -141,6 +161,8 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   g.dz = p.dz;
   g.dz_stride = p.dz_stride;
   g.status = status;
+  g.real_vocab = p.real_vocab;
+  g.replay = p.replay;
   const bool vec2 = reinterpret_cast<uintptr_t>(p.dz) % 4 == 0 && p.dz_stride % 2 == 0;
   if (cluster_m == 2)
     launch_grad_logits<GradC2Cfg>(p, g, vec2, stream);

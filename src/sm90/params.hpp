@@ -1,10 +1,11 @@
 // The parameter blocks of the SM90 kernels, framework-free plain structs that the host fills and
 // the kernels take by value: the fused forward, the combine after it, the tensor-parallel merge,
-// the partial mode's ownership flags and the logit gradient.
+// the partial mode's ownership flags and the logit gradient (plain, or the sampling replay's).
 #pragma once
 
 #include <cstdint>
 
+#include "core/grad_logits.hpp"
 #include "core/straddle.hpp"
 #include "cuda/status.hpp"
 #include "detlogp/reduce.hpp"
@@ -166,6 +167,10 @@ struct GradLogitsParams {
   uint16_t* dz;                   // bf16 bits [N][dz_stride]
   int64_t dz_stride;
   const DeviceStatus* status;
+  // The sampling replay's gradient (sampled_grad_logit; the kernel's kSampled instantiation): the
+  // program (its temperature replaces temperature above) and the replay's per-row outputs.
+  int64_t real_vocab;
+  detail::SampledGradOperands replay;
 };
 
 }  // namespace detlogp::sm90

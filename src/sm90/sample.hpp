@@ -1,4 +1,5 @@
-// The sampling program's kernel over a chunk of the serving logits (sample.cu): one CTA per row.
+// The sampling program's kernel over a chunk of the serving logits (sample.cu): one CTA per row;
+// the host check of the program's device-resident rows (backend.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,5 +22,10 @@ struct SampleRowsParams {
 };
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);
+
+// The program's per-row values held in device memory, read back after the work already on `stream`
+// (a wait) and checked on the host (detail::check_program_rows): a bad value is refused, naming the
+// argument, the row and the value, before the caller launches anything that writes.
+void check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream);
 
 }  // namespace detlogp::sm90

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/grad_logits.hpp"
 #include "core/sample.hpp"
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_sample.hpp"
@@ -890,6 +891,19 @@ TEST(SampleGrad, TheReplaysGradientHoldsTheSupportFixed) {
     EXPECT_EQ(in_support, r.support_size[n]) << "row " << n << ": the backward's support is the forward's";
   }
   std::printf("sampled logit gradient: the worst column uses %.3g of its error bound\n", worst);
+  // The host epilogue over given logits (the bitwise reference of the SM90 kernel on its own logits)
+  // gives the CPU implementation's bits on the CPU serving logits.
+  {
+    std::vector<uint16_t> from_logits(dz.size(), 0xFFFF);
+    detlogp::MutableTensorView whole{TensorView::matrix(from_logits.data(), DType::bf16, p.rows, p.vocab)};
+    detlogp::LinearLogpInputs in = p.inputs();
+    in.temperature = 1.0f;
+    in.temperature_rows = {};
+    const detlogp::detail::GradLogitsProblem gp =
+        detlogp::detail::make_sampled_grad_logits_problem(in, prog.view(), args, whole);
+    detlogp::detail::grad_logits_from_logits(gp, logits.logits.data(), p.vocab);
+    EXPECT_EQ(from_logits, dz);
+  }
   // Refused on CUDA-less paths and without the replay's outputs, naming what is missing.
   args.cut_id = {};
   detlogp::MutableTensorView out{TensorView::matrix(dz.data(), DType::bf16, p.rows, p.vocab)};

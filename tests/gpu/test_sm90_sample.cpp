@@ -3,10 +3,13 @@
 // (cpu_sample_from_logits), with per-row parameters that exercise top-k, top-p (the radix selection
 // by mass over the whole vocabulary), min-p and greedy rows; the replay gives the rollout's bits and
 // counts the targets outside the support; the N chunking is bit-neutral; bad parameters held on the
-// device are refused before anything is written.
+// device are refused before anything is written. The replay's logit gradient (the grad-logits
+// kernel's sampled epilogue) gives the bits of the pinned formula (sampled_grad_logit) applied on
+// the host to the SM90 serving logits, chunk by chunk, and refuses a bad device parameter likewise.
 #include <algorithm>
 #include <numeric>
 
+#include "core/grad_logits.hpp"
 #include "core/sample.hpp"
 #include "cpu/cpu_sample.hpp"
 #include "gpu_test_util.hpp"
@@ -224,4 +227,204 @@ TEST_F(Sm90Sample, ABadParameterOnTheDeviceIsRefusedBeforeAnythingIsWritten) {
     EXPECT_NE(std::string(e.what()).find("top_p_rows[4]=0 is outside (0, 1]"), std::string::npos) << e.what();
   }
   EXPECT_EQ(count_poison(logp.get(), n), n);
+}
+
+namespace {
+
+// The replay on the device with every output the backward reads, and its logit gradient per chunk.
+struct ReplayGrad {
+  int64_t n, d, v, real_vocab;
+  DeviceModel m;
+  DevBuf<uint16_t> hidden;
+  Program prog;
+  std::vector<int64_t> targets;
+  DevBuf<int64_t> d_targets;
+  std::vector<float> g, gs, gr;
+  DevBuf<float> d_g, d_gs, d_gr;
+  DevBuf<float> logp, raw, lse, lse_support, support_max, cut_logit, logits;
+  DevBuf<int64_t> cut_id, support_size;
+  int64_t outside = 0;  // the replay's count of targets outside the support
+
+  ReplayGrad(int64_t rows, int64_t dim, int64_t vocab, int64_t real, uint64_t seed)
+      : n(rows), d(dim), v(vocab), real_vocab(real) {
+    m.make(d, v, seed, true);
+    hidden = DevBuf<uint16_t>(static_cast<size_t>(n * d));
+    fill_bf16_uniform(hidden.get(), n * d, seed + 1, 1.0f);
+    prog.make(n);
+    // The serving logits z (the bits the kernel recomputes), from the plain entry with ignored targets.
+    logits = DevBuf<float>(static_cast<size_t>(n * v));
+    {
+      DevBuf<int64_t> ignored(n);
+      ignored.from_host(std::vector<int64_t>(static_cast<size_t>(n), detlogp::kDefaultIgnoreIndex));
+      DevBuf<float> lp(n), ls(n);
+      detlogp::LinearLogpInputs in = head_inputs(ignored.get());
+      detlogp::LinearLogpOutputs out;
+      out.logp = dev_out(lp.get(), DType::f32, n);
+      out.lse = dev_out(ls.get(), DType::f32, n);
+      out.logits = {TensorView::matrix(logits.get(), DType::f32, n, v, Memory::cuda)};
+      detlogp::linear_logp(in, out);
+    }
+    // Targets: the argmax of each row's z (in every support: rank 0) with every third moved by V/2
+    // (outside a small support), one ignored row, one at the last real id.
+    const std::vector<float> z = logits.to_host();
+    targets.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = z.data() + i * v;
+      targets[i] = std::max_element(row, row + real_vocab) - row;
+      if (i % 3 == 1) targets[i] = (targets[i] + real_vocab / 2) % real_vocab;
+    }
+    targets[2] = detlogp::kDefaultIgnoreIndex;
+    targets[n - 1] = real_vocab - 1;
+    d_targets = DevBuf<int64_t>(targets.size());
+    d_targets.from_host(targets);
+    for (int64_t i = 0; i < n; ++i) {
+      g.push_back(0.25f * static_cast<float>(i % 9) - 1.0f);
+      gs.push_back(0.125f * static_cast<float>(i % 5) - 0.25f);
+      gr.push_back(0.5f - 0.0625f * static_cast<float>(i % 11));
+    }
+    d_g = DevBuf<float>(g.size());
+    d_g.from_host(g);
+    d_gs = DevBuf<float>(gs.size());
+    d_gs.from_host(gs);
+    d_gr = DevBuf<float>(gr.size());
+    d_gr.from_host(gr);
+    for (auto* b : {&logp, &raw, &lse, &lse_support, &support_max, &cut_logit}) *b = DevBuf<float>(n);
+    cut_id = DevBuf<int64_t>(n);
+    support_size = DevBuf<int64_t>(n);
+    detlogp::SampledLogpOutputs out;
+    out.logp = dev_out(logp.get(), DType::f32, n);
+    out.logp_raw = dev_out(raw.get(), DType::f32, n);
+    out.lse = dev_out(lse.get(), DType::f32, n);
+    out.lse_support = dev_out(lse_support.get(), DType::f32, n);
+    out.support_max = dev_out(support_max.get(), DType::f32, n);
+    out.cut_logit = dev_out(cut_logit.get(), DType::f32, n);
+    out.cut_id = dev_out(cut_id.get(), DType::i64, n);
+    out.support_size = dev_out(support_size.get(), DType::i64, n);
+    outside = detlogp::linear_logp(head_inputs(d_targets.get()), prog.device_view(n), out).sampling.outside_support;
+  }
+  detlogp::LinearLogpInputs head_inputs(const int64_t* t) const {
+    detlogp::LinearLogpInputs in;
+    in.hidden = TensorView::matrix(hidden.get(), DType::bf16, n, d, Memory::cuda);
+    in.weight = TensorView::matrix(m.weight.get(), DType::bf16, v, d, Memory::cuda);
+    in.bias = dev_vector(m.bias.get(), DType::f32, v);
+    in.targets = dev_vector(t, DType::i64, n);
+    in.real_vocab = real_vocab;
+    return in;
+  }
+  // The gradient's arguments over buffers in memory `mem` (the host copies' pointers for Memory::host).
+  detlogp::SampledGradArgs args(Memory mem, const std::vector<const void*>& ptrs, bool with_lse, bool with_raw) const {
+    const auto f32 = [&](size_t i) { return TensorView::vector(ptrs[i], DType::f32, n, mem); };
+    detlogp::SampledGradArgs a;
+    a.logp = f32(0);
+    a.lse = f32(1);
+    a.lse_support = f32(2);
+    a.support_max = f32(3);
+    a.cut_logit = f32(4);
+    a.cut_id = TensorView::vector(ptrs[5], DType::i64, n, mem);
+    a.g_logp = f32(6);
+    if (with_lse) a.g_lse = f32(7);
+    if (with_raw) a.g_logp_raw = f32(8);
+    return a;
+  }
+  std::vector<const void*> device_ptrs() const {
+    return {logp.get(),   lse.get(), lse_support.get(), support_max.get(), cut_logit.get(),
+            cut_id.get(), d_g.get(), d_gs.get(),        d_gr.get()};
+  }
+  // dz of the chunk [c0, c0 + c) on the device, row stride c + 3 (the 3 columns past C stay poisoned).
+  std::vector<uint16_t> device_dz(int64_t c0, int64_t c, bool with_lse, bool with_raw) const {
+    const int64_t stride = c + 3;
+    DevBuf<uint16_t> dz(static_cast<size_t>(n * stride));
+    dz.poison();
+    detlogp::LinearLogpInputs in = head_inputs(d_targets.get());
+    in.weight = TensorView::matrix(m.weight.get() + c0 * d, DType::bf16, c, d, Memory::cuda);
+    in.bias = dev_vector(m.bias.get() + c0, DType::f32, c);
+    in.vocab_start = c0;
+    const detlogp::MutableTensorView out{TensorView::matrix(dz.get(), DType::bf16, n, c, Memory::cuda, stride)};
+    detlogp::CallOptions o;
+    o.strict = true;
+    const detlogp::CallReport r = detlogp::linear_logp_grad_logits(
+        in, prog.device_view(n), args(Memory::cuda, device_ptrs(), with_lse, with_raw), out, o);
+    EXPECT_EQ(r.provenance.backend_id, detlogp::detail::sm90_contract_backend().id());
+    return dz.to_host();
+  }
+  // The pinned formula on the host over the SM90 serving logits of the chunk, the same row stride.
+  std::vector<uint16_t> host_dz(int64_t c0, int64_t c, bool with_lse, bool with_raw) const {
+    const int64_t stride = c + 3;
+    std::vector<uint16_t> dz(static_cast<size_t>(n * stride), 0xFFFFu);
+    const std::vector<float> z = logits.to_host();
+    const std::vector<float> h_logp = logp.to_host(), h_lse = lse.to_host(), h_ls = lse_support.to_host(),
+                             h_max = support_max.to_host(), h_cut = cut_logit.to_host();
+    const std::vector<int64_t> h_cut_id = cut_id.to_host();
+    const std::vector<uint16_t> h(static_cast<size_t>(n * d), 0), w(static_cast<size_t>(c * d), 0);
+    detlogp::LinearLogpInputs in;
+    in.hidden = TensorView::matrix(h.data(), DType::bf16, n, d);
+    in.weight = TensorView::matrix(w.data(), DType::bf16, c, d);
+    in.targets = TensorView::vector(targets.data(), DType::i64, n);
+    in.real_vocab = real_vocab;
+    in.vocab_start = c0;
+    const detlogp::MutableTensorView out{TensorView::matrix(dz.data(), DType::bf16, n, c, Memory::host, stride)};
+    const std::vector<const void*> ptrs{h_logp.data(),   h_lse.data(), h_ls.data(), h_max.data(), h_cut.data(),
+                                        h_cut_id.data(), g.data(),     gs.data(),   gr.data()};
+    const detlogp::detail::GradLogitsProblem p = detlogp::detail::make_sampled_grad_logits_problem(
+        in, prog.host_view(n), args(Memory::host, ptrs, with_lse, with_raw), out);
+    detlogp::detail::grad_logits_from_logits(p, z.data() + c0, v);
+    return dz;
+  }
+};
+
+int64_t differing(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, int64_t stride, std::string* first) {
+  int64_t count = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    if (count++ == 0)
+      *first = "row " + std::to_string(i / stride) + " col " + std::to_string(i % stride) + ": expected " +
+               std::to_string(a[i]) + ", got " + std::to_string(b[i]);
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_F(Sm90Sample, TheReplayGradientIsTheHostFormulaOnTheServingLogits) {
+  struct S {
+    int64_t n, d, v, real;
+  };
+  const S shapes[] = {{77, 128, 4099, 4096}, {8, 64, 151936, 151936}};
+  for (const S& s : shapes) {
+    const ReplayGrad rg(s.n, s.d, s.v, s.real, 41);
+    EXPECT_GT(rg.outside, 0) << "V=" << s.v << ": no target outside the support (the g_logp = 0 rows untested)";
+    // Chunks: the whole head, one that starts off the 64-grid and one holding the padding tail.
+    const std::pair<int64_t, int64_t> chunks[] = {{0, s.v}, {1000, 2053}, {s.v - 131, 131}};
+    for (const auto& [c0, c] : chunks) {
+      for (const bool with_lse : {true, false}) {
+        const bool with_raw = with_lse;
+        const std::vector<uint16_t> got = rg.device_dz(c0, c, with_lse, with_raw);
+        const std::vector<uint16_t> want = rg.host_dz(c0, c, with_lse, with_raw);
+        std::string first;
+        EXPECT_EQ(differing(want, got, c + 3, &first), 0)
+            << "V=" << s.v << " chunk [" << c0 << ", " << c0 + c << ") g_lse/g_logp_raw=" << with_lse << ": " << first;
+        if (c0 == 0 && with_lse) {
+          EXPECT_EQ(rg.device_dz(c0, c, true, true), got) << "run to run";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Sm90Sample, TheReplayGradientRefusesABadDeviceParameterBeforeWriting) {
+  ReplayGrad rg(6, 64, 300, 300, 43);
+  rg.prog.min_p[3] = 1.0f;
+  rg.prog.d_min_p.from_host(rg.prog.min_p);
+  DevBuf<uint16_t> dz(static_cast<size_t>(6 * 300));
+  dz.poison();
+  const detlogp::MutableTensorView out{TensorView::matrix(dz.get(), DType::bf16, 6, 300, Memory::cuda)};
+  try {
+    detlogp::linear_logp_grad_logits(rg.head_inputs(rg.d_targets.get()), rg.prog.device_view(6),
+                                     rg.args(Memory::cuda, rg.device_ptrs(), true, true), out);
+    ADD_FAILURE() << "not refused";
+  } catch (const detlogp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("min_p_rows[3]=1 is outside [0, 1)"), std::string::npos) << e.what();
+  }
+  const std::vector<uint16_t> after = dz.to_host();
+  EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](uint16_t x) { return x == 0xFFFFu; })) << "dz was written";
 }

@@ -1,6 +1,7 @@
 """The sampling program's Python faces (docs/contract.md §11): detlogp.sample and
 detlogp.linear_logp(sampling=) on numpy arrays, detlogp.torch.sample and
-detlogp.torch.linear_logp(sampling=) on CPU tensors with the support held fixed in the backward."""
+detlogp.torch.linear_logp(sampling=) on CPU tensors with the support held fixed in the backward (CUDA
+tensors: test_sampling_gpu.py)."""
 
 import numpy as np
 import pytest
@@ -267,10 +268,3 @@ def test_torch_refusals():
         dt.sample(h, w, detlogp.SamplingParams(top_k=np.zeros(4, np.int64)), 0, torch.arange(4))
     with pytest.raises(detlogp.InputError, match="top_p=1.5 is outside"):
         dt.sample(h, w, detlogp.SamplingParams(top_p=1.5), 0, torch.arange(4))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA refusal needs CUDA tensors")
-def test_torch_cuda_is_refused_naming_what_is_missing():
-    h, w, b = torch_problem(4, 8, 40, seed=9)
-    with pytest.raises(detlogp.NotImplementedYetError, match="on CUDA tensors is not implemented yet"):
-        dt.sample(h.cuda(), w.cuda(), detlogp.SamplingParams(), 0, torch.arange(4).cuda())

@@ -43,7 +43,9 @@ last_backward = {"path": None}
 
 def last_backward_path() -> Optional[str]:
     """How the process's most recent detlogp.torch backward computed its chunks: "fused" (the SM90
-    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); None before any.
+    grad-logits kernel + two GEMMs per chunk) or "torch" (the torch chunk loop); with sampling=,
+    "sampled-fused" (the kernel's sampled epilogue, CUDA) or "sampled" (the CPU implementation);
+    None before any.
     (Autograd runs CUDA backward passes on its own threads, so this is not per calling thread.)"""
     return last_backward["path"]
 
@@ -52,7 +54,7 @@ def last_backward_path() -> Optional[str]:
 _MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
 
 
-def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
+def mm_fp32(a: Tensor, b: Tensor) -> Tensor:
     """a @ b with an fp32 (or fp64) result. bf16 operands on CUDA stay bf16 (fp32 accumulate and
     output, tensor cores); elsewhere they are upcast."""
     if a.dtype == torch.float64 or b.dtype == torch.float64:
@@ -126,7 +128,7 @@ def _fused_chunked_grads(hidden, weight, bias, targets, temperature, temperature
             int(vocab_start) + c0, int(ignore_index), lse, g_logp, g_lse, h_rows, g_entropy,
         )  # fmt: skip
         if need_h:
-            grad_h += _mm_fp32(dz, w_c)
+            grad_h += mm_fp32(dz, w_c)
         if need_w:
             torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
         if need_b:
@@ -193,7 +195,7 @@ def chunked_grads(
     for c0 in range(0, v, BACKWARD_VOCAB_CHUNK):
         c1 = min(v, c0 + BACKWARD_VOCAB_CHUNK)
         w_c = weight[c0:c1]
-        z = _mm_fp32(hidden, w_c.t())
+        z = mm_fp32(hidden, w_c.t())
         if bias is not None:
             z += bias[c0:c1].to(cd)
         z_keep = z.clone() if need_t else None
@@ -227,9 +229,9 @@ def chunked_grads(
             gz += g_logits[:, c0:c1].to(cd)
         gz_op = gz.to(torch.bfloat16) if low_precision else gz
         if need_h:
-            grad_h += _mm_fp32(gz_op, w_c)
+            grad_h += mm_fp32(gz_op, w_c)
         if need_w:
-            grad_w[c0:c1] = _mm_fp32(gz_op.t(), hidden).to(weight.dtype)
+            grad_w[c0:c1] = mm_fp32(gz_op.t(), hidden).to(weight.dtype)
         if need_b:
             grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
         del z, p, gz, gz_op, z_keep  # free this chunk before the next one is allocated

@@ -4,9 +4,10 @@ support fixed: one vocabulary chunk at a time, the library recomputes the contra
 each column's membership by the forward's (max, cut, min_p) and writes the bf16 logit gradient
 (detlogp/grad.hpp, sampled_grad_logit); two GEMMs per chunk take it to hidden, weight and bias.
 
-CPU tensors run on the CPU backend. CUDA tensors and tp_group are refused with
-NotImplementedYetError: the C++ SM90 path (src/sm90/sample.cu) is not wired to this face yet, and the
-replay's gradient has no CUDA kernel."""
+CPU tensors run on the CPU backend; CUDA tensors on the SM90 backend (src/sm90/sample.cu for the
+forward, the grad-logits kernel's sampled epilogue for the backward), on the caller's current CUDA
+stream, outputs on the tensors' device. tp_group is refused with NotImplementedYetError (no
+tensor-parallel path yet)."""
 
 from __future__ import annotations
 
@@ -20,24 +21,21 @@ from .._errors import InputError, NotImplementedYetError
 from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
-from .tensors import check_devices, contiguous_rows, library_problem, rows_of, vec
-
-_CPU_BACKEND_ID = "cpu-linear-logp-contract-v1"
+from .tensors import aligned_operands, check_devices, contiguous_rows, library_problem, rows_of, stream_of, vec
 
 
-def _refuse_unsupported(entry: str, tensors, tp_group) -> None:
+def _refuse_tp_group(entry: str, tp_group) -> None:
     if tp_group is not None:
         raise NotImplementedYetError(
             f"{entry} with tp_group is not implemented yet: the sampling program has no tensor-parallel path "
             "(docs/contract.md §11.9 says how it will gather the candidates); pass the whole head without tp_group"
         )
-    for name, t in tensors:
-        if t is not None and t.is_cuda:
-            raise NotImplementedYetError(
-                f"{entry} on CUDA tensors is not implemented yet ({name} is on {t.device}): detlogp.torch runs the "
-                f"sampling program on CPU tensors ({_CPU_BACKEND_ID}); its CUDA path awaits the SM90 kernel's GPU "
-                "validation and a CUDA kernel for the replay's gradient"
-            )
+
+
+def _head_operands(hidden: Tensor, weight: Tensor, backend: str):
+    """hidden [N, D] and weight as the library reads them in place (an aligned copy of a view the SM90
+    backend's TMA loads cannot read, as linear_logp makes) and the report's "copies" entries."""
+    return aligned_operands(contiguous_rows(hidden), contiguous_rows(weight), backend or "")
 
 
 def _tensors(named) -> None:
@@ -54,9 +52,10 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     weight [V, D] bf16 (the whole head), params a detlogp.SamplingParams (per-row fields shaped like
     key), seed an integer or a uint64/int64 tensor shaped like key, key an int64 tensor of the rows'
     shape. Returns detlogp.SampleResult of tensors shaped like key (logits [..., V] with
-    return_logits); not differentiable (the rollout side). CPU tensors only for now."""
+    return_logits) on hidden's device; not differentiable (the rollout side). CPU tensors run on the
+    CPU backend, CUDA tensors on the SM90 backend, on the current CUDA stream."""
     _tensors((("hidden", hidden), ("weight", weight), ("key", key), ("bias", bias)))
-    _refuse_unsupported("detlogp.torch.sample", (("hidden", hidden), ("weight", weight), ("key", key)), tp_group)
+    _refuse_tp_group("detlogp.torch.sample", tp_group)
     shape = tuple(key.shape)
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
         raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (key), got {list(hidden.shape)}")
@@ -64,20 +63,20 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
     program = _sampling.program_tuple(params, shape, Tensor, flat)
     seed_scalar, seed_rows = _sampling.seed_args(seed, shape, Tensor, flat)
-    h2 = contiguous_rows(hidden.detach().reshape(n, hidden.shape[-1]))
     rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
-    head = (h2, contiguous_rows(weight.detach()), vec(None if bias is None else bias.detach()), rv,
-            _int_arg(vocab_start, "vocab_start"))  # fmt: skip
+    h2, w2, copies = _head_operands(hidden.detach().reshape(n, hidden.shape[-1]), weight.detach(), backend)
+    head = (h2, w2, vec(None if bias is None else bias.detach()), rv, _int_arg(vocab_start, "vocab_start"))
     v = rows_of(weight)
-    token = torch.empty(n, dtype=torch.int64)
-    support_size = torch.empty(n, dtype=torch.int64)
-    logp, logp_raw, lse = (torch.empty(n, dtype=torch.float32) for _ in range(3))
-    logits = torch.empty((n, v), dtype=torch.float32) if return_logits else None
+    dev = hidden.device
+    token = torch.empty(n, dtype=torch.int64, device=dev)
+    support_size = torch.empty(n, dtype=torch.int64, device=dev)
+    logp, logp_raw, lse = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(3))
+    logits = torch.empty((n, v), dtype=torch.float32, device=dev) if return_logits else None
     report = _ext.sample(
         head, program, seed_scalar, seed_rows, flat(key), token, logp, logp_raw, lse, support_size, logits,
-        backend or "", bool(strict),
+        backend or "", bool(strict), stream_of(hidden),
     )  # fmt: skip
-    set_report(dict(report, copies=[]))
+    set_report(dict(report, copies=copies))
     out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
     return SampleResult(*out, None if logits is None else logits.reshape(shape + (v,)), report)
 
@@ -89,16 +88,20 @@ class SampledLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, program, real_vocab, ignore_index, backend, strict):
         n = rows_of(hidden)
-        problem = library_problem(hidden, weight, targets, bias, 1.0, None, real_vocab, 0, ignore_index)
-        f32 = [torch.empty(n, dtype=torch.float32) for _ in range(6)]
-        logp, logp_raw, lse, lse_support, support_max, cut_logit = f32
-        support_size, cut_id = torch.empty(n, dtype=torch.int64), torch.empty(n, dtype=torch.int64)
+        dev = hidden.device
+        h, w, copies = _head_operands(hidden, weight, backend)
+        problem = library_problem(h, w, targets, bias, 1.0, None, real_vocab, 0, ignore_index)
+        logp, logp_raw, lse, lse_support, support_max, cut_logit = (
+            torch.empty(n, dtype=torch.float32, device=dev) for _ in range(6)
+        )
+        support_size, cut_id = (torch.empty(n, dtype=torch.int64, device=dev) for _ in range(2))
         report = _ext.linear_logp_sampled(
             problem, program, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id, backend,
-            strict,
+            strict, stream_of(hidden),
         )  # fmt: skip
-        set_report(dict(report, copies=[]))
-        ctx.save_for_backward(hidden, weight, bias, targets, logp, lse, lse_support, support_max, cut_logit, cut_id)
+        set_report(dict(report, copies=copies))
+        # The backward reads the operands the forward read (its aligned copies where it made any).
+        ctx.save_for_backward(h, w, bias, targets, logp, lse, lse_support, support_max, cut_logit, cut_id)
         ctx.program = program
         ctx.real_vocab = real_vocab
         ctx.ignore_index = ignore_index
@@ -112,28 +115,36 @@ class SampledLinearLogp(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         n, d = hidden.shape
         v = weight.shape[0]
-        grad_h = torch.zeros((n, d), dtype=torch.float32) if need_h else None
+        dev = hidden.device
+        cuda = hidden.is_cuda
+        # CUDA: the fused backward's chunk (bf16 dz of at most BACKWARD_FUSED_CHUNK_BYTES) and GEMMs;
+        # host: the torch loop's chunk.
+        chunk = backward.fused_chunk_rows(n, v) if cuda else backward.BACKWARD_VOCAB_CHUNK
+        grad_h = torch.zeros((n, d), dtype=torch.float32, device=dev) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
         grad_b = torch.empty_like(bias) if need_b else None
         grads = tuple(None if g is None else g.float().contiguous() for g in (g_logp, g_lse, g_logp_raw))
-        h = contiguous_rows(hidden)
-        for c0 in range(0, v, backward.BACKWARD_VOCAB_CHUNK):
-            c1 = min(v, c0 + backward.BACKWARD_VOCAB_CHUNK)
-            w_c = contiguous_rows(weight[c0:c1])
+        stream = stream_of(hidden)
+        for c0 in range(0, v, chunk):
+            c1 = min(v, c0 + chunk)
+            w_c = weight[c0:c1]
             b_c = None if bias is None else bias[c0:c1].contiguous()
-            problem = library_problem(h, w_c, targets, b_c, 1.0, None, ctx.real_vocab, c0, ctx.ignore_index)
-            dz = torch.empty((n, c1 - c0), dtype=torch.bfloat16)
+            problem = library_problem(hidden, w_c, targets, b_c, 1.0, None, ctx.real_vocab, c0, ctx.ignore_index)
+            dz = torch.empty((n, c1 - c0), dtype=torch.bfloat16, device=dev)
             _ext.linear_logp_grad_logits_sampled(
-                problem, ctx.program, logp, lse, lse_support, support_max, cut_logit, cut_id, *grads, dz
+                problem, ctx.program, logp, lse, lse_support, support_max, cut_logit, cut_id, *grads, dz, stream
             )
-            dzf = dz.float()
             if need_h:
-                grad_h += dzf @ w_c.float()
+                grad_h += backward.mm_fp32(dz, w_c)
             if need_w:
-                grad_w[c0:c1] = (dzf.t() @ h.float()).to(weight.dtype)
+                if cuda:
+                    torch.mm(dz.t(), hidden, out=grad_w[c0:c1])
+                else:
+                    grad_w[c0:c1] = backward.mm_fp32(dz.t(), hidden).to(weight.dtype)
             if need_b:
-                grad_b[c0:c1] = dzf.sum(0).to(bias.dtype)
-        backward.last_backward["path"] = "sampled"
+                grad_b[c0:c1] = (dz.sum(0, dtype=torch.float32) if cuda else dz.float().sum(0)).to(bias.dtype)
+            del dz  # free this chunk before the next one is allocated
+        backward.last_backward["path"] = "sampled-fused" if cuda else "sampled"
         gh = None if grad_h is None else grad_h.to(hidden.dtype)
         return gh, grad_w, grad_b, None, None, None, None, None, None
 
@@ -148,8 +159,7 @@ def linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index
     if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
         raise InputError("hidden, weight and targets must be torch tensors (numpy arrays go to detlogp.linear_logp)")
     _tensors((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
-    _refuse_unsupported("detlogp.torch.linear_logp with sampling=",
-                        (("hidden", hidden), ("weight", weight), ("targets", targets)), tp_group)  # fmt: skip
+    _refuse_tp_group("detlogp.torch.linear_logp with sampling=", tp_group)
     shape = tuple(targets.shape)
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
         raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (targets), got {list(hidden.shape)}")
@@ -162,8 +172,8 @@ def linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index
     rv = v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     h2 = contiguous_rows(hidden.reshape(n, hidden.shape[-1]))
     logp, lse, logp_raw, _ = SampledLinearLogp.apply(
-        h2, contiguous_rows(weight), bias, targets.reshape(n).contiguous(), program, rv,
-        _int_arg(ignore_index, "ignore_index"), backend, strict_on,
+        h2, weight, bias, targets.reshape(n).contiguous(), program, rv, _int_arg(ignore_index, "ignore_index"),
+        backend, strict_on,
     )  # fmt: skip
     out = (logp.reshape(shape), lse.reshape(shape))
     return out + (logp_raw.reshape(shape),) if return_raw else out

@@ -1,6 +1,7 @@
 // SM90 epilogue of linear_logp_grad_logits: from the wgmma accumulators of a recomputed logit
 // tile to the bf16 logit gradient dz, element by element with the pinned formula of
-// detlogp/grad.hpp (the same function the CPU implementation calls).
+// detlogp/grad.hpp (the same functions the CPU implementation calls): the plain gradient, or with
+// kSampled the sampling replay's (sampled_grad_logit: two exponentials and the support test).
 //
 // Accumulator fragment of wgmma m64nNk16 (f32), thread t of the warpgroup, warp w = t / 32,
 // lane l, q = l % 4: acc[4j + 2h + e] holds row 16w + l/4 + 8h, column 8j + 2q + e
@@ -18,9 +19,10 @@ namespace detlogp::sm90 {
 
 // Epilogue of one m64 accumulator fragment: its 64 rows start at `row_tile0`, its BlockN columns
 // at chunk column `col0`. vec2: dz base 4-byte aligned and row stride even (checked on the host).
-template <int BlockN>
+template <int BlockN, bool kSampled>
 __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN / 2], const GradLogitsParams& p,
                                                      int64_t row_tile0, int64_t col0, bool vec2) {
+  using Row = std::conditional_t<kSampled, SampledGradRow, GradRow>;
   const int t = threadIdx.x % 128;
   const int warp = t / 32;
   const int lane = t % 32;
@@ -34,28 +36,32 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
   const int real = real_left <= 0 ? 0 : (real_left >= BlockN ? BlockN : static_cast<int>(real_left));
 
   bool row_ok[2];
-  GradRow r[2];
+  Row r[2];
   int target[2];     // tile column of the row's target, -1 when not in this tile (or ignored)
   uint16_t* out[2];  // dz row at col0
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_tile0 + 16 * warp + lane / 4 + 8 * h;
     row_ok[h] = row < p.rows;
-    r[h] = GradRow{};
+    r[h] = Row{};
     r[h].inv_t = 1.0f;
     target[h] = -1;
     out[h] = nullptr;
     if (row_ok[h]) {
       const int64_t tgt = load_target(p.targets, p.targets_i64, row);
       const bool ignored = tgt == p.ignore_index;
-      r[h].inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
-      r[h].lse = p.lse[row];
-      r[h].gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
-      r[h].gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
-      if (p.g_entropy != nullptr) {
-        r[h].entropy_term = true;
-        r[h].gh = p.g_entropy[row];
-        r[h].h = p.entropy[row];
+      if constexpr (kSampled) {
+        r[h] = p.replay.row(row, p.real_vocab, ignored, p.lse, p.g_logp, p.g_lse);
+      } else {
+        r[h].inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+        r[h].lse = p.lse[row];
+        r[h].gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
+        r[h].gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
+        if (p.g_entropy != nullptr) {
+          r[h].entropy_term = true;
+          r[h].gh = p.g_entropy[row];
+          r[h].h = p.entropy[row];
+        }
       }
       const int64_t rel = tgt - p.vocab_start - col0;
       if (!ignored && rel >= 0 && rel < cols) target[h] = static_cast<int>(rel);
@@ -66,11 +72,15 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
   // Blocks of kJB column groups (4 kJB values a thread): the exponent arguments first, then one
   // warp vote: if every real element's argument lies in expc_normal's domain (NaN fails), all
   // exponentials of the block are straight-line code (same bits as expc there), else expc.
+  // kSampled: two arguments per element, x = fl(y - lse) and xs = fl(y - lse_Sigma), the second
+  // needed only at a lane of the support (elsewhere its exponential is not read).
   constexpr int kJB = 4;
   static_assert((BlockN / 8) % kJB == 0, "whole blocks of column groups");
 #pragma unroll
   for (int j0 = 0; j0 < BlockN / 8; j0 += kJB) {
     float x[kJB][2][2];
+    float xs[kJB][2][2];    // kSampled only
+    uint32_t in_sigma = 0;  // kSampled only: bit (4 jj + 2 h + e) for a lane of the support
     bool normal = true;
 #pragma unroll
     for (int jj = 0; jj < kJB; ++jj) {
@@ -86,21 +96,35 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
         for (int e = 0; e < 2; ++e) {
           float z = acc[4 * (j0 + jj) + 2 * h + e];
           if (p.bias != nullptr) z = add_bias(z, b[e]);
-          x[jj][h][e] = grad_exp_arg(z, r[h]);
           const bool needed = row_ok[h] && c + e < real;
-          normal = normal && (!needed || (x[jj][h][e] >= kExpcNormalMin && x[jj][h][e] <= kExpcNormalMax));
+          auto in_domain = [](float a) { return a >= kExpcNormalMin && a <= kExpcNormalMax; };
+          if constexpr (kSampled) {
+            const float y = scale_logit(z, r[h].inv_t);
+            x[jj][h][e] = fp::sub(y, r[h].lse);
+            xs[jj][h][e] = fp::sub(y, r[h].lse_support);
+            const bool in = needed && in_support(y, p.vocab_start + col0 + c + e, r[h].support);
+            if (in) in_sigma |= 1u << (4 * jj + 2 * h + e);
+            normal = normal && (!needed || in_domain(x[jj][h][e])) && (!in || in_domain(xs[jj][h][e]));
+          } else {
+            x[jj][h][e] = grad_exp_arg(z, r[h]);
+            normal = normal && (!needed || in_domain(x[jj][h][e]));
+          }
         }
     }
     float pe[kJB][2][2];
+    float ps[kJB][2][2];  // kSampled only: expc(xs)
     // The exponentials as straight-line code: expc_normal where the vote allows, else expc.
     auto exponentials = [&](auto fast_path) {
+      auto ex = [](float a) { return decltype(fast_path)::value ? expc_normal(a) : expc(a); };
 #pragma unroll
       for (int jj = 0; jj < kJB; ++jj)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            pe[jj][h][e] = decltype(fast_path)::value ? expc_normal(x[jj][h][e]) : expc(x[jj][h][e]);
+          for (int e = 0; e < 2; ++e) {
+            pe[jj][h][e] = ex(x[jj][h][e]);
+            if constexpr (kSampled) ps[jj][h][e] = ex(xs[jj][h][e]);
+          }
     };
     if (__all_sync(0xFFFFFFFFu, normal))
       exponentials(std::true_type{});
@@ -113,9 +137,18 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (!row_ok[h]) continue;
-        // grad_logit: +0 exactly for padding (no arithmetic), else the pinned formula.
-        const float g0f = c < real ? grad_from_p(pe[jj][h][0], x[jj][h][0], r[h], c == target[h]) : 0.0f;
-        const float g1f = c + 1 < real ? grad_from_p(pe[jj][h][1], x[jj][h][1], r[h], c + 1 == target[h]) : 0.0f;
+        // grad_logit (sampled_grad_logit): +0 exactly for padding (no arithmetic), else the pinned formula.
+        auto grad = [&](int e) {
+          if (c + e >= real) return 0.0f;
+          if constexpr (kSampled) {
+            const bool in = (in_sigma >> (4 * jj + 2 * h + e)) & 1u;
+            return sampled_grad_from_p(pe[jj][h][e], ps[jj][h][e], in, r[h], c + e == target[h]);
+          } else {
+            return grad_from_p(pe[jj][h][e], x[jj][h][e], r[h], c + e == target[h]);
+          }
+        };
+        const float g0f = grad(0);
+        const float g1f = grad(1);
         const uint16_t g0 = bf16_round(g0f);
         const uint16_t g1 = bf16_round(g1f);
         if (vec2 && c + 1 < cols) {
