@@ -163,6 +163,8 @@ def backends() -> list:
             "detail": why,
             "memory": "host or cuda",
             "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
+            "multi_targets": torch_ok,
+            "topk": torch_ok,
         }
     )
     return out

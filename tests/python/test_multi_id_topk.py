@@ -354,3 +354,39 @@ def test_tensor_parallel_multi_id_and_topk_gloo(world, split):
     assert proc.returncode == 0, out[-4000:]
     assert out.count("TP_OK") == world, out[-4000:]
     assert "FAIL" not in out and out.count("PASS multi") >= world * 6, out[-4000:]
+
+
+# --- the vLLM-style response example ---------------------------------------------------------
+
+
+def test_vllm_logprobs_example_runs_and_its_ranks_are_the_contract_order():
+    """examples/vllm_logprobs.py: the sampled token's logprob (SampleResult.logp_raw's bits, which
+    the example asserts) plus the top-k with 1-based ranks in the contract's order; run as a script
+    too (docs/python.md and docs/integrations.md show it)."""
+    import importlib.util
+
+    path = HERE.parents[1] / "examples" / "vllm_logprobs.py"
+    spec = importlib.util.spec_from_file_location("vllm_logprobs", path)
+    ex = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = ex  # its dataclass looks its module up
+    spec.loader.exec_module(ex)
+    k = 4
+    response = ex.main(["--rows", "6", "--topk", str(k), "--temperature", "1.5"])
+    hidden, weight = ex.tiny_head(6, 64, 500, 1234)
+    y = contract_y(hidden, weight, None, torch.full((6,), 1.5), 500)
+    order = torch.sort(y, dim=1, descending=True, stable=True).indices
+    outside = 0
+    for n, row in enumerate(response):
+        token = next(iter(row))  # the sampled token first
+        ranks = {i: lp.rank for i, lp in row.items()}
+        assert ranks[token] == int((order[n] == token).nonzero()) + 1
+        assert sorted(r for i, r in ranks.items() if i != token or ranks[token] <= k) == list(range(1, k + 1))
+        for i, lp in row.items():
+            assert int(order[n, lp.rank - 1]) == i and lp.decoded_token == f"<tok{i}>"
+        outside += ranks[token] > k
+    assert len(response) == 6 and outside > 0  # some sampled token lies outside the top-k: k + 1 entries
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, str(path), "--rows", "2", "--topk", "3"], capture_output=True, text=True,
+                          env={k: v for k, v in env.items() if not k.startswith("DETLOGP_")}, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("rank=1") == 2 and "backend: cpu-linear-logp-contract-v1" in proc.stdout, proc.stdout
