@@ -275,8 +275,9 @@ void reduce_logits(const ReduceLogitsInputs& in, const MutableTensorView& logp, 
                    const MutableTensorView& entropy = {});
 
 // The value checks every entry runs on its rows, alone, for a caller that computes without the
-// library (detlogp.torch's plain lane): the scalar temperature, targets [N] i32/i64 each in
-// [0, real_vocab) or ignore_index, and optional temperature_rows [N] f32, in the entries' words.
+// library (detlogp.torch's plain lane): the scalar temperature, targets [N] (or [N, K], K <=
+// kMaxTargetsPerRow) i32/i64 each in [0, real_vocab) or ignore_index, and optional
+// temperature_rows [N] f32, in the entries' words.
 // Host memory.
 void check_row_values(const TensorView& targets, int64_t real_vocab, int64_t ignore_index, float temperature,
                       const TensorView& temperature_rows = {});
@@ -299,6 +300,8 @@ struct BackendInfo {
   std::string detail;  // why unavailable, or the device it would use
   Memory memory = Memory::host;
   Provenance provenance;
+  bool multi_targets = false;  // takes [N, K] targets with K > 1
+  bool topk = false;           // computes the top-k output (docs/contract.md §12)
 };
 std::vector<BackendInfo> list_backends();
 

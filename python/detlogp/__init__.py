@@ -163,6 +163,8 @@ def backends() -> list:
             "detail": why,
             "memory": "host or cuda",
             "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
+            "multi_targets": torch_ok,
+            "topk": torch_ok,
         }
     )
     return out
@@ -451,8 +453,18 @@ def linear_logp(hidden, weight, targets, bias=None, temperature=1.0, ignore_inde
 
 
 def _topk_arg(topk) -> int:
-    """topk=None: no top-k output (0); else K, by the integer rule (its range is the library's check)."""
-    return 0 if topk is None else _int_arg(topk, "topk")
+    """topk=None: no top-k output (0); else K, an integer in [1, kMaxTopk], checked before the [N, K]
+    outputs are allocated (K <= real_vocab is the library's check)."""
+    if topk is None:
+        return 0
+    k = _int_arg(topk, "topk")
+    if not 1 <= k <= _MAX_TOPK:
+        raise InputError(f"topk={k} must be in [1, {_MAX_TOPK}] (kMaxTopk; topk=None: no top-k output)")
+    return k
+
+
+# Read once: detlogp.torch checks topk= in plain Python, which torch.compile traces (no extension call).
+_MAX_TOPK = _ext.contract()["max_topk"]
 
 
 def _sampling_exclusive(temperature, return_logits: bool, return_entropy: bool) -> None:

@@ -14,6 +14,7 @@ torch.distributed. The modules behind this namespace, one role each, are in detl
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import types
@@ -22,9 +23,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from . import TORCH_BACKEND_ID, _int_arg, _split_temperature, _what
+from . import TORCH_BACKEND_ID, _int_arg, _split_temperature, _topk_arg, _what
+from . import _detlogp as _ext
 from . import weight_fingerprint as _weight_fingerprint
-from ._errors import InputError, StrictModeError
+from ._errors import InputError, NotImplementedYetError, StrictModeError
 from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
@@ -71,6 +73,7 @@ def linear_logp(
     return_entropy: bool = False,
     sampling=None,
     return_raw: bool = False,
+    topk: Optional[int] = None,
 ):
     """Per-token log-probabilities: logp[n] = y_t - logsumexp(y), y = (h.W^T + b) / T.
 
@@ -81,8 +84,15 @@ def linear_logp(
     [..., V_local] fp32 (unscaled z, the serving entry) when return_logits. return_entropy: each
     row's entropy H = -sum p log p (docs/contract.md §10) from the same call, returned after lse:
     (logp, lse, entropy[, logits]); served by the backends whose provenance names an entropy_id,
-    refused by the others. Differentiable in hidden, weight, bias and a temperature tensor (0-d or
-    per row), through every output, in one backward pass. backend: None (DETLOGP_BACKEND,
+    refused by the others. targets [..., K] (hidden [..., D] with the same leading dims, K <= 64):
+    K ids a row, logp [..., K], each entry the bits of a call with that single target (ignore_index
+    per entry), from one pass. topk=K (1 <= K <= 128): also topk_ids [..., K] int64, the K real ids
+    of the largest scaled logits (the larger first, equal ones by the lower id), and topk_logp
+    [..., K] their logp (docs/contract.md §12), after lse and entropy:
+    (logp, lse[, entropy][, topk_ids, topk_logp][, logits]). Both on the CPU backend (CUDA tensors:
+    NotImplementedYetError where no CUDA backend serves them). Differentiable in hidden, weight,
+    bias and a temperature tensor (0-d or per row), through every output (topk_logp with its ids
+    held constant), in one backward pass. backend: None (DETLOGP_BACKEND,
     else auto), a C++ backend id, or TORCH_BACKEND_ID; strict (or DETLOGP_STRICT=1) refuses every
     non-contract lane. detlogp.torch.last_report() says which backend served the call and which
     operands were copied ("copies": a CUDA view the SM90 backend cannot read in place is copied
@@ -97,6 +107,8 @@ def linear_logp(
     tp_group (NotImplementedYetError). CPU tensors run on the CPU backend, CUDA tensors on the SM90
     backend, forward and backward."""
     if sampling is not None:
+        if topk is not None:
+            raise InputError("topk= is not taken with sampling= (the replay scores the given targets)")
         strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
         backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
         if backend == TORCH_BACKEND_ID:
@@ -123,19 +135,29 @@ def linear_logp(
     if bias is not None and not isinstance(bias, Tensor):
         raise InputError(f"bias must be a torch tensor or None, got {_what(bias)}")
     _check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
-    batch_shape = targets.shape
-    if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(batch_shape):
-        if targets.dim() == 1:  # the library's own form, [N, D] and [N]: its words
-            if hidden.dim() != 2:
-                raise InputError(f"hidden must be 2-D, got ndim={hidden.dim()}")
-            raise InputError(f"targets has {targets.shape[0]} elements, expected {hidden.shape[0]}")
-        # A batch shape (targets [B, T], hidden [B, T, D]) is this face's own: the library has no words for it.
-        raise InputError(
-            f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets), got {list(hidden.shape)}"
-        )
-    n = targets.numel()
+    # K ids a row: targets [..., K] beside hidden [..., D] (as many dims); else one id a row, targets [...].
+    per_row = targets.shape[-1] if targets.dim() >= 2 and targets.dim() == hidden.dim() else None
+    batch_shape = targets.shape if per_row is None else targets.shape[:-1]
+    if per_row is not None and targets.dim() == 2:
+        # The library's own form, [N, D] and [N, K]: it checks the rows and K in its words.
+        n, t1 = hidden.shape[0], targets
+    else:
+        if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != tuple(batch_shape):
+            if targets.dim() == 1:  # the library's own form, [N, D] and [N]: its words
+                if hidden.dim() != 2:
+                    raise InputError(f"hidden must be 2-D, got ndim={hidden.dim()}")
+                raise InputError(f"targets has {targets.shape[0]} elements, expected {hidden.shape[0]}")
+            # A batch shape (targets [B, T] or [B, T, K], hidden [B, T, D]) is this face's own: the
+            # library has no words for it.
+            raise InputError(
+                f"hidden must be [..., D] with leading dims {list(batch_shape)} (targets {list(targets.shape)}: "
+                f"[...] for one id a row, [..., K] beside hidden's dims for K ids a row), got {list(hidden.shape)}"
+            )
+        n = math.prod(batch_shape)
+        t1 = targets.reshape(n) if per_row is None else targets.reshape(n, per_row)
     h2 = hidden.reshape(n, hidden.shape[-1])  # n, not -1: D = 0 reaches the library's own check
-    t1 = targets.reshape(n)
+    k = _topk_arg(topk)
+    _refuse_unserved_cuda(hidden, backend, per_row, topk is not None)
     contract = backend != TORCH_BACKEND_ID
     temp, temp_rows = _split_temperature(
         temperature, n, shape=batch_shape, tensor_type=Tensor, rows_any_float=not contract
@@ -160,29 +182,54 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + v_local}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        logp, lse, logits, entropy = _linear_logp_op(
+        logp, lse, logits, entropy, topk_ids, topk_logp = _linear_logp_op(
             h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on,
-            bool(return_entropy),
+            bool(return_entropy), k,
         )  # fmt: skip
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
-        if return_entropy:
-            logp, lse, entropy, logits = _TensorParallelLinearLogp.apply(
+        outs = list(
+            _TensorParallelLinearLogp.apply(
                 h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
-                strict_on, tp_group, True,
-            )  # fmt: skip
-        else:
-            logp, lse, logits = _TensorParallelLinearLogp.apply(
-                h2, weight, bias, temp_rows, t1, temp, ignore_index, bool(return_logits), vocab_start, rv, backend,
-                strict_on, tp_group,
-            )  # fmt: skip
-    out = (logp.reshape(batch_shape), lse.reshape(batch_shape))
+                strict_on, tp_group, bool(return_entropy), k,
+            )
+        )  # fmt: skip
+        logp, lse = outs[:2]
+        entropy = outs.pop(2) if return_entropy else None
+        topk_ids, topk_logp = (outs.pop(2), outs.pop(2)) if k else (None, None)
+        logits = outs[2]
+    out = (logp.reshape(tuple(batch_shape) + (() if per_row is None else (per_row,))), lse.reshape(batch_shape))
     if return_entropy:
         out += (entropy.reshape(batch_shape),)
+    if k:
+        out += (topk_ids.reshape(tuple(batch_shape) + (k,)), topk_logp.reshape(tuple(batch_shape) + (k,)))
     if return_logits:
         out += (logits.reshape(tuple(batch_shape) + (v_local,)),)
     return out
+
+
+def _refuse_unserved_cuda(hidden: Tensor, backend: str, per_row: Optional[int], topk: bool) -> None:
+    """[N, K] targets (K > 1) and the top-k output on CUDA tensors: NotImplementedYetError, naming
+    what is missing, unless the backend that would serve the call (the requested one; auto: SM90)
+    computes them (the registry's capability flags, detlogp.backends())."""
+    multi = per_row is not None and per_row > 1
+    if not hidden.is_cuda or not (multi or topk) or backend == TORCH_BACKEND_ID:
+        return
+    wanted = backend or SM90_BACKEND_ID
+    for b in _ext.list_backends():
+        if b["id"] != wanted or b["memory"] != "cuda":
+            continue
+        missing = ([f"[N, K] targets (K={per_row})"] if multi and not b["multi_targets"] else []) + (
+            ["the top-k output (topk=)"] if topk and not b["topk"] else []
+        )
+        if missing:
+            cpu = next(x["id"] for x in _ext.list_backends() if x["memory"] == "host" and x["topk"])
+            raise NotImplementedYetError(
+                f"{' and '.join(missing)} on CUDA tensors: not implemented yet by backend '{wanted}' "
+                f"(docs/contract.md §12); '{cpu}' computes them on CPU tensors (move hidden, weight, targets "
+                "and bias to the CPU), or call once per target column"
+            )
 
 
 def weight_fingerprint(weight) -> str:

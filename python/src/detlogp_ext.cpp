@@ -560,7 +560,9 @@ NB_MODULE(_detlogp, m) {
                     {"temperature_id", nb::cast(detlogp::kTemperatureId)},
                     {"entropy_id", nb::cast(detlogp::kEntropyId)},
                     {"sample_id", nb::cast(detlogp::kSampleId)},
-                    {"default_ignore_index", nb::cast(detlogp::kDefaultIgnoreIndex)}});
+                    {"default_ignore_index", nb::cast(detlogp::kDefaultIgnoreIndex)},
+                    {"max_targets_per_row", nb::cast(detlogp::kMaxTargetsPerRow)},
+                    {"max_topk", nb::cast(detlogp::kMaxTopk)}});
   });
 
   m.def("list_backends", [] {
@@ -571,7 +573,9 @@ NB_MODULE(_detlogp, m) {
                           {"available", nb::cast(b.available)},
                           {"detail", nb::cast(b.detail)},
                           {"memory", nb::cast(b.memory == detlogp::Memory::host ? "host" : "cuda")},
-                          {"provenance", provenance_dict(b.provenance)}}));
+                          {"provenance", provenance_dict(b.provenance)},
+                          {"multi_targets", nb::cast(b.multi_targets)},
+                          {"topk", nb::cast(b.topk)}}));
     return out;
   });
 
@@ -678,10 +682,13 @@ NB_MODULE(_detlogp, m) {
   m.def(
       "tensor_parallel_local_check",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
-         const std::string& backend, bool strict, const std::optional<OutArray>& entropy) {
+         const std::string& backend, bool strict, const std::optional<OutArray>& entropy,
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp) {
         detlogp::LinearLogpInputs in = inputs(problem);
         const detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
-        if (entropy) out_view(*entropy, "entropy", 1);  // this binding's checks of the array
+        if (entropy) out_view(*entropy, "entropy", 1);  // this binding's checks of the arrays
+        if (topk_ids) out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out_view(*topk_logp, "topk_logp", 2);
         in.hidden = first_rows(in.hidden, 0);
         in.targets = first_rows(in.targets, 0);
         in.temperature_rows = first_rows(in.temperature_rows, 0);
@@ -700,10 +707,13 @@ NB_MODULE(_detlogp, m) {
         // Zero rows: never written, but non-null so the backend is asked for the entropy sums too.
         static float no_usums;
         if (entropy) none.usums = &no_usums;
+        // The top-k lists' K, so that a backend without the top-k output refuses here, on every rank.
+        if (topk_ids) none.topk = static_cast<int64_t>(topk_ids->shape(1));
         const detlogp::CallOptions opt = options(backend, strict, 0);
         return reported([&] { return detlogp::linear_logp_partials(in, none, opt); });
       },
-      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "entropy"_a.none() = nb::none());
+      "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "entropy"_a.none() = nb::none(),
+      "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // The C++ tensor-parallel operator (docs/tensor-parallel.md) over a Python all-gather:
   // gather(send, recv) as CallbackCommunicator describes; rank and size of this rank's group.
@@ -711,16 +721,19 @@ NB_MODULE(_detlogp, m) {
       "linear_logp_tensor_parallel",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
          const std::string& backend, bool strict, uintptr_t stream, int rank, int size, nb::callable gather,
-         const std::optional<OutArray>& entropy) {
+         const std::optional<OutArray>& entropy, const std::optional<OutArray>& topk_ids,
+         const std::optional<OutArray>& topk_logp) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         CallbackCommunicator comm(rank, size, {in.hidden.memory, in.hidden.device}, std::move(gather));
         return reported([&] { return detlogp::linear_logp_tensor_parallel(in, out, comm, opt); });
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a, "rank"_a, "size"_a,
-      "gather"_a, "entropy"_a.none() = nb::none());
+      "gather"_a, "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // The sampling program's rollout (docs/contract.md §11): head = (hidden, weight, bias | None, real_vocab,
   // vocab_start), program as program_of, seed an int (used without seed_rows) and seed_rows [N] int64 | None,
@@ -830,7 +843,8 @@ NB_MODULE(_detlogp, m) {
       "check_row_values",
       [](nb::handle targets, nb::handle real_vocab, nb::handle ignore_index, nb::handle temperature,
          nb::handle temperature_rows) {
-        const detlogp::TensorView t = view_of(array_arg(targets, "targets"), "targets", 1, false);
+        const InArray ta = array_arg(targets, "targets");
+        const detlogp::TensorView t = view_of(ta, "targets", target_rank(ta, "targets"), false);
         const float temp = temperature_arg(temperature);
         detlogp::TensorView rows;
         if (auto r = opt_view(opt_array_arg(temperature_rows, "temperature_rows"), "temperature_rows", 1)) rows = *r;

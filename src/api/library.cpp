@@ -17,6 +17,8 @@ std::vector<BackendInfo> list_backends() {
     info.available = b->available(&info.detail);
     info.memory = b->memory();
     info.provenance = b->provenance();
+    info.multi_targets = b->supports_multi_targets();
+    info.topk = b->supports_topk();
     out.push_back(info);
   }
   return out;

@@ -688,4 +688,21 @@ TEST(Errors, CheckRowValuesGivesTheEntriesMessages) {
               detlogp::check_row_values(t, 17, -100, 1.0f, short_rows);
             }).find("temperature_rows has 3 elements, expected 4"),
             std::string::npos);
+  // [N, K] targets: each entry named targets[n, k], K in its range, temperature_rows per row.
+  const auto t2 = detlogp::TensorView::matrix(targets.data(), detlogp::DType::i64, 2, 2);
+  EXPECT_NO_THROW(
+      detlogp::check_row_values(t2, 17, -100, 1.0f, detlogp::TensorView::vector(rows.data(), detlogp::DType::f32, 2)));
+  EXPECT_NE(
+      message([&] { detlogp::check_row_values(t2, 16, -100, 1.0f); }).find("targets[1, 1]=16 is >= real_vocab=16"),
+      std::string::npos);
+  EXPECT_NE(message([&] {
+              detlogp::check_row_values(t2, 17, -100, 1.0f, r);
+            }).find("temperature_rows has 4 elements, expected 2"),
+            std::string::npos);
+  const std::vector<int64_t> wide(65, 0);
+  const auto t65 = detlogp::TensorView::matrix(wide.data(), detlogp::DType::i64, 1, 65);
+  EXPECT_NE(message([&] {
+              detlogp::check_row_values(t65, 17, -100, 1.0f);
+            }).find("targets has K=65 ids per row; K must be in [1, 64] (kMaxTargetsPerRow)"),
+            std::string::npos);
 }

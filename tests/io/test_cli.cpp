@@ -17,6 +17,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
@@ -666,6 +667,15 @@ TEST_F(Cli, SeveralTargetsARowAndTopkAreWritten) {
   const CliResult big = run_cli("run --backend " + std::string(kCpu) + " --rows 4 --dim 8 --vocab 64 --topk 129");
   EXPECT_EQ(big.exit_code, 3) << big.err;
   EXPECT_NE(big.err.find("topk=129 (topk_ids has K=129 columns) must be in [1, 128]"), std::string::npos) << big.err;
+  // A K far beyond the range gets the same refusal, not an allocation of [N, K] buffers.
+  for (const auto& [entry, message] :
+       {std::pair<std::string, std::string>{"", "topk=100000000000 (topk_ids has K=100000000000 columns) must be in"},
+        {" --partials --vocab-start 0 --real-vocab 64", "partials.topk=100000000000 must be in [0, 128]"}}) {
+    const CliResult huge =
+        run_cli("run --backend " + std::string(kCpu) + " --rows 4 --dim 8 --vocab 64 --topk 100000000000" + entry);
+    EXPECT_EQ(huge.exit_code, 3) << huge.err;
+    EXPECT_NE(huge.err.find(message), std::string::npos) << huge.err;
+  }
 }
 
 // --partials --entropy adds the tiles' entropy sums (usums [N, tiles] F32) after the four partials

@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=5000)
     ap.add_argument("--split", choices=("tile", "engine"), default="tile",
                     help="shards of whole 64-lane tiles, or V / world rows each (straddling tiles)")
+    ap.add_argument("--multi", action="store_true",
+                    help="only the [N, K] targets and top-k checks (multi_id_checks)")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -65,6 +67,10 @@ def main():
     real_vocab = args.vocab - 40  # a padded head: the last rows of the weight are padding
     h, w, b, t, temp = problem(args.rows, args.dim, args.vocab, dev, 1234)
     lo, hi = shard_bounds(args.vocab, world, rank, args.split)
+    if args.multi:
+        starts = [shard_bounds(args.vocab, world, r, args.split)[0] for r in range(world)]
+        multi_id_checks(h, w, b, t, temp, lo, hi, real_vocab, starts, rank, world, check)
+        finish(rank, failures)
 
     # TP = 1 on every rank (the whole weight), then the same rows through the group.
     h1 = h.clone().requires_grad_()
@@ -191,10 +197,52 @@ def main():
     lp_whole = dt.linear_logp(h, w, t, bias=b, real_vocab=real_vocab)[0]
     in_step = torch.equal(lp_again.view(torch.int32), lp_whole.view(torch.int32))
     check("the group is in step after the refusals", in_step)
+    finish(rank, failures)
+
+
+def finish(rank, failures):
     dist.barrier()
     dist.destroy_process_group()
     print(f"[rank {rank}] {'TP_OK' if not failures else 'TP_FAILED ' + ','.join(failures)}", flush=True)
     sys.exit(1 if failures else 0)
+
+
+def multi_id_checks(h, w, b, t, temp, lo, hi, real_vocab, starts, rank, world, check):
+    """[N, K] targets (ignored entries, ids on every rank's shard) and topk= through the group: the
+    TP = 1 logp [N, K], lse, top-k ids and bits on every rank, and the gradients of a loss over all
+    of them as at TP = 1 (the top-k ids held constant)."""
+    n = h.shape[0]
+    g = torch.Generator().manual_seed(77)
+    ids = torch.randint(0, real_vocab, (n, 5), generator=g).to(t.device)
+    ids[:, 0] = t.clamp(min=0)
+    ids[1, 2] = -100
+    for r, start in enumerate(starts):  # every shard's first id, and the last real id
+        ids[4 + r, 3] = start
+    ids[2, 4] = real_vocab - 1
+    a = torch.randn(n, 5, generator=g).to(h.device)
+    c = torch.randn(n, 7, generator=g).to(h.device)
+
+    def run(weight, bias, **kw):
+        hh, ww, bb = h.clone().requires_grad_(), weight.clone().requires_grad_(), bias.clone().requires_grad_()
+        logp, lse, top_ids, top_logp = dt.linear_logp(hh, ww, ids, bias=bb, temperature=temp, real_vocab=real_vocab,
+                                                      topk=7, **kw)  # fmt: skip
+        ((logp * a).sum() + 0.25 * lse.sum() + (top_logp * c).sum()).backward()
+        return (logp, lse, top_ids, top_logp), (hh.grad, ww.grad, bb.grad)
+
+    one, g1 = run(w, b)
+    tp, gt = run(w[lo:hi], b[lo:hi], vocab_start=lo, tp_group=dist.group.WORLD)
+    bits = lambda x: x.view(torch.int32)  # noqa: E731
+    check("multi logp [N, K] bits equal TP=1", torch.equal(bits(tp[0]), bits(one[0])))
+    check("multi lse bits equal TP=1", torch.equal(bits(tp[1]), bits(one[1])))
+    check("multi topk ids equal TP=1", torch.equal(tp[2], one[2]))
+    check("multi topk_logp bits equal TP=1", torch.equal(bits(tp[3]), bits(one[3])))
+    for name, x, r in (("grad_hidden", gt[0], g1[0]), ("grad_weight", gt[1], g1[1][lo:hi]),
+                       ("grad_bias", gt[2], g1[2][lo:hi])):  # fmt: skip
+        err = ((x.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-30)).item()
+        check(f"multi {name} matches TP=1", err < 2e-2, f"max rel err {err:.2e}")
+    gathered = [torch.empty_like(tp[2]) for _ in range(world)]
+    dist.all_gather(gathered, tp[2])
+    check("multi topk ids identical on every rank", all(torch.equal(x, gathered[0]) for x in gathered))
 
 
 if __name__ == "__main__":

@@ -150,7 +150,8 @@ int command_run(const Options& o) {
   const std::filesystem::path out_path = checked_out_path(o);
   const HostProblem p = load_problem(o);
   const CallOptions opt = call_options(o);
-  // The range is the library's check (topk in [1, 128], <= real_vocab): any integer >= 1 reaches it.
+  // The range is the library's check (topk in [1, 128], <= real_vocab): any integer >= 1 reaches it
+  // (compute allocates no [N, K] buffers for a K beyond 128).
   const int64_t topk = o.has("topk") ? o.integer("topk", 0, 1, std::numeric_limits<int64_t>::max()) : 0;
 
   RunOutputs out;

@@ -15,6 +15,10 @@ using io::HostTensor;
 HostTensor f32_tensor(std::vector<int64_t> shape) { return HostTensor::zeros(ElementType::f32, std::move(shape)); }
 
 // [N] f32, or [N, K] for [N, K] targets: what is shaped like the targets.
+// Rows of the [N, K] top-k buffers: none for a K beyond kMaxTopk, which the library refuses (naming
+// K) before it reads a row, so that a huge --topk gets that message instead of an allocation failure.
+int64_t topk_buffer_rows(const HostProblem& p, int64_t topk) { return topk <= kMaxTopk ? p.rows : 0; }
+
 HostTensor per_target_f32(const HostProblem& p) {
   return p.targets.ndim == 2 ? f32_tensor({p.rows, p.targets.cols}) : f32_tensor({p.rows});
 }
@@ -35,8 +39,8 @@ RunOutputs compute_partials(const HostProblem& p, const LinearLogpInputs& in, co
   HostTensor owned = p.targets.ndim == 2 ? HostTensor::zeros(ElementType::u8, {p.rows, per_row})
                                          : HostTensor::zeros(ElementType::u8, {p.rows});
   HostTensor edge_logits = f32_tensor({p.rows, g.edge_lanes()});
-  HostTensor topk_logit = f32_tensor({p.rows, topk});
-  HostTensor topk_ids = HostTensor::zeros(ElementType::i64, {p.rows, topk});
+  HostTensor topk_logit = f32_tensor({topk_buffer_rows(p, topk), topk});
+  HostTensor topk_ids = HostTensor::zeros(ElementType::i64, {topk_buffer_rows(p, topk), topk});
   ShardPartials partials;
   partials.rows = p.rows;
   partials.targets_per_row = per_row;
@@ -114,8 +118,8 @@ RunOutputs compute(const HostProblem& p, Entry entry, const CallOptions& opt, bo
   }
   HostTensor topk_ids, topk_logp;
   if (topk > 0) {
-    topk_ids = HostTensor::zeros(ElementType::i64, {p.rows, topk});
-    topk_logp = f32_tensor({p.rows, topk});
+    topk_ids = HostTensor::zeros(ElementType::i64, {topk_buffer_rows(p, topk), topk});
+    topk_logp = f32_tensor({topk_buffer_rows(p, topk), topk});
     o.topk_ids = mutable_matrix(topk_ids.data(), DType::i64, p.rows, topk);
     o.topk_logp = mutable_matrix(topk_logp.data(), DType::f32, p.rows, topk);
   }

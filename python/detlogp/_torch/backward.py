@@ -156,17 +156,24 @@ def chunked_grads(
     temperature_rows: Optional[Tensor] = None,
     entropy: Optional[Tensor] = None,
     g_entropy: Optional[Tensor] = None,
+    topk_ids: Optional[Tensor] = None,
+    g_topk_logp: Optional[Tensor] = None,
 ):
     """Gradients of this vocabulary shard: (grad_hidden partial in the compute dtype, grad_weight,
     grad_bias, sum_v grad_y * y per row for the temperature). y = z * inv_t, p = exp(y - lse),
     dlogp/dy = onehot(t) - p, dlse/dy = p, dz = dy * inv_t; ignored rows carry no logp gradient.
-    g_entropy (dL/dH per row, with entropy the forward's H; None: no term, the logp-only bits):
-    dH/dy = -p (x + H) with x = y - lse, taken as 0 where p == 0, in every row (H does not
-    depend on the target). CUDA bf16 on SM90 (no temperature gradient, no logits gradient): the
-    fused path."""
+    [N, K] targets (g_logp [N, K]) and the top-k output (topk_ids, g_topk_logp [N, K'], the ids
+    held constant) are entries of the same form: dL/dy_v = sum_e g_e (1[v == id_e] - p_v) + g_lse p_v
+    over the row's entries e (targets first, then the top-k ids; an ignored target has g_e = 0),
+    the target terms added to their columns one entry at a time in that order (deterministic, also
+    for repeated ids). g_entropy (dL/dH per row, with entropy the forward's H; None: no term, the
+    logp-only bits): dH/dy = -p (x + H) with x = y - lse, taken as 0 where p == 0, in every row (H
+    does not depend on the target). CUDA bf16 on SM90 (one target a row, no temperature gradient,
+    no logits gradient): the fused path."""
     need_h, need_w, need_b, need_t = need
     _check_entropy_pair(entropy, g_entropy)
-    if _fused_backward_ok(hidden, weight, need_t, g_logits):
+    single = targets.dim() == 1 and g_topk_logp is None
+    if single and _fused_backward_ok(hidden, weight, need_t, g_logits):
         return _fused_chunked_grads(
             hidden, weight, bias, targets, temperature, temperature_rows, lse, g_logp, g_lse, vocab_start, real_vocab,
             ignore_index, need, entropy=entropy, g_entropy=g_entropy,
@@ -176,17 +183,19 @@ def chunked_grads(
     v = weight.shape[0]
     cd = inv_t.dtype
     dev = hidden.device
-    ignored = targets == ignore_index
-    gl = torch.zeros(n, dtype=cd, device=dev) if g_logp is None else torch.where(ignored, 0.0, g_logp.to(cd))
+    ids, gl = _entries(targets, g_logp, ignore_index, topk_ids, g_topk_logp, cd)
+    gl_sum = gl[:, 0].clone()  # sum_e g_e, in entry order
+    for e in range(1, gl.shape[1]):
+        gl_sum += gl[:, e]
     gs = torch.zeros(n, dtype=cd, device=dev) if g_lse is None else g_lse.to(cd)
-    coef_z = (gs - gl)[:, None] * inv_t
-    gl_z = gl[:, None] * inv_t
+    coef_z = (gs - gl_sum)[:, None] * inv_t
+    gl_z = gl * inv_t
     with_entropy = g_entropy is not None
     if with_entropy:
         neg_gh_z = -g_entropy.to(cd)[:, None] * inv_t
         h_col = entropy.to(cd)[:, None]
     neg_lse = -lse.to(cd)[:, None]
-    t_local = torch.where(ignored, -1, targets.long() - vocab_start)[:, None]
+    t_local = torch.where(ids < 0, -1, ids - vocab_start)  # -1 (or below the shard): no column here
     grad_h = torch.zeros((n, d), dtype=cd, device=dev) if need_h else None
     grad_w = torch.empty_like(weight) if need_w else None
     grad_b = torch.empty_like(bias) if need_b else None
@@ -217,11 +226,14 @@ def chunked_grads(
             if pad_from < c1 - c0:
                 p[:, max(pad_from, 0) :] = 0.0
             gz = p.mul_(coef_z)
-        # The target term: at most one column per row, so a gather/scatter pair writes each
-        # element once (deterministic, O(N) extra memory; rows without a target here add +0).
-        in_chunk = (t_local >= c0) & (t_local < c1)
-        col = (t_local - c0).clamp(0, c1 - c0 - 1)
-        gz.scatter_(1, col, gz.gather(1, col) + torch.where(in_chunk, gl_z, 0.0))
+        # The target terms: one column per row and entry, so each gather/scatter pair writes each
+        # element once (deterministic, O(N) extra memory; rows without the entry here add +0), and
+        # the entries follow one another (a repeated id adds its terms in entry order).
+        for e in range(t_local.shape[1]):
+            t_e = t_local[:, e : e + 1]
+            in_chunk = (t_e >= c0) & (t_e < c1)
+            col = (t_e - c0).clamp(0, c1 - c0 - 1)
+            gz.scatter_(1, col, gz.gather(1, col) + torch.where(in_chunk, gl_z[:, e : e + 1], 0.0))
         if need_t:
             # dL/dT = sum_v dL/dy_v * (-y_v / T) = -inv_t * sum_v dz_v * z_v
             grad_ty += (gz * z_keep).sum(1)
@@ -236,6 +248,24 @@ def chunked_grads(
             grad_b[c0:c1] = gz.sum(0).to(bias.dtype)
         del z, p, gz, gz_op, z_keep  # free this chunk before the next one is allocated
     return grad_h, grad_w, grad_b, grad_ty
+
+
+def _entries(targets: Tensor, g_logp: Optional[Tensor], ignore_index: int, topk_ids: Optional[Tensor],
+             g_topk_logp: Optional[Tensor], cd) -> Tuple[Tensor, Tensor]:
+    """The row's logp entries [N, E]: (global ids, -1 for an ignored target; dL/dlogp of each, +0
+    for an ignored target or an absent gradient): the targets ([N] or [N, K]) first, then the
+    top-k ids when their logp has a gradient."""
+    t2 = targets[:, None] if targets.dim() == 1 else targets
+    ignored = t2 == ignore_index
+    ids = [torch.where(ignored, -1, t2.long())]
+    if g_logp is None:
+        gl = [torch.zeros(t2.shape, dtype=cd, device=t2.device)]
+    else:
+        gl = [torch.where(ignored, 0.0, g_logp.reshape(t2.shape).to(cd))]
+    if g_topk_logp is not None:
+        ids.append(topk_ids.long())
+        gl.append(g_topk_logp.to(cd))
+    return torch.cat(ids, 1), torch.cat(gl, 1)
 
 
 def _check_entropy_pair(entropy: Optional[Tensor], g_entropy: Optional[Tensor]) -> None:

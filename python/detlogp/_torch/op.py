@@ -72,9 +72,11 @@ def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Opt
 
 
 def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
-                return_entropy):  # fmt: skip
+                return_entropy, topk):  # fmt: skip
     """The plain, non-contract lane: F.linear + log_softmax in fp32 (fp64 for fp64 inputs); the
-    entropy -sum p log p in torch too (not the contract's bits), 0 * log 0 taken as 0."""
+    entropy -sum p log p in torch too (not the contract's bits), 0 * log 0 taken as 0; [N, K]
+    targets by a gather; the top-k by a stable descending sort (the contract's order: equal logits
+    by the lower id, NaN first)."""
     cd = out_dtype(hidden)
     if temperature_rows is not None and temperature_rows.dim() == 0:
         temperature_rows = temperature_rows.expand(hidden.shape[0])
@@ -84,16 +86,23 @@ def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ig
     if real_vocab < weight.shape[0]:
         y = y.masked_fill(torch.arange(weight.shape[0], device=y.device) >= real_vocab, float("-inf"))
     lse = torch.logsumexp(y, dim=1)
-    ignored = targets == ignore_index
-    y_t = y.gather(1, torch.where(ignored, 0, targets).long()[:, None])[:, 0]
-    logp = torch.where(ignored, torch.zeros_like(lse), y_t - lse)
+    t2 = targets if targets.dim() == 2 else targets[:, None]
+    ignored = t2 == ignore_index
+    y_t = y.gather(1, torch.where(ignored, 0, t2).long())
+    logp = torch.where(ignored, 0.0, y_t - lse[:, None]).to(lse.dtype)
+    logp = logp if targets.dim() == 2 else logp[:, 0]
     logits = z if return_logits else z.new_empty((0,))
     entropy = lse.new_empty((0,))
     if return_entropy:
         x = y - lse[:, None]
         p = x.exp()
         entropy = -torch.where(p == 0, 0.0, p * x).sum(1)
-    return logp, lse, logits, entropy
+    topk_ids = targets.new_empty((0,), dtype=torch.int64)
+    topk_logp = lse.new_empty((0,))
+    if topk:
+        topk_ids = torch.sort(y.detach(), dim=1, descending=True, stable=True).indices[:, :topk].contiguous()
+        topk_logp = y.gather(1, topk_ids) - lse[:, None]
+    return logp, lse, logits, entropy, topk_ids, topk_logp
 
 
 @torch.library.custom_op("detlogp::linear_logp", mutates_args=())
@@ -110,15 +119,19 @@ def linear_logp_op(
     backend: str,
     strict: bool,
     return_entropy: bool,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(logp, lse, logits, entropy); logits [N, V_local] with return_logits, entropy [N] with
-    return_entropy (docs/contract.md §10), each of shape (0,) otherwise."""
+    topk: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(logp, lse, logits, entropy, topk_ids, topk_logp); logp shaped like targets ([N] or [N, K]),
+    logits [N, V_local] with return_logits, entropy [N] with return_entropy (docs/contract.md §10),
+    topk_ids int64 and topk_logp [N, topk] with topk > 0 (§12), each of shape (0,) otherwise."""
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
         check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
+        if topk > real_vocab:  # the library's check of the top-k output, in its words
+            raise InputError(f"topk={topk} exceeds real_vocab={real_vocab}: a row has only {real_vocab} real ids")
         out = _torch_lane(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
-            return_entropy,
+            return_entropy, topk,
         )  # fmt: skip
         set_report(
             {
@@ -139,10 +152,12 @@ def linear_logp_op(
     defer = _deferred["enabled"] and hidden.is_cuda and not torch.cuda.is_current_stream_capturing()
     new_row = (lambda shape: hidden.new_full(shape, float("nan"), dtype=torch.float32)) if defer else (
         lambda shape: hidden.new_empty(shape, dtype=torch.float32))  # fmt: skip
-    logp = new_row((n,))
+    logp = new_row(per_target_shape(targets, n))
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
     entropy = new_row((n,) if return_entropy else (0,))
+    topk_ids = hidden.new_empty((n, topk) if topk else (0,), dtype=torch.int64)
+    topk_logp = hidden.new_empty((n, topk) if topk else (0,), dtype=torch.float32)
     # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
     # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
     hidden, weight, copies = aligned_operands(hidden, weight, backend)
@@ -157,27 +172,35 @@ def linear_logp_op(
     problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
     report = _ext.linear_logp(
         problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden),
-        entropy if return_entropy else None, defer_errors=defer,
+        entropy if return_entropy else None, topk_ids if topk else None, topk_logp if topk else None,
+        defer_errors=defer,
     )  # fmt: skip
     set_report(dict(report, copies=copies))
-    return logp, lse, logits, entropy
+    return logp, lse, logits, entropy, topk_ids, topk_logp
 
 
 @linear_logp_op.register_fake
 def _(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend, strict,
-      return_entropy):  # fmt: skip
+      return_entropy, topk):  # fmt: skip
     n, v = rows_of(hidden), rows_of(weight)
     dt = out_dtype(hidden) if backend == TORCH_BACKEND_ID else torch.float32
     logits_shape = (n, v) if return_logits else (0,)
+    topk_shape = (n, topk) if topk else (0,)
     return (
-        hidden.new_empty((n,), dtype=dt), hidden.new_empty((n,), dtype=dt), hidden.new_empty(logits_shape, dtype=dt),
-        hidden.new_empty((n,) if return_entropy else (0,), dtype=dt),
+        hidden.new_empty(per_target_shape(targets, n), dtype=dt), hidden.new_empty((n,), dtype=dt),
+        hidden.new_empty(logits_shape, dtype=dt), hidden.new_empty((n,) if return_entropy else (0,), dtype=dt),
+        hidden.new_empty(topk_shape, dtype=torch.int64), hidden.new_empty(topk_shape, dtype=dt),
     )  # fmt: skip
 
 
+def per_target_shape(targets: Tensor, n: int) -> Tuple[int, ...]:
+    """The shape of logp: [N] for [N] targets, [N, K] for K ids a row."""
+    return (n, targets.shape[1]) if targets.dim() == 2 else (n,)
+
+
 def _setup_context(ctx, inputs, output):
-    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s, _re = inputs
-    ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1], output[3])
+    hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, _rl, real_vocab, _b, _s, _re, _k = inputs
+    ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, output[1], output[3], output[4])
     ctx.temperature = temperature
     ctx.ignore_index = ignore_index
     ctx.real_vocab = real_vocab
@@ -186,8 +209,8 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, g_logp, g_lse, g_logits, g_entropy):
-    hidden, weight, targets, bias, temperature_rows, lse, entropy = ctx.saved_tensors
+def _backward(ctx, g_logp, g_lse, g_logits, g_entropy, _g_topk_ids, g_topk_logp):
+    hidden, weight, targets, bias, temperature_rows, lse, entropy, topk_ids = ctx.saved_tensors
     need = (
         ctx.needs_input_grad[0],
         ctx.needs_input_grad[1],
@@ -201,15 +224,19 @@ def _backward(ctx, g_logp, g_lse, g_logits, g_entropy):
     inv_t = backward.inverse_temperature(ctx.temperature, temperature_rows, n, cd, hidden.device)
     if g_entropy is not None and g_entropy.numel() == 0:  # no entropy output (return_entropy=False)
         g_entropy = None
+    if g_topk_logp is not None and g_topk_logp.numel() == 0:  # no top-k output
+        g_topk_logp = None
     gh, gw, gb, gty = backward.chunked_grads(
         hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, 0, ctx.real_vocab, ctx.ignore_index, need,
         ctx.temperature, temperature_rows, entropy=None if g_entropy is None else entropy, g_entropy=g_entropy,
+        topk_ids=None if g_topk_logp is None else topk_ids, g_topk_logp=g_topk_logp,
     )  # fmt: skip
     g_temp = None if gty is None else (-gty * inv_t[:, 0]).to(temperature_rows.dtype)
     if g_temp is not None and shared:
         g_temp = g_temp.sum()
     return (
         None if gh is None else gh.to(hidden.dtype), gw, None, gb, None, g_temp, None, None, None, None, None, None,
+        None,
     )  # fmt: skip
 
 

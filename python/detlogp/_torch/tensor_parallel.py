@@ -23,7 +23,7 @@ from torch import Tensor
 from .. import _detlogp as _ext, _errors
 from .._errors import BackendError, DetlogpError
 from . import backward
-from .op import set_report
+from .op import per_target_shape, set_report
 from .tensors import aligned_operands, check_tensors, library_problem, rows_of, stream_of, vector_copies
 
 # What every rank must share with rank 0: the provenance fields of the backend that would serve it.
@@ -96,15 +96,18 @@ def agree(group, record: Sequence[str], device) -> None:
 
 
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-             real_vocab, backend, strict, group, return_entropy=False):  # fmt: skip
+             real_vocab, backend, strict, group, return_entropy=False, topk=0):  # fmt: skip
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     n, v = rows_of(hidden), rows_of(weight)
-    logp = hidden.new_empty((n,), dtype=torch.float32)
+    logp = hidden.new_empty(per_target_shape(targets, n), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
     # The entropy travels as the tiles' entropy sums beside the summaries (docs/tensor-parallel.md);
     # a backend that cannot compute them refuses in the local check, so every rank refuses alike.
     entropy = hidden.new_empty((n,), dtype=torch.float32) if return_entropy else None
+    # The top-k lists travel with the partials and are merged rank by rank (docs/contract.md §12).
+    topk_ids = hidden.new_empty((n, topk), dtype=torch.int64) if topk else None
+    topk_logp = hidden.new_empty((n, topk), dtype=torch.float32) if topk else None
     problem = None
     copies = []
     try:
@@ -116,7 +119,9 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
         problem = library_problem(
             hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, vocab_start, ignore_index
         )
-        served = _ext.tensor_parallel_local_check(problem, logp, lse, logits, backend, strict, entropy)["provenance"]
+        served = _ext.tensor_parallel_local_check(
+            problem, logp, lse, logits, backend, strict, entropy, topk_ids, topk_logp
+        )["provenance"]
         record = ["ok"] + [str(served[k]) for k in AGREED_FIELDS]
     except DetlogpError as e:
         record = ["error", type(e).__name__, str(e)]
@@ -126,10 +131,11 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
         gather_in_rank_order(group, torch.from_dlpack(send), torch.from_dlpack(recv))
 
     report = _ext.linear_logp_tensor_parallel(
-        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather, entropy
-    )
+        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather, entropy, topk_ids,
+        topk_logp,
+    )  # fmt: skip
     set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=copies))
-    return logp, lse, logits, entropy
+    return logp, lse, logits, entropy, topk_ids, topk_logp
 
 
 def _rank_ordered_sum(x: Tensor, group) -> Tensor:
@@ -146,39 +152,49 @@ def _rank_ordered_sum(x: Tensor, group) -> Tensor:
 
 class TensorParallelLinearLogp(torch.autograd.Function):
     """apply(hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
-    vocab_start, real_vocab, backend, strict, group, return_entropy=False): (logp, lse, logits), or
-    (logp, lse, entropy, logits) when return_entropy (the merged entropy, the TP = 1 bits; its
-    gradient reaches hidden, weight and bias through the backward's entropy term)."""
+    vocab_start, real_vocab, backend, strict, group, return_entropy=False, topk=0): (logp, lse[,
+    entropy][, topk_ids, topk_logp], logits), logp shaped like targets ([N] or [N, K]); entropy with
+    return_entropy (the merged entropy, the TP = 1 bits; its gradient reaches hidden, weight and bias
+    through the backward's entropy term), topk_ids / topk_logp [N, topk] with topk > 0 (the merged
+    lists, the TP = 1 ids and bits; topk_logp's gradient with the ids held constant). An output the
+    loss does not use gets no gradient term."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, temperature_rows, targets, temperature, ignore_index, return_logits,
-                vocab_start, real_vocab, backend, strict, group, return_entropy=False):  # fmt: skip
+                vocab_start, real_vocab, backend, strict, group, return_entropy=False, topk=0):  # fmt: skip
         return_entropy = bool(return_entropy)
-        logp, lse, logits, entropy = _forward(
+        logp, lse, logits, entropy, topk_ids, topk_logp = _forward(
             hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
-            real_vocab, backend, strict, group, return_entropy,
+            real_vocab, backend, strict, group, return_entropy, int(topk),
         )  # fmt: skip
-        ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse, entropy)
+        ctx.save_for_backward(hidden, weight, targets, bias, temperature_rows, lse, entropy, topk_ids)
         ctx.args = (temperature, ignore_index, vocab_start, real_vocab, group)
         ctx.return_entropy = return_entropy
+        ctx.topk = int(topk)
+        ctx.set_materialize_grads(False)
         if logits is None:
             logits = hidden.new_empty((0,), dtype=torch.float32)
             ctx.mark_non_differentiable(logits)
-        if return_entropy:
-            return logp, lse, entropy, logits
-        return logp, lse, logits
+        out = (logp, lse) + ((entropy,) if return_entropy else ())
+        if topk:
+            ctx.mark_non_differentiable(topk_ids)
+            out += (topk_ids, topk_logp)
+        return out + (logits,)
 
     @staticmethod
     def backward(ctx, *grads):
-        if ctx.return_entropy:
-            g_logp, g_lse, g_entropy, g_logits = grads
-        else:
-            (g_logp, g_lse, g_logits), g_entropy = grads, None
-        hidden, weight, targets, bias, temperature_rows, lse, entropy = ctx.saved_tensors
+        grads = list(grads)
+        g_logp, g_lse = grads[:2]
+        g_entropy = grads.pop(2) if ctx.return_entropy else None
+        g_topk_logp = (grads.pop(2), grads.pop(2))[1] if ctx.topk else None
+        g_logits = grads[2]
+        hidden, weight, targets, bias, temperature_rows, lse, entropy, topk_ids = ctx.saved_tensors
         temperature, ignore_index, vocab_start, real_vocab, group = ctx.args
         # Every rank's shard term uses the merged lse and entropy, which are the same bits on every
-        # rank, so the shard gradients are those of the whole-vocabulary backward restricted to the shard.
+        # rank, so the shard gradients are those of the whole-vocabulary backward restricted to the
+        # shard (a target or top-k id outside the shard has no column here).
         entropy_args = {} if g_entropy is None else {"entropy": entropy, "g_entropy": g_entropy}
+        topk_args = {} if g_topk_logp is None else {"topk_ids": topk_ids, "g_topk_logp": g_topk_logp}
         need = (
             ctx.needs_input_grad[0],
             ctx.needs_input_grad[1],
@@ -189,11 +205,11 @@ class TensorParallelLinearLogp(torch.autograd.Function):
         inv_t = backward.inverse_temperature(temperature, temperature_rows, n, torch.float32, hidden.device)
         gh, gw, gb, gty = backward.chunked_grads(
             hidden, weight, bias, targets, inv_t, lse, g_logp, g_lse, g_logits, vocab_start, real_vocab,
-            ignore_index, need, temperature, temperature_rows, **entropy_args,
+            ignore_index, need, temperature, temperature_rows, **entropy_args, **topk_args,
         )  # fmt: skip
         if gh is not None:
             gh = _rank_ordered_sum(gh, group).to(hidden.dtype)
         g_temp = None
         if gty is not None:
             g_temp = (-_rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
-        return (gh, gw, gb, g_temp) + (None,) * 10
+        return (gh, gw, gb, g_temp) + (None,) * 11
