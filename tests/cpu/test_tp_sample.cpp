@@ -146,7 +146,10 @@ void expect_tp1_bits(const Problem& p, const Program& prog, const Keys& keys, co
     EXPECT_EQ(got[r].d.report.provenance.sample_id, detlogp::kSampleId);
   }
   Problem scored = p;
-  for (int64_t n = 0; n < p.rows; ++n) scored.targets[static_cast<size_t>(n)] = ref.token[static_cast<size_t>(n)];
+  for (int64_t n = 0; n < p.rows; ++n) {  // a row without a distribution (token -1) replays id 7: NaN
+    const int64_t t = ref.token[static_cast<size_t>(n)];
+    scored.targets[static_cast<size_t>(n)] = t >= 0 ? t : 7;
+  }
   scored.targets[1] = detlogp::kDefaultIgnoreIndex;  // an ignored row
   scored.targets[2] = 0;                             // usually outside the support: -inf, counted
   const Replayed want = replay(scored, prog);
@@ -177,6 +180,7 @@ TEST(TensorParallelSample, EngineSplitsOfAQwenSizedVocabularyGiveTheSingleRankBi
 
 TEST(TensorParallelSample, OddVocabulariesUnequalNarrowAndPaddingOnlyShards) {
   Problem p = random_problem(23, 2053, 12);
+  p.hidden[static_cast<size_t>(5 * p.dim)] = 0x7FC0;  // a NaN row: no processed distribution (token -1)
   const Program prog = tp_program(p.rows);
   const Keys keys = row_keys(p.rows, 3);
   for (const std::vector<int64_t>& b : std::vector<std::vector<int64_t>>{
