@@ -50,6 +50,21 @@ std::vector<std::unique_ptr<Communicator>> make_local_communicators(int ranks, M
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
                                        const CallOptions& opt = {});
 
+// The sampling program over vocabulary shards (docs/contract.md §11.9, docs/tensor-parallel.md):
+// `in` is this rank's shard as for linear_logp_tensor_parallel (weight [V_local, D], bias, vocab_start,
+// real_vocab the global real vocabulary, at most 2^24); hidden, the program, seeds and keys the same
+// on every rank. Every rank gets the same token, logp, logp_raw, lse and support_size, the bits of
+// sample() at TP = 1 for any shard boundaries; out.logits, when present, is this rank's [N, V_local]
+// shard. Only integers, maxima, tile summaries and rank-ordered candidates are exchanged (all-gathers of
+// bytes, no floating-point reduction in transit). Bad or inconsistent inputs throw the same error on
+// every rank before any data moves. Host memory (a host communicator).
+CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
+                                  const CallOptions& opt = {});
+// The replay over vocabulary shards: linear_logp(in, program, out) at TP = 1's bits on every rank,
+// `in` this rank's shard (targets global ids, the same on every rank). Host memory.
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
+                                       const SampledLogpOutputs& out, Communicator& comm, const CallOptions& opt = {});
+
 // The largest tensor-parallel degree (the device merge takes the ranks' segments as kernel
 // parameters).
 inline constexpr int kMaxTensorParallelRanks = 64;

@@ -73,6 +73,13 @@ DETLOGP_HD uint64_t rank_key(float y, int64_t id) {
   return (static_cast<uint64_t>(rank_ord(y)) << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(id));
 }
 
+// The id and the logit of a lane from its key (the logit as fl(y + 0): a -0 comes back as +0).
+DETLOGP_HD int64_t rank_key_id(uint64_t key) { return static_cast<int64_t>(0xFFFFFFFFull - (key & 0xFFFFFFFFull)); }
+DETLOGP_HD float rank_key_logit(uint64_t key) {
+  const uint32_t o = static_cast<uint32_t>(key >> 32);
+  return fp::from_bits((o & 0x80000000u) != 0 ? (o & 0x7FFFFFFFu) : ~o);
+}
+
 // ---------------------------------------------------------------- weights and top-p (§11.3, §11.5)
 
 // e_v = expc(fl(y_v - M)): in [0, 1], exactly 1 where y_v == M.
@@ -178,27 +185,36 @@ struct SupportPass {
   float token_logit;  // y at the token
 };
 
+// The lanes y[0, real) (real <= 64) of one tile, or of a shard's edge lanes in a tile, with global
+// ids first_id + v: the support lanes counted into `pass` and, with `draw`, their Gumbel scores
+// offered to its token (`best`: the token's score). Returns the mask of the support lanes.
+DETLOGP_HD uint64_t support_lanes(const float* y, int real, int64_t first_id, const SupportRow& s, bool draw,
+                                  uint64_t stream, SupportPass& pass, float& best) {
+  uint64_t mask = 0;
+  for (int v = 0; v < real; ++v) {
+    const float yv = y[v];
+    const int64_t id = first_id + v;
+    if (!in_support(yv, id, s)) continue;
+    mask |= uint64_t{1} << v;
+    ++pass.size;
+    if (!draw) continue;
+    const float score = gumbel_score(yv, stream, id);
+    if (pass.token == kNoToken || score_precedes(score, id, best, pass.token)) {
+      best = score;
+      pass.token = id;
+      pass.token_logit = yv;
+    }
+  }
+  return mask;
+}
+
 DETLOGP_HD SupportPass support_pass(const float* y, int64_t lanes, int64_t first_id, const SupportRow& s, bool draw,
                                     uint64_t stream) {
   SupportPass out{0.0f, 0, kNoToken, 0.0f};
   float best = fp::neg_inf();
   for (int64_t t0 = 0; t0 < lanes; t0 += kVocabTile) {
     const int real = lanes - t0 < kVocabTile ? static_cast<int>(lanes - t0) : kVocabTile;
-    uint64_t mask = 0;
-    for (int v = 0; v < real; ++v) {
-      const float yv = y[t0 + v];
-      const int64_t id = first_id + t0 + v;
-      if (!in_support(yv, id, s)) continue;
-      mask |= uint64_t{1} << v;
-      ++out.size;
-      if (!draw) continue;
-      const float score = gumbel_score(yv, stream, id);
-      if (out.token == kNoToken || score_precedes(score, id, best, out.token)) {
-        best = score;
-        out.token = id;
-        out.token_logit = yv;
-      }
-    }
+    const uint64_t mask = support_lanes(y + t0, real, first_id + t0, s, draw, stream, out, best);
     out.sum = chain_step(out.sum, tile_summary_masked(y + t0, mask), s.max);
   }
   return out;

@@ -12,6 +12,7 @@
 #include "registry/registry.hpp"
 #include "tp/tp_merge.hpp"
 #include "tp/tp_operator.hpp"
+#include "tp/tp_sample.hpp"
 
 namespace detlogp {
 namespace {
@@ -30,12 +31,38 @@ class RegistryPartials final : public tp::PartialsBackend {
   const detail::Backend* backend_ = nullptr;
 };
 
+// The registry's host backend that runs the sampling program, for this rank's partials and logits.
+class RegistrySampling final : public tp::SamplingBackend {
+ public:
+  explicit RegistrySampling(const CallOptions& opt) : opt_(opt) {}
+  void select(CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, Memory::host, true, false, report, 1, 0, true);
+  }
+  void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
+
+ private:
+  const CallOptions& opt_;
+  const detail::Backend* backend_ = nullptr;
+};
+
 }  // namespace
 
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, Communicator& comm,
                                        const CallOptions& opt) {
   RegistryPartials backend(opt);
   return tp::run_tensor_parallel(in, out, comm, opt.cuda_stream, backend);
+}
+
+CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
+                                  const CallOptions& opt) {
+  RegistrySampling backend(opt);
+  return tp::run_sample_tensor_parallel(in, out, comm, backend);
+}
+
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
+                                       const SampledLogpOutputs& out, Communicator& comm, const CallOptions& opt) {
+  RegistrySampling backend(opt);
+  return tp::run_replay_tensor_parallel(in, program, out, comm, backend);
 }
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {

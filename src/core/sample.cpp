@@ -60,11 +60,12 @@ T* optional_output(const MutableTensorView& v, const char* name, int64_t rows, D
   return v.present() ? output<T>(v, name, rows, dtype, mem, device) : nullptr;
 }
 
-// The whole vocabulary in one call (the sampling program has no tensor-parallel entry yet).
+// The whole vocabulary in one call (a shard goes through the tensor-parallel entries).
 void check_whole_vocabulary(const char* entry, int64_t vocab_start, int64_t vocab_local, int64_t real_vocab) {
   DETLOGP_CHECK(vocab_start == 0 && vocab_start + vocab_local >= real_vocab,
                 entry << " needs the whole real vocabulary (vocab_start=0, V_local >= real_vocab); got shard ["
-                      << vocab_start << ", " << vocab_start + vocab_local << ") of real_vocab=" << real_vocab);
+                      << vocab_start << ", " << vocab_start + vocab_local << ") of real_vocab=" << real_vocab
+                      << " (a vocabulary shard: the tensor-parallel entry, docs/tensor-parallel.md)");
 }
 
 }  // namespace
@@ -98,7 +99,7 @@ void check_program_rows(const ProgramOperands& p, int64_t rows) {
   }
 }
 
-SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& out) {
+SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& out, bool shard) {
   LinearLogpInputs head;
   head.hidden = in.hidden;
   head.weight = in.weight;
@@ -120,7 +121,7 @@ SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& o
   p.real_vocab = checked_real_vocab(head, h.vocab, "V_local");
   p.vocab_start = in.vocab_start;
   check_real_vocab_limit(p.real_vocab);
-  check_whole_vocabulary("sample", p.vocab_start, p.vocab_local, p.real_vocab);
+  if (!shard) check_whole_vocabulary("sample", p.vocab_start, p.vocab_local, p.real_vocab);
   p.hidden = static_cast<const uint16_t*>(in.hidden.data);
   p.hidden_stride = in.hidden.row_stride;
   p.weight = static_cast<const uint16_t*>(in.weight.data);
@@ -153,14 +154,14 @@ void check_program_temperature_only(const LinearLogpInputs& in) {
 }
 
 SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
-                                        const SampledLogpOutputs& out) {
+                                        const SampledLogpOutputs& out, bool shard) {
   check_program_temperature_only(in);
   SampleProblem p;
   p.replay = true;
   p.vocab_local = check_operands(in, "V_local", "shard", p);
   p.real_vocab = checked_real_vocab(in, p.vocab_local, "V_local");
   check_real_vocab_limit(p.real_vocab);
-  check_whole_vocabulary("linear_logp", p.vocab_start, p.vocab_local, p.real_vocab);
+  if (!shard) check_whole_vocabulary("linear_logp", p.vocab_start, p.vocab_local, p.real_vocab);
   check_program(program, p.rows, p.memory, p.device, p.program);
   p.logp = output<float>(out.logp, "logp", p.rows, DType::f32, p.memory, p.device);
   p.logp_raw = output<float>(out.logp_raw, "logp_raw", p.rows, DType::f32, p.memory, p.device);

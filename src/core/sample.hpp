@@ -95,12 +95,12 @@ struct SampleProblem : HeadOperands {
   }
 };
 
-// The rollout entry's problem: head checks as linear_logp's (the whole vocabulary), the program,
-// seed and key, the outputs.
-SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& out);
+// The rollout entry's problem: head checks as linear_logp's (the whole vocabulary, or with `shard`
+// one rank's shard of a tensor-parallel call), the program, seed and key, the outputs.
+SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& out, bool shard = false);
 // The replay's problem: linear_logp's checks (targets, ignore_index), the program, the outputs.
 SampleProblem make_sampled_logp_problem(const LinearLogpInputs& in, const SamplingProgram& program,
-                                        const SampledLogpOutputs& out);
+                                        const SampledLogpOutputs& out, bool shard = false);
 
 // With a program the temperature is the program's: in.temperature must be 1, temperature_rows absent.
 void check_program_temperature_only(const LinearLogpInputs& in);

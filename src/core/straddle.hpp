@@ -52,17 +52,23 @@ struct RankEdges {
 // 64-aligned. Throws on an inconsistent layout (an internal error once the layouts were checked).
 StraddlePlan plan_straddles(const std::vector<RankEdges>& ranks_in_order, int64_t real_vocab);
 
-// The summary of straddling tile t for row `row` (and with kEntropy its entropy sum): its lanes
-// assembled from the runs, lanes past real_lanes padding, then the contract's tile summary.
-template <bool kEntropy>
-DETLOGP_HD TileEntropySummary straddle_summary(const StraddleTile& t, const EdgeRun* runs, int64_t row) {
-  float y[kVocabTile];
+// The lanes of straddling tile t for row `row` assembled from the runs into y[0, 64): its real lanes
+// (a prefix of t.real_lanes), the rest +0 (padding: the tile functions never read them as lanes).
+DETLOGP_HD void straddle_lanes(const StraddleTile& t, const EdgeRun* runs, int64_t row, float* y) {
   for (int v = 0; v < kVocabTile; ++v) y[v] = 0.0f;
   for (int k = 0; k < t.runs; ++k) {
     const EdgeRun& run = runs[t.first_run + k];
     const float* src = run.src + row * run.stride;
     for (int i = 0; i < run.count; ++i) y[run.lane + i] = src[i];
   }
+}
+
+// The summary of straddling tile t for row `row` (and with kEntropy its entropy sum): its lanes
+// assembled from the runs, lanes past real_lanes padding, then the contract's tile summary.
+template <bool kEntropy>
+DETLOGP_HD TileEntropySummary straddle_summary(const StraddleTile& t, const EdgeRun* runs, int64_t row) {
+  float y[kVocabTile];
+  straddle_lanes(t, runs, row, y);
   if constexpr (kEntropy) return tile_entropy_summary(y, t.real_lanes);
   return {tile_summary(y, t.real_lanes), 0.0f};
 }

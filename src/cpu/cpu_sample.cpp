@@ -28,8 +28,6 @@ struct RowScratch {
   std::vector<std::pair<uint64_t, uint64_t>> weighted;  // (rank key, top-p mass) of the top-p candidates
 };
 
-int64_t id_of(uint64_t key) { return static_cast<int64_t>(0xFFFFFFFFull - (key & 0xFFFFFFFFull)); }
-
 // The cut of §11.4-§11.5 over a row's y[0, lanes) (global ids = lane indices), by sorting rank keys:
 // top-k selects the keep largest keys, top-p sorts the ones among them with a positive mass (only
 // those can end the prefix, §11.5) and walks their exact prefix sums.
@@ -43,13 +41,13 @@ SupportCut find_cut(const float* y, int64_t lanes, float row_max, const SampleRo
     std::nth_element(first, kept - 1, s.keys.end(), std::greater<uint64_t>());
   }
   if (r.top_p == 1.0f) {
-    const int64_t id = id_of(*(kept - 1));
+    const int64_t id = rank_key_id(*(kept - 1));
     return {y[id], id};
   }
   s.weighted.clear();
   uint64_t total = 0;
   for (auto it = first; it != kept; ++it) {
-    const uint64_t q = top_p_mass(relative_weight(y[id_of(*it)], row_max));
+    const uint64_t q = top_p_mass(relative_weight(y[rank_key_id(*it)], row_max));
     total += q;
     if (q > 0) s.weighted.emplace_back(*it, q);
   }
@@ -59,7 +57,7 @@ SupportCut find_cut(const float* y, int64_t lanes, float row_max, const SampleRo
   for (const auto& [key, q] : s.weighted) {
     prefix += q;
     if (prefix >= tau) {
-      const int64_t id = id_of(key);
+      const int64_t id = rank_key_id(key);
       return {y[id], id};
     }
   }

@@ -58,6 +58,12 @@ struct HarnessConfig {
   uint64_t seed = 0;
   CallOptions rollout_opt, trainer_opt;
   bool perturb_trainer_weight = false;  // flip one weight bit on the trainer side (fingerprint check)
+  // The rollout draws each token with the sampling program (sample/v1, docs/contract.md §11) at
+  // per-sequence T, top-k, top-p and min-p, and records its processed and raw logp; the trainer
+  // replays the program (linear_logp with a SamplingProgram); the negative control is an engine's
+  // own sampler (bf16 logits, divide by T, sort-based top-k/top-p, min-p, softmax renormalization).
+  // In-process host ranks only (no devices).
+  bool sampling = false;
 };
 
 struct Metrics {
@@ -89,7 +95,9 @@ struct HarnessResult {
   bool entropy_exact = false;
   std::string entropy_note;
   std::string json, markdown;
-  Metrics metrics, control;
+  // With cfg.sampling: metrics compares the processed logp, raw the raw logp (both must be exactly
+  // zero for `exact`), control the engine sampler's processed logp against the trainer's.
+  Metrics metrics, control, raw;
   EntropyMetrics entropy;
 };
 

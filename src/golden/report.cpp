@@ -98,9 +98,15 @@ std::string report_json(const HarnessConfig& cfg, const HarnessRun& run, const H
          "differ: not compared\"}\n}\n";
     return j.str();
   }
-  j << "  \"logp\": " << metrics_json(res.metrics) << ",\n  \"entropy\": " << entropy_json(run, res)
-    << ",\n  \"negative_control_bf16_logits\": " << metrics_json(res.control)
-    << ",\n  \"claim\": {\"logp_exact_zero\": " << (res.exact ? "true" : "false")
+  if (cfg.sampling)
+    j << "  \"sampling\": {\"program\": \"sample/v1\", \"logp\": \"processed\", \"logp_raw\": " << metrics_json(res.raw)
+      << ", \"replay_outside_support\": " << run.replay_outside_support
+      << ", \"control_filtered_token\": " << run.control_filtered
+      << ", \"negative_control\": \"engine sampler: bf16 logits, /T, sort-based top-k/top-p, min-p, softmax "
+         "renormalization\"},\n";
+  j << "  \"logp\": " << metrics_json(res.metrics) << ",\n  \"entropy\": " << entropy_json(run, res) << ",\n  \""
+    << (cfg.sampling ? "negative_control_engine_sampler" : "negative_control_bf16_logits")
+    << "\": " << metrics_json(res.control) << ",\n  \"claim\": {\"logp_exact_zero\": " << (res.exact ? "true" : "false")
     << ", \"entropy_exact_zero\": " << (res.entropy_compared ? (res.entropy_exact ? "true" : "false") : "null");
   if (!res.entropy_compared) j << ", \"entropy_not_compared\": " << json_quote(res.entropy_note);
   j << ", \"negative_control_drift\": " << (res.control_drift ? "true" : "false") << "},\n  \"tokens\": [\n";
@@ -112,6 +118,11 @@ std::string report_json(const HarnessConfig& cfg, const HarnessRun& run, const H
       << ", \"logp_trainer\": " << json_quote(hex_bits(run.trainer_logp[k])) << ", \"k3\": " << num(run.k3[k])
       << ", \"logp_control\": " << json_quote(hex_bits(run.control_logp[k]))
       << ", \"k3_control\": " << num(run.control_k3[k]);
+    if (cfg.sampling)
+      j << ", \"top_k\": " << run.top_k[k] << ", \"top_p\": " << num(run.top_p[k])
+        << ", \"min_p\": " << num(run.min_p[k])
+        << ", \"logp_raw_rollout\": " << json_quote(hex_bits(run.rollout_logp_raw[k]))
+        << ", \"logp_raw_trainer\": " << json_quote(hex_bits(run.trainer_logp_raw[k]));
     if (res.entropy_compared)
       j << ", \"entropy_rollout\": " << json_quote(hex_bits(run.rollout_entropy[k]))
         << ", \"entropy_trainer\": " << json_quote(hex_bits(run.trainer_entropy[k]));
@@ -153,14 +164,23 @@ std::string report_markdown(const HarnessConfig& cfg, const HarnessRun& run, con
   };
   md << "| row | train_rollout_logprob_abs_diff (mean) | current_rollout_logprob_max_abs_diff | mismatch_count / "
         "total | K3 max | K3 != 0 |\n|---|---|---|---|---|---|\n";
-  row("logp (detlogp both sides)", res.metrics);
+  row(cfg.sampling ? "processed logp (sample/v1 rollout, replayed by the trainer)" : "logp (detlogp both sides)",
+      res.metrics);
+  if (cfg.sampling) row("raw logp (the same tokens at T, no filter)", res.raw);
   if (res.entropy_compared)
     md << "| entropy (rollout vs trainer, detlogp both sides) | " << num(res.entropy.mean_abs_diff) << " | "
        << num(res.entropy.max_abs_diff) << " | " << res.entropy.mismatch_count << " / " << res.entropy.total
        << " | - | - |\n";
   else
     md << "| entropy (rollout vs trainer) | not compared | | | | |\n";
-  row("negative control (bf16 logits + log_softmax)", res.control);
+  row(cfg.sampling ? "negative control (an engine's sampler: bf16 logits, sort-based top-k/top-p, min-p)"
+                   : "negative control (bf16 logits + log_softmax)",
+      res.control);
+  if (cfg.sampling)
+    md << "\nSampling program `sample/v1` with per-sequence T (greedy included), top-k, top-p and min-p; the "
+          "trainer replays it (linear_logp with a SamplingProgram, TP="
+       << cfg.tp << " over V / TP shards); targets outside the replayed support: " << run.replay_outside_support
+       << "; tokens the engine sampler's control filtered out: " << run.control_filtered << ".\n";
   md << "\n**logp claim: " << (res.exact ? "exact zero" : "NOT exact") << "**: " << res.metrics.mismatch_count << " of "
      << res.metrics.total << " tokens differ in bits, K3 = rho - 1 - log(rho) is " << num(res.metrics.k3_max)
      << " at most; backed by the readback above: rollout `" << rollout.backend << "` and trainer `" << trainer.backend
@@ -192,6 +212,10 @@ void log_summary(const HarnessConfig& cfg, const HarnessRun& run, const HarnessR
   log << "weight fingerprint: rollout " << run.rollout_fingerprint << ", trainer " << run.trainer_fingerprint
       << (run.same_weights() ? " (match)" : " (MISMATCH: not compared)") << "\n";
   if (!res.compared) return;
+  if (cfg.sampling)
+    log << "sampling program sample/v1: raw logp mismatch " << res.raw.mismatch_count << "/" << res.raw.total
+        << ", max_abs_diff " << num(res.raw.current_rollout_logprob_max_abs_diff) << ", replay outside support "
+        << run.replay_outside_support << ", control filtered " << run.control_filtered << "\n";
   log << "logp: mismatch " << res.metrics.mismatch_count << "/" << res.metrics.total << ", abs_diff(mean) "
       << num(res.metrics.train_rollout_logprob_abs_diff) << ", max_abs_diff "
       << num(res.metrics.current_rollout_logprob_max_abs_diff) << ", K3 max " << num(res.metrics.k3_max) << "\n";

@@ -34,6 +34,13 @@ struct HarnessRun {
   std::vector<float> rollout_entropy, trainer_entropy;
   std::string trainer_entropy_how;
   std::vector<double> k3, control_k3;  // filled when the logprobs were compared
+  // With the sampling program: the raw logp of each token on both sides (logp above is the processed
+  // one), each token's program, the tokens the replay found outside its support (must be 0) and those
+  // the engine sampler's control filtered out (its logp is then -inf).
+  std::vector<float> rollout_logp_raw, trainer_logp_raw;
+  std::vector<int64_t> top_k;
+  std::vector<float> top_p, min_p;
+  int64_t replay_outside_support = 0, control_filtered = 0;
 
   int64_t total() const { return static_cast<int64_t>(tokens.size()); }
   bool same_weights() const { return trainer_fingerprint == rollout_fingerprint; }

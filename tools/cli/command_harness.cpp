@@ -20,13 +20,15 @@ namespace g = golden;
 void harness_help(std::ostream& os) {
   os << "usage: detlogp harness rollout-vs-trainer [--seqs S] [--max-len L] [--max-batch B] [--d D] [--v V]\n"
         "                          [--real-vocab R] [--tp P] [--cp C] [--rollout-tp P] [--devices 0,1,..]\n"
-        "                          [--seed S] [--strict] [--backend ID] --out DIR\n"
+        "                          [--seed S] [--sampling] [--strict] [--backend ID] --out DIR\n"
         "       detlogp harness l3 --side trainer|rollout --out FILE.safetensors [--tp P] [--case A,B]\n"
         "       detlogp harness l3-check --a FILE --b FILE\n"
         "       detlogp harness l3-export --dir DIR [--case A,B]\n\n"
         "rollout-vs-trainer (L4/L5): a synthetic rollout with continuous batching and a sampler on the\n"
         "serving entry's fp32 logits, then a packed TP trainer recomputation at the same weight\n"
-        "fingerprint; writes DIR/report.json and DIR/report.md. Exit 0 when every logp metric is exactly\n"
+        "fingerprint (--sampling: the rollout draws with the sampling program sample/v1 at per-sequence T,\n"
+        "top-k, top-p and min-p, the trainer replays it, the control is an engine's own sampler); writes\n"
+        "DIR/report.json and DIR/report.md. Exit 0 when every logp metric is exactly\n"
         "zero with no fallback, so is every entropy metric (where the trainer's backend serves the\n"
         "entropy output; the report says when not), and the bf16-logits negative control drifts; 1\n"
         "otherwise (also when the weight fingerprints differ, which is reported and never compared).\n"
@@ -72,6 +74,7 @@ int rollout_vs_trainer(const Options& o) {
   if (o.has("devices")) cfg.devices = device_list(o, static_cast<size_t>(std::max(cfg.tp, cfg.rollout_tp)));
   cfg.seed = static_cast<uint64_t>(o.integer("seed", 0, 0, INT64_MAX));
   cfg.perturb_trainer_weight = o.flag("perturb-trainer-weight");
+  cfg.sampling = o.flag("sampling");
   cfg.rollout_opt = cfg.trainer_opt = call_options(o);
   const std::filesystem::path dir = o.text("out");
   for (const char* name : {"report.json", "report.md"}) io::check_output_file(dir / name);

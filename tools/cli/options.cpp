@@ -142,6 +142,8 @@ const OptionRow kOptionRows[] = {
     {"harness rollout-vs-trainer", "seed", true, "generator seed (default 0)"},
     {"harness rollout-vs-trainer", "backend", true, "backend of both sides (default: env DETLOGP_BACKEND, else auto)"},
     {"harness rollout-vs-trainer", "strict", false, "contract-bearing backends only, no fallback"},
+    {"harness rollout-vs-trainer", "sampling", false,
+     "sample with the program sample/v1 (per-sequence T, top-k, top-p, min-p); the trainer replays it"},
     {"harness rollout-vs-trainer", "perturb-trainer-weight", false,
      "flip one bit of the trainer's weight: the fingerprints must differ"},
     {"harness rollout-vs-trainer", "out", true, "directory for report.json and report.md (created if missing)"},
