@@ -42,6 +42,61 @@ def host_time(fn, iters: int) -> float:
     return (t1 - t0) / iters * 1e6
 
 
+def host_time_ahead(fn, calls: int = 10, reps: int = 20) -> float:
+    """The host time of a call that neither waits nor is waited for: `calls` calls (fewer than the
+    16 verdicts a thread holds) enqueued behind a sleeping GPU; the median over reps."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        busy_gpu(calls * 1500)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def breakdown(w, h, t) -> None:
+    """The host time of one trainer call, peeled layer by layer: the public function, the custom
+    op through torch's dispatcher, the op's Python body alone, the extension call alone (its
+    problem tuple built once), and the extension call waiting for the verdict."""
+    from detlogp import _detlogp as ext
+    from detlogp._torch import op as op_mod
+    from detlogp._torch.tensors import library_problem, stream_of
+
+    n, v = h.shape[0], w.shape[0]
+    body = getattr(op_mod.linear_logp_op, "_init_fn", None)
+    logp = torch.empty(n, device=h.device)
+    lse = torch.empty(n, device=h.device)
+    problem = library_problem(h, w, t, None, 1.0, None, v, 0, -100)
+    stream = stream_of(h)
+    cases = {
+        "F.linear": lambda: F.linear(h, w),
+        "torch.empty x4": lambda: [torch.empty(n, device=h.device) for _ in range(4)],
+        "dt.linear_logp": lambda: dt.linear_logp(h, w, t),
+        "torch.ops.detlogp.linear_logp": lambda: torch.ops.detlogp.linear_logp(
+            h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0),
+        "op body (no dispatcher)": (lambda: body(h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0))
+        if body else None,
+        "library_problem": lambda: library_problem(h, w, t, None, 1.0, None, v, 0, -100),
+        "_ext.linear_logp deferred": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+                                                             defer_errors=True),
+        "_ext.linear_logp waiting": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream),
+    }
+    print(f"host time per call, N = {n}, calls enqueued ahead of a busy GPU (median us):")
+    for name, fn in cases.items():
+        if fn is None:
+            print(f"  {name:<34} n/a")
+            continue
+        try:
+            fn()
+            torch.cuda.synchronize()
+            print(f"  {name:<34} {host_time_ahead(fn):>9.1f}", flush=True)
+        except Exception as e:  # a signature this build does not have: say so, measure the rest
+            print(f"  {name:<34} failed: {type(e).__name__}: {e}")
+
+
 def eager_time(fn, flush, iters: int) -> float:
     times = []
     for _ in range(iters):
@@ -74,6 +129,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--rows", default="1,8,64")
     ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--breakdown-only", action="store_true")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("host_overhead: skipped, no CUDA device")
@@ -82,6 +138,10 @@ def main():
     g = torch.Generator(device=dev).manual_seed(0)
     w = (torch.randn(args.vocab, args.dim, device=dev, generator=g) * 0.02).to(torch.bfloat16)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
+    hb = torch.randn(1, args.dim, device=dev, generator=g).to(torch.bfloat16)
+    breakdown(w, hb, torch.randint(0, args.vocab, (1,), device=dev, generator=g))
+    if args.breakdown_only:
+        return
     print(f"{'N':>5} {'case':<22} {'host us':>9} {'eager us':>9} {'graph us':>9} {'eager/F.linear':>15}")
     for n in [int(x) for x in args.rows.split(",")]:
         h = torch.randn(n, args.dim, device=dev, generator=g)
