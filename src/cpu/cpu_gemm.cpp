@@ -29,13 +29,16 @@ __attribute__((target("avx2"), always_inline)) inline void transpose8x16(const u
                                                                          float* dst) {
   const __m256i zero = _mm256_setzero_si256();
   __m256i r[8], a[8], b[8];
+  DETLOGP_UNROLL
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * stride));
   // a[2j] / a[2j+1]: rows 2j, 2j+1 interleaved, k 0-3 / 4-7 of each 128-bit lane.
+  DETLOGP_UNROLL
   for (int j = 0; j < 4; ++j) {
     a[2 * j] = _mm256_unpacklo_epi16(r[2 * j], r[2 * j + 1]);
     a[2 * j + 1] = _mm256_unpackhi_epi16(r[2 * j], r[2 * j + 1]);
   }
   // b[q] (q < 4): rows 0-3 at k = 2q, 2q + 1; b[4 + q]: rows 4-7.
+  DETLOGP_UNROLL
   for (int half = 0; half < 2; ++half) {
     const __m256i* s = a + 4 * half;
     b[4 * half + 0] = _mm256_unpacklo_epi32(s[0], s[2]);
@@ -43,7 +46,9 @@ __attribute__((target("avx2"), always_inline)) inline void transpose8x16(const u
     b[4 * half + 2] = _mm256_unpacklo_epi32(s[1], s[3]);
     b[4 * half + 3] = _mm256_unpackhi_epi32(s[1], s[3]);
   }
+  DETLOGP_UNROLL
   for (int q = 0; q < 4; ++q) {
+    DETLOGP_UNROLL
     for (int odd = 0; odd < 2; ++odd) {
       const __m256i lo = odd ? _mm256_unpackhi_epi16(zero, b[q]) : _mm256_unpacklo_epi16(zero, b[q]);
       const __m256i hi = odd ? _mm256_unpackhi_epi16(zero, b[4 + q]) : _mm256_unpacklo_epi16(zero, b[4 + q]);
@@ -65,9 +70,9 @@ __attribute__((target("avx2"), always_inline)) inline int64_t pack_panel(const u
   for (int c0 = 0; c0 < kPanelCols; c0 += 16) {
     const uint16_t* src = weight + (first_row + c0) * weight_stride;
     for (int64_t k0 = 0; k0 < k_end; k0 += 16) {
-      if (k0 % 32 == 0)
-        for (int i = 0; i < 16; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(src + i * weight_stride + k0 + 256), _MM_HINT_T0);
+      if (k0 % 32 == 0) DETLOGP_UNROLL
+      for (int i = 0; i < 16; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(src + i * weight_stride + k0 + 256), _MM_HINT_T0);
       float* dst = panel.kmajor.data() + k0 * kPanelCols + c0;
       transpose8x16(src + k0, weight_stride, dst);
       transpose8x16(src + 8 * weight_stride + k0, weight_stride, dst + 8);
@@ -80,11 +85,10 @@ __attribute__((target("avx2"))) int64_t load_weight_panel_avx2(const uint16_t* w
                                                                int64_t first_row, int64_t dim, WeightPanel& panel) {
   return pack_panel(weight, weight_stride, first_row, dim, panel);
 }
-// The same code with AVX-512VL's 32 vector registers, which hold the transpose without spills.
-__attribute__((target("avx2,avx512f,avx512vl"))) int64_t load_weight_panel_avx512(const uint16_t* weight,
-                                                                                  int64_t weight_stride,
-                                                                                  int64_t first_row, int64_t dim,
-                                                                                  WeightPanel& panel) {
+// The same code with AVX-512's 32 vector registers (VL and BW: EVEX forms of the 16-bit
+// interleaves), which hold the transpose with fewer spills.
+__attribute__((target("avx2,avx512f,avx512vl,avx512bw"))) int64_t load_weight_panel_avx512(
+    const uint16_t* weight, int64_t weight_stride, int64_t first_row, int64_t dim, WeightPanel& panel) {
   return pack_panel(weight, weight_stride, first_row, dim, panel);
 }
 #endif
