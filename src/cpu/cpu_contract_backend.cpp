@@ -13,6 +13,7 @@
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
 #include "cpu/cpu_sample.hpp"
+#include "cpu/cpu_tile_summary.hpp"
 #include "cpu/cpu_wgmma_gemm.hpp"
 #include "detlogp/detlogp.hpp"
 
@@ -92,7 +93,7 @@ void panel_epilogue(const LogpProblem& p, int64_t row, int64_t col0, int cols, f
       out.summaries[slot] = s.summary;
       out.usums[slot] = s.usum;
     } else {
-      out.summaries[slot] = tile_summary(y, role.real_lanes);
+      out.summaries[slot] = cpu::fast_tile_summary(y, role.real_lanes);
     }
   } else {
     std::copy(y, y + role.edge_count, out.edge_logits + at * out.edge_lanes + role.edge);

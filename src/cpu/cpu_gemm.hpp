@@ -1,6 +1,7 @@
 // CPU fp32 GEMM for the contract: z[r][c] = sum_k h[r][k] * w[c][k], K ascending, one separately
-// rounded multiply and add per step (products of bf16 are exact in fp32 in the normal range, so
-// only the accumulation order matters; docs/contract.md §3.1). Vectorized across output columns.
+// rounded multiply and add per step, from an accumulator of +0 (products of bf16 are exact in fp32
+// in the normal range, so only the accumulation order matters; docs/contract.md §3.1). Vectorized
+// across output columns: a lane is one output, so every instruction set gives the same bits.
 #pragma once
 
 #include <algorithm>
@@ -15,18 +16,42 @@ namespace detlogp::cpu {
 
 // One vocab tile's weights widened to fp32 and transposed to [D][cols] so a K step touches
 // consecutive columns.
+// Weight rows the kernels prefetch, one cache line a k step, while they compute a panel: the rows
+// of the panel the worker will likely pack next. Only a hint: any value gives the same bits.
+struct PanelPrefetch {
+  const char* row = nullptr;
+  int64_t stride_bytes = 0;
+  int64_t row_bytes = 0;
+  int64_t offset = 0;
+  int rows_left = 0;
+};
+
 struct WeightPanel {
   int cols = 0;
   std::vector<float> kmajor;  // [dim][kPanelCols]
+  mutable PanelPrefetch prefetch;
 };
 inline constexpr int kPanelCols = 64;
 
+// The kernels, by instruction set; the library runs the best one the CPU supports (gemm_isa()).
+// All of them compute the same per-lane chain, so the choice is a free axis; the tests run each
+// supported one against a scalar loop.
+enum class GemmIsa { kPortable = 0, kAvx2 = 1, kAvx512 = 2 };
+GemmIsa gemm_isa();
+bool gemm_isa_supported(GemmIsa isa);
+const char* gemm_isa_name(GemmIsa isa);
+
 void load_weight_panel(const uint16_t* weight, int64_t weight_stride, int64_t first_row, int cols, int64_t dim,
                        WeightPanel& panel);
+void load_weight_panel(GemmIsa isa, const uint16_t* weight, int64_t weight_stride, int64_t first_row, int cols,
+                       int64_t dim, WeightPanel& panel);
 
-// z for `rows` hidden rows (already widened to fp32, [rows][dim]) against one panel;
-// out[r * out_stride + c] for c < panel.cols.
+// z for `rows` hidden rows (already widened to fp32, [rows][dim]) against one panel:
+// out[r * out_stride + c] for c < panel.cols. out_stride >= kPanelCols: the kernels may also write
+// the zero columns past panel.cols (callers never consume them).
 void gemm_rows_panel(const float* hidden_f32, int rows, int64_t dim, const WeightPanel& panel, float* out,
+                     int64_t out_stride);
+void gemm_rows_panel(GemmIsa isa, const float* hidden_f32, int rows, int64_t dim, const WeightPanel& panel, float* out,
                      int64_t out_stride);
 
 // The fp32-chain GEMM as a policy of for_each_z_panel: hidden rows widened to fp32, weight panels
@@ -96,6 +121,19 @@ void for_each_z_panel(const uint16_t* hidden, int64_t hidden_stride, const uint1
       const int panel_cols = static_cast<int>(std::min<int64_t>(kPanelCols, cols - col0));
       Scratch& s = scratch[static_cast<size_t>(worker)];
       Gemm::load_panel(weight, weight_stride, col0, panel_cols, dim, s.panel);
+      if constexpr (requires { s.panel.prefetch; }) {
+        // Tasks are taken in order by the workers in turn, so this worker's next one is likely
+        // `workers` further on.
+        const int64_t next = task + workers;
+        s.panel.prefetch = {};
+        if (next < blocks * panels) {
+          const int64_t next_col0 = (next % panels) * kPanelCols;
+          s.panel.prefetch = {reinterpret_cast<const char*>(weight + next_col0 * weight_stride),
+                              weight_stride * static_cast<int64_t>(sizeof(uint16_t)),
+                              dim * static_cast<int64_t>(sizeof(uint16_t)), 0,
+                              static_cast<int>(std::min<int64_t>(kPanelCols, cols - next_col0))};
+        }
+      }
       s.z.resize(static_cast<size_t>(kRowGroup) * kPanelCols);
       for (int64_t g0 = b_row0; g0 < b_row0 + b_rows; g0 += kRowGroup) {
         const int g_rows = static_cast<int>(std::min<int64_t>(kRowGroup, b_row0 + b_rows - g0));

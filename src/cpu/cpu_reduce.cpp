@@ -5,6 +5,7 @@
 
 #include "core/reduce_logits.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_tile_summary.hpp"
 
 namespace detlogp::detail {
 
@@ -26,7 +27,7 @@ void cpu_reduce_logits(const ReduceLogitsProblem& p) {
         summaries[static_cast<size_t>(g)] = s.summary;
         usums[static_cast<size_t>(g)] = s.usum;
       } else {
-        summaries[static_cast<size_t>(g)] = tile_summary(y, std::min(real, cols));
+        summaries[static_cast<size_t>(g)] = cpu::fast_tile_summary(y, std::min(real, cols));
       }
     }
     const RowChain chain = chain_row_summaries(summaries.data(), tiles);

@@ -12,6 +12,7 @@
 
 #include "cpu/cpu_gemm.hpp"
 #include "cpu/cpu_parallel.hpp"
+#include "cpu/cpu_tile_summary.hpp"
 #include "cpu/cpu_wgmma_gemm.hpp"
 #include "detlogp/sample.hpp"
 
@@ -76,7 +77,7 @@ bool run_row(const SampleProblem& p, int64_t n, const float* z, RowScratch& s) {
   s.tiles.resize(static_cast<size_t>(n_tiles));
   for (int64_t g = 0; g < n_tiles; ++g) {
     const int64_t real = std::min<int64_t>(kVocabTile, lanes - g * kVocabTile);
-    s.tiles[static_cast<size_t>(g)] = tile_summary(y + g * kVocabTile, static_cast<int>(real));
+    s.tiles[static_cast<size_t>(g)] = cpu::fast_tile_summary(y + g * kVocabTile, static_cast<int>(real));
   }
   const RowStats st = row_stats(s.tiles.data(), n_tiles);
   const bool samplable = row_samplable(st);
