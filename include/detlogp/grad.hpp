@@ -17,7 +17,8 @@ namespace detlogp {
 
 using fp::bf16_round;  // a NaN gradient is stored as the canonical kCanonicalNanBf16
 
-// Per-row operands of the logit gradient: gl = dL/dlogp (+0 for an ignored row, or when absent),
+// Per-row operands of the logit gradient: gl = dL/dlogp (+0 for an ignored row, or when absent;
+// with K targets a row the sum of the entries' dL/dlogp, entry_gradient_sum),
 // gs = dL/dlse (+0 when absent), inv_t = inverse_temperature(T_row), lse the forward's lse. With an
 // entropy term (a dL/dH input given): gh = dL/dH and h the forward's entropy H of the row.
 struct GradRow {
@@ -43,13 +44,39 @@ struct GradRow {
 // entropy term the bits are those of the logp/lse-only gradient.
 // The two halves of grad_logit around its exponential, for a backend that evaluates many
 // exponentials at once (the SM90 epilogue: expc_normal where the argument allows, same bits).
+//
+// With K targets a row ([N, K], docs/contract.md appendix A): gl is the sum of the non-ignored
+// entries' g_k (entry_gradient_sum) and the target step is d = fl(d + g_k) once per non-ignored
+// entry k whose id is this column, in ascending k (grad_from_p_entries; a repeated id adds each
+// of its entries). K = 1 is the single-target order above, bit for bit.
 DETLOGP_HD float grad_exp_arg(float z, const GradRow& r) { return fp::sub(scale_logit(z, r.inv_t), r.lse); }
-DETLOGP_HD float grad_from_p(float p, float x, const GradRow& r, bool is_target) {
+DETLOGP_HD float grad_p_term(float p, float x, const GradRow& r) {
   float c = fp::sub(r.gs, r.gl);
   if (r.entropy_term && p != 0.0f) c = fp::fma(fp::neg(r.gh), fp::add(x, r.h), c);
-  float d = fp::mul(c, p);
+  return fp::mul(c, p);
+}
+DETLOGP_HD float grad_from_p(float p, float x, const GradRow& r, bool is_target) {
+  float d = grad_p_term(p, x, r);
   if (is_target) d = fp::add(d, r.gl);
   return fp::mul(d, r.inv_t);
+}
+DETLOGP_HD float grad_from_p_entries(float p, float x, const GradRow& r, const float* adds, int n_adds) {
+  float d = grad_p_term(p, x, r);
+  for (int i = 0; i < n_adds; ++i) d = fp::add(d, adds[i]);
+  return fp::mul(d, r.inv_t);
+}
+
+// gl of a row of K entries: the first non-ignored g_k, then fl(gl + g_k) for each later one in
+// ascending k; +0 when every entry is ignored (K = 1: g, or +0 for an ignored row).
+DETLOGP_HD float entry_gradient_sum(const float* g, const bool* ignored, int k) {
+  float sum = 0.0f;
+  bool first = true;
+  for (int i = 0; i < k; ++i) {
+    if (ignored[i]) continue;
+    sum = first ? g[i] : fp::add(sum, g[i]);
+    first = false;
+  }
+  return sum;
 }
 
 DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target) {
@@ -61,6 +88,14 @@ DETLOGP_HD float grad_logit(float z, const GradRow& r, bool real, bool is_target
 // The stored gradient: bf16_round(grad_logit(...)).
 DETLOGP_HD uint16_t grad_logit_bf16(float z, const GradRow& r, bool real, bool is_target) {
   return bf16_round(grad_logit(z, r, real, is_target));
+}
+
+// The stored gradient of a column that n_adds entries of the row name (adds: their g_k in entry
+// order; n_adds = 0 for any other column). A target is never padding.
+DETLOGP_HD uint16_t grad_logit_entries_bf16(float z, const GradRow& r, bool real, const float* adds, int n_adds) {
+  if (!real) return 0;
+  const float x = grad_exp_arg(z, r);
+  return bf16_round(grad_from_p_entries(expc(x), x, r, adds, n_adds));
 }
 
 // The logit gradient of the sampling program's replay (docs/contract.md §11.10), the support Sigma

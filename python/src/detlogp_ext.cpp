@@ -631,7 +631,7 @@ NB_MODULE(_detlogp, m) {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::GradLogitsArgs args;
         args.lse = view_of(lse, "lse", 1, false);
-        if (auto g = opt_view(g_logp, "g_logp", 1)) args.g_logp = *g;
+        if (g_logp) args.g_logp = view_of(*g_logp, "g_logp", target_rank(*g_logp, "g_logp"), false);
         if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
         if (auto h = opt_view(entropy, "entropy", 1)) args.entropy = *h;
         if (auto g = opt_view(g_entropy, "g_entropy", 1)) args.g_entropy = *g;

@@ -44,11 +44,19 @@ struct SampledGradOperands {
   }
 };
 
+// A row's target entries in the chunk: the columns of its non-ignored entries that fall in it,
+// with their dL/dlogp, in entry order (a repeated id appears once per entry).
+struct GradEntries {
+  int count = 0;
+  int64_t col[kMaxTargetsPerRow];
+  float g[kMaxTargetsPerRow];
+};
+
 struct GradLogitsProblem : HeadOperands {
   int64_t cols = 0;  // C: columns of the chunk (weight rows)
 
   const float* lse = nullptr;        // [rows]
-  const float* g_logp = nullptr;     // [rows] or null (zeros)
+  const float* g_logp = nullptr;     // [rows][targets_per_row] or null (zeros)
   const float* g_lse = nullptr;      // [rows] or null (zeros)
   const float* entropy = nullptr;    // [rows]: the forward's H (set exactly when g_entropy is)
   const float* g_entropy = nullptr;  // [rows] or null: no entropy term
@@ -66,24 +74,35 @@ struct GradLogitsProblem : HeadOperands {
     const int64_t n = real_vocab - vocab_start;
     return n <= 0 ? 0 : (n >= cols ? cols : n);
   }
-  // Host memory only: the row's operands and its target column in the chunk (-1: none here).
-  GradRow grad_row(int64_t row, int64_t* target_col) const {
-    const int64_t t = target(row);
-    const bool ignored = t == ignore_index;
+  // Host memory only: the row's operands and its target entries in the chunk.
+  GradRow grad_row(int64_t row, GradEntries* entries) const {
+    const int64_t k = targets_per_row;
+    bool ignored[kMaxTargetsPerRow];
+    float g[kMaxTargetsPerRow];
+    entries->count = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t t = target(row, i);
+      ignored[i] = t == ignore_index;
+      g[i] = g_logp == nullptr ? 0.0f : g_logp[row * k + i];
+      const int64_t col = target_column(t, ignored[i]);
+      if (col >= 0) {
+        entries->col[entries->count] = col;
+        entries->g[entries->count++] = g[i];
+      }
+    }
     GradRow r;
     r.inv_t = inverse_temperature(temperature_rows ? temperature_rows[row] : temperature);
     r.lse = lse[row];
-    r.gl = (ignored || g_logp == nullptr) ? 0.0f : g_logp[row];
+    r.gl = g_logp == nullptr ? 0.0f : entry_gradient_sum(g, ignored, static_cast<int>(k));
     r.gs = g_lse == nullptr ? 0.0f : g_lse[row];
     if (g_entropy != nullptr) {
       r.entropy_term = true;
       r.gh = g_entropy[row];
       r.h = entropy[row];
     }
-    *target_col = target_column(t, ignored);
     return r;
   }
-  // The sampled form of grad_row (host memory).
+  // The sampled form of grad_row (host memory; one target a row).
   SampledGradRow sampled_grad_row(int64_t row, int64_t* target_col) const {
     const int64_t t = target(row);
     const bool ignored = t == ignore_index;
@@ -102,6 +121,12 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
 // The sampled form: the same checks, the program's and the replay outputs'.
 GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, const SamplingProgram& program,
                                                    const SampledGradArgs& args, const MutableTensorView& dz);
+
+// Rewrites the columns [col0, col0 + cols) of dz row `out` (out[0] is column col0; z likewise)
+// that the row's target entries name, with their terms in entry order (grad_logit_entries_bf16);
+// the other columns hold grad_logit_bf16(..., false) already.
+void write_target_columns(const GradEntries& e, const GradRow& r, int64_t real_cols, int64_t col0, int64_t cols,
+                          const float* z, uint16_t* out);
 
 // Host: recomputes z on the CPU contract GEMM and writes dz.
 void cpu_grad_logits(const GradLogitsProblem& p);

@@ -13,35 +13,30 @@ namespace detlogp::detail {
 
 namespace {
 
-// z on the CPU contract GEMM for every (row, panel); row_of(n, &target_col) gives a row's operands
-// once per widening window, grad(z, row, column, real, is_target) one dz value.
-template <class Row, class RowOf, class Grad>
-void grad_over_panels(const GradLogitsProblem& p, RowOf&& row_of, Grad&& grad) {
-  const int64_t real = p.real_cols();
+// z on the CPU contract GEMM for every (row, panel); row_of(n, &aux) gives a row's operands once
+// per widening window (aux: its target column, or its target entries), panel_out(z, row, aux,
+// col0, cols, out) one panel's dz values.
+template <class Row, class Aux, class RowOf, class PanelOut>
+void grad_over_panels(const GradLogitsProblem& p, RowOf&& row_of, PanelOut&& panel_out) {
   std::vector<Row> rows;  // per row of the current widening window
-  std::vector<int64_t> target_col;
+  std::vector<Aux> aux;
   int64_t window0 = 0;
   cpu::for_each_z_panel<cpu::Fp32ChainGemm>(
       p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.dim, 0, p.rows, p.cols,
       [&](int64_t w0, int64_t w_rows) {
         window0 = w0;
         rows.resize(static_cast<size_t>(w_rows));
-        target_col.resize(static_cast<size_t>(w_rows));
+        aux.resize(static_cast<size_t>(w_rows));
         cpu::parallel_for(w_rows, cpu::cpu_threads(), [&](int64_t r, int) {
-          rows[static_cast<size_t>(r)] = row_of(w0 + r, &target_col[static_cast<size_t>(r)]);
+          rows[static_cast<size_t>(r)] = row_of(w0 + r, &aux[static_cast<size_t>(r)]);
         });
       },
       [&](int64_t row, int64_t panel, int cols, const float* z) {
         const size_t local = static_cast<size_t>(row - window0);
-        const Row& g = rows[local];
-        const int64_t t_col = target_col[local];
         const int64_t col0 = panel * cpu::kPanelCols;
-        uint16_t* out = p.dz + row * p.dz_stride + col0;
-        for (int c = 0; c < cols; ++c) {
-          const int64_t v = col0 + c;
-          const float zv = p.bias ? add_bias(z[c], p.bias[v]) : z[c];
-          out[c] = grad(zv, g, v, v < real, v == t_col);
-        }
+        float zb[cpu::kPanelCols];
+        for (int c = 0; c < cols; ++c) zb[c] = p.bias ? add_bias(z[c], p.bias[col0 + c]) : z[c];
+        panel_out(zb, rows[local], aux[local], col0, cols, p.dz + row * p.dz_stride + col0);
       });
 }
 
@@ -49,18 +44,24 @@ void grad_over_panels(const GradLogitsProblem& p, RowOf&& row_of, Grad&& grad) {
 
 void cpu_grad_logits(const GradLogitsProblem& p) {
   if (p.rows == 0) return;
+  const int64_t real = p.real_cols();
   if (p.sampled) {
-    grad_over_panels<SampledGradRow>(
+    grad_over_panels<SampledGradRow, int64_t>(
         p, [&](int64_t n, int64_t* t_col) { return p.sampled_grad_row(n, t_col); },
-        [&](float z, const SampledGradRow& g, int64_t v, bool real, bool is_target) {
-          return bf16_round(sampled_grad_logit(z, p.vocab_start + v, g, real, is_target));
+        [&](const float* z, const SampledGradRow& g, int64_t t_col, int64_t col0, int cols, uint16_t* out) {
+          for (int c = 0; c < cols; ++c) {
+            const int64_t v = col0 + c;
+            out[c] = bf16_round(sampled_grad_logit(z[c], p.vocab_start + v, g, v < real, v == t_col));
+          }
         });
     return;
   }
-  grad_over_panels<GradRow>(
-      p, [&](int64_t n, int64_t* t_col) { return p.grad_row(n, t_col); },
-      [](float z, const GradRow& g, int64_t, bool real, bool is_target) {
-        return grad_logit_bf16(z, g, real, is_target);
+  // Every column without its target terms, then the few columns the row's entries name.
+  grad_over_panels<GradRow, GradEntries>(
+      p, [&](int64_t n, GradEntries* e) { return p.grad_row(n, e); },
+      [&](const float* z, const GradRow& g, const GradEntries& e, int64_t col0, int cols, uint16_t* out) {
+        for (int c = 0; c < cols; ++c) out[c] = grad_logit_bf16(z[c], g, col0 + c < real, false);
+        write_target_columns(e, g, real, col0, cols, z, out);
       });
 }
 

@@ -91,6 +91,9 @@ void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
     if (p.rows > 0) cpu_grad_logits(p);
     return;
   }
+  DETLOGP_CHECK(p.targets_per_row <= 1, "the SM90 logit gradient takes one target per row, but targets has K="
+                                            << p.targets_per_row << " ids per row; " << cpu_contract_backend().id()
+                                            << " computes it for [N, K] targets, on host memory");
   const Backend& sm90 = sm90_contract_backend();
   std::string why;
   DETLOGP_CHECK(sm90.available(&why),

@@ -15,6 +15,7 @@
 #include "detlogp/bitcmp.hpp"
 #include "detlogp/detlogp.hpp"
 #include "detlogp/dist.hpp"
+#include "detlogp/grad.hpp"
 #include "test_util.hpp"
 
 using namespace detlogp_test;
@@ -263,23 +264,80 @@ TEST(MultiTargets, PartialsAndRanksThatDisagreeOnKAreRefused) {
   }
 }
 
-TEST(MultiTargets, TheLogitGradientTakesOneTargetARow) {
-  const Problem p = tp_problem(123, -1, 8, 5, 32);
-  const std::vector<int64_t> t = multi_targets(p, 2, 8);
-  detlogp::LinearLogpInputs in = p.inputs();
-  in.targets = targets_view(t, p.rows, 2);
-  std::vector<float> lse(static_cast<size_t>(p.rows), 1.0f);
-  std::vector<uint16_t> dz(static_cast<size_t>(p.rows * p.vocab), 0xABCD);
-  detlogp::GradLogitsArgs args;
-  args.lse = detlogp::TensorView::vector(lse.data(), detlogp::DType::f32, p.rows);
-  try {
-    detlogp::linear_logp_grad_logits(in, args,
-                                     detlogp::mutable_matrix(dz.data(), detlogp::DType::bf16, p.rows, p.vocab));
-    ADD_FAILURE() << "[N, 2] targets accepted by the logit gradient";
-  } catch (const detlogp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the logit gradient takes one target per row, but targets has K=2"),
-              std::string::npos)
-        << e.what();
+// The logit gradient of [N, K] targets (docs/contract.md appendix A): dz is the pinned order applied
+// to the serving logits (gl = entry_gradient_sum of the non-ignored entries, then each entry's term
+// at its column in entry order, a repeated id once per entry), on the whole head and on a chunk at
+// vocab_start > 0; with every entry but the first ignored it is the [N] call's bits.
+TEST(MultiTargets, TheLogitGradientOfSeveralTargetsARow) {
+  const Problem p = tp_problem(300, 280, 8, 9, 32);
+  const int64_t k = 6;
+  const std::vector<int64_t> t = multi_targets(p, k, 8);
+  std::vector<float> g_logp(static_cast<size_t>(p.rows * k)), g_lse(static_cast<size_t>(p.rows));
+  for (int64_t i = 0; i < p.rows * k; ++i) g_logp[i] = 0.125f * static_cast<float>(i % 7) - 0.375f;
+  for (int64_t n = 0; n < p.rows; ++n) g_lse[n] = 0.25f * static_cast<float>(n % 3);
+  // The serving logits z (bias included) and the forward lse.
+  std::vector<float> z(static_cast<size_t>(p.rows * p.vocab)), logp(static_cast<size_t>(p.rows)),
+      lse(static_cast<size_t>(p.rows));
+  detlogp::LinearLogpOutputs served{detlogp::mutable_vector(logp.data(), detlogp::DType::f32, p.rows),
+                                    detlogp::mutable_vector(lse.data(), detlogp::DType::f32, p.rows),
+                                    detlogp::mutable_matrix(z.data(), detlogp::DType::f32, p.rows, p.vocab)};
+  detlogp::linear_logp(p.inputs(), served, cpu_backend_options());
+
+  const auto grad = [&](const std::vector<int64_t>& ids, int64_t per_row, const std::vector<float>& g, int64_t start,
+                        int64_t cols, bool g_vector = false) {
+    detlogp::LinearLogpInputs in = p.shard_inputs(start, cols);
+    in.real_vocab = p.real_vocab;
+    in.targets = per_row == 0 ? detlogp::TensorView::vector(ids.data(), detlogp::DType::i64, p.rows)
+                              : targets_view(ids, p.rows, per_row);
+    detlogp::GradLogitsArgs args;
+    args.lse = detlogp::TensorView::vector(lse.data(), detlogp::DType::f32, p.rows);
+    args.g_logp = per_row == 0 || g_vector
+                      ? detlogp::TensorView::vector(g.data(), detlogp::DType::f32, p.rows)
+                      : detlogp::TensorView::matrix(g.data(), detlogp::DType::f32, p.rows, per_row);
+    args.g_lse = detlogp::TensorView::vector(g_lse.data(), detlogp::DType::f32, p.rows);
+    std::vector<uint16_t> dz(static_cast<size_t>(p.rows * cols), 0xABCD);
+    detlogp::linear_logp_grad_logits(in, args, detlogp::mutable_matrix(dz.data(), detlogp::DType::bf16, p.rows, cols));
+    return dz;
+  };
+  const std::vector<uint16_t> whole = grad(t, k, g_logp, 0, p.vocab);
+  const std::vector<uint16_t> chunk = grad(t, k, g_logp, 100, p.vocab - 100);
+  int64_t target_columns = 0, repeated = 0;
+  for (int64_t n = 0; n < p.rows; ++n) {
+    bool ignored[detlogp::kMaxTargetsPerRow];
+    for (int64_t j = 0; j < k; ++j) ignored[j] = t[n * k + j] == p.ignore_index;
+    detlogp::GradRow r{};
+    r.inv_t = detlogp::inverse_temperature(p.temperature_rows[n]);
+    r.lse = lse[n];
+    r.gl = detlogp::entry_gradient_sum(&g_logp[n * k], ignored, static_cast<int>(k));
+    r.gs = g_lse[n];
+    for (int64_t v = 0; v < p.vocab; ++v) {
+      float adds[detlogp::kMaxTargetsPerRow];
+      int n_adds = 0;
+      for (int64_t j = 0; j < k; ++j)
+        if (!ignored[j] && t[n * k + j] == v) adds[n_adds++] = g_logp[n * k + j];
+      target_columns += n_adds > 0;
+      repeated += n_adds > 1;
+      const uint16_t want = detlogp::grad_logit_entries_bf16(z[n * p.vocab + v], r, v < p.real_vocab, adds, n_adds);
+      ASSERT_EQ(whole[n * p.vocab + v], want) << "row " << n << " column " << v;
+      if (v >= 100) ASSERT_EQ(chunk[n * (p.vocab - 100) + v - 100], want) << "chunk: row " << n << " column " << v;
+    }
   }
-  for (uint16_t x : dz) EXPECT_EQ(x, 0xABCD);
+  EXPECT_GT(target_columns, p.rows * 3);
+  EXPECT_GT(repeated, 0);  // a repeated id got both of its terms
+
+  // Only the first entry of each row kept: the [N] call's bits.
+  std::vector<int64_t> first(static_cast<size_t>(p.rows)), kept(t.size(), p.ignore_index);
+  std::vector<float> g_first(static_cast<size_t>(p.rows));
+  for (int64_t n = 0; n < p.rows; ++n) {
+    first[n] = kept[n * k] = t[n * k];
+    g_first[n] = g_logp[n * k];
+  }
+  EXPECT_EQ(grad(kept, k, g_logp, 0, p.vocab), grad(first, 0, g_first, 0, p.vocab));
+  // g_logp must be shaped like the targets.
+  try {
+    grad(t, k, g_first, 0, p.vocab, true);
+    ADD_FAILURE() << "[N] g_logp accepted with [N, K] targets";
+  } catch (const detlogp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("g_logp must be [N=9, K=6] f32, contiguous"), std::string::npos) << e.what();
+  }
 }

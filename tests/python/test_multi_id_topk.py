@@ -390,3 +390,33 @@ def test_vllm_logprobs_example_runs_and_its_ranks_are_the_contract_order():
                           env={k: v for k, v in env.items() if not k.startswith("DETLOGP_")}, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("rank=1") == 2 and "backend: cpu-linear-logp-contract-v1" in proc.stdout, proc.stdout
+
+
+def test_grad_logits_of_several_targets_a_row():
+    """detlogp.torch.grad_logits with [N, K] targets and g_logp [N, K] (the CPU implementation of
+    docs/contract.md appendix A): against the float64 formula (ignored entries, a repeated id, a
+    chunk at vocab_start > 0); with every entry but the first ignored, the [N] call's bits; g_logp
+    shaped otherwise is refused by name."""
+    h, w, b, t, temp = problem(9, 32, 260, k=5, seed=21)
+    logp, lse = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    g = torch.Generator().manual_seed(22)
+    g_logp, g_lse = torch.randn(9, 5, generator=g), torch.randn(9, generator=g)
+    y = (h.double() @ w.double().T + b.double()) / temp.double()[:, None]
+    p = torch.exp(y - lse.double()[:, None])
+    gl = torch.where(t == -100, 0.0, g_logp.double())
+    ref = p * (g_lse.double() - gl.sum(1))[:, None]
+    for j in range(5):
+        ref.scatter_add_(1, t[:, j : j + 1].clamp(min=0), gl[:, j : j + 1])
+    ref = ref / temp.double()[:, None]
+    for start in (0, 100):
+        dz = dt.grad_logits(h, w[start:], t, lse, g_logp, g_lse, bias=b[start:], temperature=temp, vocab_start=start,
+                            real_vocab=260)  # fmt: skip
+        err = ((dz.double() - ref[:, start:]).abs().max() / ref.abs().max()).item()
+        assert err < 4e-3, (start, err)  # bf16 dz
+    kept = torch.full_like(t, -100)
+    kept[:, 0] = t[:, 0]
+    multi = dt.grad_logits(h, w, kept, lse, g_logp, g_lse, bias=b, temperature=temp)
+    single = dt.grad_logits(h, w, t[:, 0].contiguous(), lse, g_logp[:, 0].contiguous(), g_lse, bias=b, temperature=temp)
+    assert torch.equal(multi.view(torch.int16), single.view(torch.int16))
+    with pytest.raises(detlogp.InputError, match=re.escape("g_logp must be [N=9, K=5] f32, contiguous")):
+        dt.grad_logits(h, w, t, lse, g_logp[:, 0].contiguous(), g_lse, bias=b, temperature=temp)
