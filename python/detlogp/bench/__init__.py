@@ -3,8 +3,11 @@
     python -m detlogp.bench [--heads qwen3-8b|llama3-8b|qwen3-0.6b|all] [--quick] [--csv out.csv]
 
 Times, in one run and on the same data:
-- detlogp.torch.linear_logp: the trainer entry, the serving entry (return_logits=True) and the
-  entropy output (return_entropy=True);
+- detlogp.torch.linear_logp: the trainer entry, the serving entry (return_logits=True), the
+  entropy output (return_entropy=True) and the trainer's replay of a sampling program
+  (sampling=, top-k 50 and top-p 0.95; ratio_vs_ref against the trainer entry);
+- detlogp.torch.sample with every filter on (T 0.9, top-k 50, top-p 0.95, min-p 0.05), in the
+  decode suite (ratio_vs_ref against the trainer entry);
 - torch: F.linear (the bf16 GEMM alone: every ratio_vs_linear divides by it), the fp32-output
   GEMM torch.ops.aten.mm.dtype (the serving entry's reference), and the materializing logprob
   (F.linear -> float -> log_softmax -> gather, with and without the entropy);
@@ -14,7 +17,7 @@ Times, in one run and on the same data:
   its import error), in the output and in the CSV (status "skipped").
 
 Suites, per head (--heads; --dim/--vocab for another shape):
-- decode-eager: N = 1, 8, 64, each call from an idle GPU, so a call's host time counts;
+- decode-eager: N = 1, 8, 64, 256, each call from an idle GPU, so a call's host time counts;
 - decode-graph: the same calls captured in a CUDA graph and replayed (no host time);
 - trainer-forward: N = 1024, 4096, 16384;
 - forward+backward: N = 4096, the loss sum(logp * g) (minus 0.01 * sum(entropy) for the entropy
@@ -86,8 +89,8 @@ MAIN_HEADS = ("qwen3-8b", "llama3-8b", "qwen3-0.6b")
 # Repetitions per suite: (eager, graph, trainer, fwdbwd).
 REPS = {"gpu": (30, 30, 15, 10), "gpu-quick": (10, 10, 6, 5), "cpu": (10, 0, 5, 3), "cpu-quick": (3, 0, 3, 2)}
 SIZES = {  # (decode N, trainer N, forward + backward N)
-    "gpu": ("1,8,64", "1024,4096,16384", "4096"),
-    "gpu-quick": ("1,8,64", "1024,4096", "4096"),
+    "gpu": ("1,8,64,256", "1024,4096,16384", "4096"),
+    "gpu-quick": ("1,8,64,256", "1024,4096", "4096"),
     "cpu": ("1,8", "64,256", "64"),
     "cpu-quick": ("1", "64", "64"),
 }
@@ -114,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab", type=int, help="a head of this V (with --dim) instead of --heads")
     ap.add_argument("--modes", default="decode,graph,trainer,fwdbwd", help="comma-separated of decode, graph, "
                     "trainer, fwdbwd (default all)")  # fmt: skip
-    ap.add_argument("--decode-n", help="decode N (default 1,8,64; CPU 1,8)")
+    ap.add_argument("--decode-n", help="decode N (default 1,8,64,256; CPU 1,8)")
     ap.add_argument("--trainer-n", help="trainer-forward N (default 1024,4096,16384; --quick 1024,4096; CPU 64,256)")
     ap.add_argument("--fwdbwd-n", help="forward + backward N (default 4096; CPU 64)")
     ap.add_argument("--methods", help="comma-separated method keys (torch-linear is always timed); --list shows them")

@@ -215,6 +215,49 @@ def _detlogp_entropy(h, w, t):
     return logp, entropy
 
 
+# The sampling program with every filter on (docs/contract.md §11): what an RL rollout runs.
+SAMPLE_PROGRAM = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "min_p": 0.05}
+# The trainer's replay of a top-k + top-p rollout.
+REPLAY_PROGRAM = {"temperature": 1.0, "top_k": 50, "top_p": 0.95}
+SAMPLE_SEED = 1234
+
+
+def _params(fields):
+    import detlogp
+
+    return detlogp.SamplingParams(**fields)
+
+
+def detlogp_sampling_unavailable(ctx: Context) -> Optional[str]:
+    """Why detlogp's sampling program cannot run here (None when it can), in the library's words."""
+    why = _detlogp_available(ctx)
+    if why:
+        return why
+    dt = _dt()
+    if not hasattr(dt, "sample"):
+        return "the installed detlogp.torch has no sample"
+    try:
+        h = torch.full((2, 128), 0.5, dtype=torch.bfloat16, device=ctx.device)
+        w = torch.full((1024, 128), 0.01, dtype=torch.bfloat16, device=ctx.device)
+        key = torch.zeros(2, dtype=torch.long, device=ctx.device)
+        dt.sample(h, w, _params(SAMPLE_PROGRAM), SAMPLE_SEED, key)
+        dt.linear_logp(h, w, key, sampling=_params(REPLAY_PROGRAM))
+    except Exception as e:  # noqa: BLE001 - the backend's refusal, in its words
+        return f"the sampling program failed: {_first_sentence(e)}"
+    return None
+
+
+def _detlogp_sample(h, w, t):
+    # The row's key is its target id: a key carried by the row (a request id), so the batch
+    # invariance check compares like with like.
+    out = _dt().sample(h, w, _params(SAMPLE_PROGRAM), SAMPLE_SEED, t)
+    return out.token, out.logp, out.logp_raw
+
+
+def _detlogp_replay(h, w, t):
+    return (_dt().linear_logp(h, w, t, sampling=_params(REPLAY_PROGRAM))[0],)
+
+
 # ---- peers -------------------------------------------------------------------------------------
 
 
@@ -347,6 +390,17 @@ def _register_builtins() -> None:
         forward=_detlogp_entropy, entropy_of=_second, ratio_ref="detlogp-trainer", kind="detlogp",
         loss=lambda h, w, t, g: _entropy_loss(_detlogp_entropy(h, w, t), g), available=detlogp_entropy_unavailable,
         **lp,
+    ))  # fmt: skip
+    register_method(Method(
+        "detlogp-sample", "detlogp.torch.sample (T, top-k, top-p, min-p)", (DECODE,),
+        forward=_detlogp_sample, available=detlogp_sampling_unavailable, ratio_ref="detlogp-trainer",
+        kind="detlogp", graphable=False,
+        notes=f"the rollout entry with every filter on ({SAMPLE_PROGRAM}); ratio_vs_ref against the trainer entry",
+    ))  # fmt: skip
+    register_method(Method(
+        "detlogp-replay", "detlogp.torch.linear_logp(sampling=top-k 50, top-p 0.95)", (TRAINER,),
+        forward=_detlogp_replay, available=detlogp_sampling_unavailable, ratio_ref="detlogp-trainer",
+        kind="detlogp", notes=f"the trainer's replay of {REPLAY_PROGRAM}: the processed logp of the targets",
     ))  # fmt: skip
     register_method(Method(
         "liger-flce", "Liger fused linear cross entropy (Triton)", (TRAINER, FWDBWD),
