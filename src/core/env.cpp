@@ -76,6 +76,10 @@ const Knob kFreeKnobs[] = {
      .kind = Kind::integer,
      .lo = 1,
      .hi = 2},
+    {.name = "DETLOGP_SM90_SAMPLE_RADIX",
+     .what = "1: the SM90 sampling kernel finds every cut by radix selection, not from gathered candidates "
+             "(free axis)",
+     .kind = Kind::flag},
     {.name = "DETLOGP_TP_WORKSPACE_MB",
      .what = "cap of the tensor-parallel gather buffer in MiB (chunks N)",
      .kind = Kind::integer,

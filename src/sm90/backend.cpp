@@ -459,6 +459,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   StreamBuffer fused_out(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling logp/lse", hint);
   StreamBuffer outside(p.replay ? static_cast<size_t>(p.rows) : 0, stream, p.device, "sampling outside", hint);
   DETLOGP_CUDA_CHECK(cudaMemsetAsync(ignored.get(), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
+  const bool radix_only = detail::env_checked("DETLOGP_SM90_SAMPLE_RADIX").value_or("0") == "1";
 
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
@@ -486,6 +487,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     s.tiles = reinterpret_cast<TileSummary*>(summaries.get());
     s.factors = reinterpret_cast<float*>(factors.get());
     s.outside = p.replay ? outside.get() : nullptr;
+    s.radix_only = radix_only;
     launch_sample_rows(s, stream);
   }
   if (p.replay) {

@@ -2,15 +2,26 @@
 // serving logits (fp32 z in device memory, from the fused kernel), the same definitions as the CPU
 // row program (detlogp/sample.hpp, detlogp/reduce.hpp, SampleProblem::write_row):
 //   1. the raw tile summaries (tile_summary per tile, threads over tiles), M by an exact max, the
-//      chain factors in parallel and the ascending fma chain by one thread (§5-§6: linear_logp's bits);
-//   2. the cut (§11.4-§11.5) by radix selection over rank_key, 16 passes of 4-bit digits: top-k with
-//      digit histograms of counts, top-p with digit histograms of the integer mass q after the exact
-//      sum Q over the top-k lanes. Each thread fills its own row of the histograms, which a tree of
-//      integer adds then sums: exact in any order, and no atomics (the contract kernels have none);
-//   3. one support pass: membership per lane (in_support), the masked tile summaries and their chain
-//      factors, the Gumbel scores and a block argmax under score_precedes (a total order, so the
-//      reduction order does not matter), the support size by the same integer tree;
-//   4. the support chain and write_row by one thread.
+//      chain factors in parallel and the ascending fma chain by one warp (§5-§6: linear_logp's bits);
+//   2. the cut (§11.4-§11.5). The candidate path: every lane of rank < k' has y >= the k'-th largest
+//      of the threads' maxima (each thread's maximum is a distinct lane), so the lanes with y at or
+//      above that bound hold the whole top-k, and they are a prefix of the rank order. They are
+//      gathered (at most kCandidates), sorted by rank key, and the cut is read off the sorted list:
+//      top-k by position, top-p by the exact integer prefix masses. Without top-k, top-p takes the
+//      same path when the gathered prefix already holds the threshold mass. Otherwise (a large k',
+//      a flat row) the radix selection over rank_key, 16 passes of 4-bit digits: top-k with digit
+//      histograms of counts, top-p with digit histograms of the integer mass q after the exact sum Q
+//      over the top-k lanes. Each thread fills its own row of the histograms, which a tree of integer
+//      adds then sums: exact in any order, and no atomics (the contract kernels have none). Both find
+//      the same lane: the cut is a selection by a total order;
+//   3. the support: with a cut every support lane is among the sorted candidates, so the support's
+//      lanes are sorted by id, each tile that holds some gets its masked summary, and the chain runs
+//      over those tiles in ascending order (a tile without support lanes has s_g = 0, a step that
+//      changes nothing); the Gumbel scores of the support lanes and a block argmax under
+//      score_precedes (a total order, so the reduction order does not matter). Without a cut, one pass
+//      over every tile: membership (min-p), masked summaries, scores, the support size by the same
+//      integer tree, the chain by one warp;
+//   4. write_row by one thread.
 // Every rounding is the contract's; the block only chooses the order of exact operations.
 #include <cuda_runtime.h>
 
@@ -24,31 +35,63 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kDigitBits = 4;
 constexpr int kDigits = 1 << kDigitBits;
+// The candidate path's capacity: rank-ordered lanes gathered in shared memory.
+constexpr int kCandidates = 2048;
+static_assert((kCandidates & (kCandidates - 1)) == 0 && kCandidates >= kThreads, "a power-of-two sort size");
+static_assert(kThreads % 32 == 0 && (kThreads & (kThreads - 1)) == 0, "whole warps, a power-of-two sort");
 
 // The y of lane v of the row (the same fl(z * inv_t) every pass).
 __device__ __forceinline__ float lane_y(const float* z, int64_t v, float inv_t) { return scale_logit(z[v], inv_t); }
 
-// Tile g's scaled logits into y[0, real) (real lanes of the tile), returns real.
+// Tile g's scaled logits into y[0, real) (real lanes of the tile), returns real. A whole tile at a
+// 16-byte aligned address is read as float4s.
 __device__ __forceinline__ int load_tile(const float* z, int64_t g, int64_t lanes, float inv_t, float* y) {
   const int64_t first = g * kVocabTile;
   const int real = lanes - first < kVocabTile ? static_cast<int>(lanes - first) : kVocabTile;
+  const float* src = z + first;
+  if (real == kVocabTile && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+#pragma unroll
+    for (int c = 0; c < kVocabTile; c += 4) {
+      const float4 q = __ldg(reinterpret_cast<const float4*>(src + c));
+      y[c] = scale_logit(q.x, inv_t);
+      y[c + 1] = scale_logit(q.y, inv_t);
+      y[c + 2] = scale_logit(q.z, inv_t);
+      y[c + 3] = scale_logit(q.w, inv_t);
+    }
+    return real;
+  }
   for (int c = 0; c < real; ++c) y[c] = lane_y(z, first + c, inv_t);
   return real;
 }
 
-__device__ __forceinline__ int64_t key_id(uint64_t key) {
-  return static_cast<int64_t>(0xFFFFFFFFull - (key & 0xFFFFFFFFull));
-}
+__device__ __forceinline__ int64_t key_id(uint64_t key) { return rank_key_id(key); }
 
 struct Shared {
-  unsigned long long hist[kDigits][kThreads];  // each thread's digit histogram (counts or masses)
-  unsigned long long prefix;                   // the selected key's digits so far
-  unsigned long long need;                     // what remains to select inside the current prefix
+  union {
+    unsigned long long hist[kDigits][kThreads];  // the radix path: each thread's digit histogram
+    struct {
+      uint64_t key[kCandidates];  // the candidates' rank keys; then the support's lanes by id
+      union {
+        uint64_t mass[kCandidates];  // the candidates' top-p masses, in rank order
+        struct {
+          float sum[kCandidates];     // s_g of the support tile starting at this entry (0 elsewhere)
+          float factor[kCandidates];  // its chain factor (0 elsewhere)
+        } run;
+      };
+    } cand;
+  };
+  unsigned long long prefix;  // the selected key's digits so far
+  unsigned long long need;    // what remains to select inside the current prefix
   float max;
   float sum;
   float best_score[kThreads];
   int64_t best_id[kThreads];
   float best_y[kThreads];
+  uint64_t thread_max[kThreads];  // rank keys of the threads' maxima, sorted descending
+  unsigned long long warp_total[kThreads / 32];
+  int offset[kThreads];  // each thread's first slot among the gathered candidates
+  int gathered;
+  int cut_index;
 };
 
 // Sums every thread's row of the histograms into row 0 (hist[d][0]) by a tree of integer adds.
@@ -68,6 +111,66 @@ __device__ unsigned long long block_sum(Shared& sh, unsigned long long mine) {
   const unsigned long long total = sh.hist[0][0];
   __syncthreads();
   return total;
+}
+
+// A warp's sum of one integer per lane (exact in any order); every lane returns it.
+__device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// The block's sum of one integer per thread without the histogram rows (free for the candidate
+// path's buffers): warp sums, then the warps' sums; every thread returns it.
+__device__ unsigned long long block_sum_small(Shared& sh, unsigned long long mine) {
+  const unsigned long long w = warp_sum(mine);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.warp_total[threadIdx.x / 32] = w;
+  __syncthreads();
+  unsigned long long total = 0;
+  for (int i = 0; i < kThreads / 32; ++i) total += sh.warp_total[i];
+  __syncthreads();
+  return total;
+}
+
+// Sorts key[0, n) descending (n a power of two, n >= 2) by a bitonic network: keys are distinct
+// or, where equal, interchangeable, so the result is one array whatever the network.
+__device__ void sort_descending(uint64_t* key, int n) {
+  for (int k = 2; k <= n; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n; i += kThreads) {
+        const int l = i ^ j;
+        if (l <= i) continue;
+        const uint64_t a = key[i], b = key[l];
+        if ((i & k) == 0 ? a < b : a > b) {
+          key[i] = b;
+          key[l] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+__device__ __forceinline__ int pow2_at_least(int n) {
+  int p = 2;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// The chain S over n (s_g, factor_g) in ascending g by one warp: 32 tiles per coalesced load, then
+// every lane runs the same serial fma chain over them (so every lane returns the same S). Past n the
+// step is fma(0, 0, S) == S.
+__device__ float warp_chain(const TileSummary* tiles, const float* factors, int64_t n) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  float s = 0.0f;
+  for (int64_t g0 = 0; g0 < n; g0 += 32) {
+    const int64_t g = g0 + lane;
+    const float ts = g < n ? tiles[g].sum : 0.0f;
+    const float f = g < n ? factors[g] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s = chain_fma(s, __shfl_sync(0xFFFFFFFFu, ts, i), __shfl_sync(0xFFFFFFFFu, f, i));
+  }
+  return s;
 }
 
 // The key of the lane that ends the prefix: among the lanes with key >= floor (and, with by_mass, a
@@ -109,6 +212,183 @@ __device__ uint64_t radix_select(Shared& sh, const float* z, int64_t lanes, floa
   return sh.prefix;
 }
 
+// The radix path's cut key (§11.4-§11.5).
+__device__ uint64_t radix_cut(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max,
+                              const SampleRowParams& r) {
+  uint64_t kth = 0;  // every key passes
+  if (r.keep < lanes) kth = radix_select(sh, z, lanes, inv_t, row_max, 0, false, static_cast<uint64_t>(r.keep));
+  if (r.top_p == 1.0f) return kth;
+  unsigned long long mine = 0;
+  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
+    const float yv = lane_y(z, v, inv_t);
+    if (rank_key(yv, v) >= kth) mine += top_p_mass(relative_weight(yv, row_max));
+  }
+  const unsigned long long total = block_sum(sh, mine);
+  return radix_select(sh, z, lanes, inv_t, row_max, kth, true, top_p_threshold(total, r.top_p));
+}
+
+// Gathers the lanes with y >= bound into sh.cand.key, sorted descending (rank order), padded with 0
+// to a power of two; returns how many, or -1 (nothing gathered) when more than kCandidates. `mass`:
+// every thread also returns the gathered lanes' exact top-p mass.
+__device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max, float bound,
+                                 unsigned long long* mass) {
+  int mine = 0;
+  unsigned long long q = 0;
+  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
+    const float y = lane_y(z, v, inv_t);
+    if (y >= bound) {
+      ++mine;
+      if (mass) q += top_p_mass(relative_weight(y, row_max));
+    }
+  }
+  __syncthreads();
+  sh.offset[threadIdx.x] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int running = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      const int c = sh.offset[t];
+      sh.offset[t] = running;
+      running += c;
+    }
+    sh.gathered = running;
+  }
+  __syncthreads();
+  const int count = sh.gathered;
+  if (mass) *mass = block_sum_small(sh, q);
+  if (count > kCandidates) return -1;
+  int slot = sh.offset[threadIdx.x];
+  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
+    const float y = lane_y(z, v, inv_t);
+    if (y >= bound) sh.cand.key[slot++] = rank_key(y, v);
+  }
+  const int size = pow2_at_least(count);
+  for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
+  __syncthreads();
+  sort_descending(sh.cand.key, size);
+  return count;
+}
+
+// The candidate path's cut (see the top of the file): true with the rank-ordered candidates in
+// sh.cand.key[0, gathered) and the cut at sh.cut_index, or false (nothing decided) where the path
+// does not apply. `my_max`: this thread's maximum over its tiles (step 1).
+__device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max, float my_max,
+                              const SampleRowParams& r) {
+  const bool top_k = r.keep < lanes;
+  if (top_k && r.keep > kThreads) return false;
+  sh.thread_max[threadIdx.x] = rank_key(my_max, threadIdx.x);
+  __syncthreads();
+  sort_descending(sh.thread_max, kThreads);
+  int count = -1;
+  uint64_t total = 0;  // Q of §11.5 without top-k: the mass of every lane
+  if (top_k) {
+    count = gather_candidates(sh, z, lanes, inv_t, row_max, rank_key_logit(sh.thread_max[r.keep - 1]), nullptr);
+  } else {
+    unsigned long long mine = 0;
+    for (int64_t v = threadIdx.x; v < lanes; v += kThreads)
+      mine += top_p_mass(relative_weight(lane_y(z, v, inv_t), row_max));
+    total = block_sum_small(sh, mine);
+    const uint64_t tau = top_p_threshold(total, r.top_p);
+    const int ranks[2] = {kThreads / 4, kThreads};  // a tighter bound first
+    for (int rank : ranks) {
+      const float bound = rank_key_logit(sh.thread_max[rank - 1]);
+      unsigned long long held = 0;
+      count = gather_candidates(sh, z, lanes, inv_t, row_max, bound, &held);
+      if (count >= 0 && held >= tau) break;
+      count = -1;
+    }
+  }
+  if (count < 0) return false;
+  if (threadIdx.x == 0) sh.gathered = count;
+  const int keep = top_k ? static_cast<int>(r.keep) : count;  // the top-k lanes among the candidates
+  if (r.top_p == 1.0f) {
+    if (threadIdx.x == 0) sh.cut_index = keep - 1;
+    __syncthreads();
+    return true;
+  }
+  for (int j = threadIdx.x; j < keep; j += kThreads)
+    sh.cand.mass[j] = top_p_mass(relative_weight(rank_key_logit(sh.cand.key[j]), row_max));
+  __syncthreads();
+  if (top_k) {
+    unsigned long long mine = 0;
+    for (int j = threadIdx.x; j < keep; j += kThreads) mine += sh.cand.mass[j];
+    total = block_sum_small(sh, mine);
+  }
+  if (threadIdx.x == 0) {
+    const uint64_t tau = top_p_threshold(total, r.top_p);
+    uint64_t running = 0;
+    int j = 0;
+    for (; j < keep - 1; ++j) {
+      running += sh.cand.mass[j];
+      if (running >= tau) break;
+    }
+    sh.cut_index = j;
+  }
+  __syncthreads();
+  return true;
+}
+
+// The support pass over the candidates (a cut exists and candidate_cut decided it): the support's
+// lanes by ascending id, their tiles' masked summaries, the chain over those tiles, the draw.
+__device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lanes, float inv_t,
+                                         const SupportRow& support, bool draw, uint64_t stream, float* y) {
+  const int c = sh.cut_index + 1;
+  float best = fp::neg_inf();
+  int64_t best_id = kNoToken;
+  float best_y = 0.0f;
+  int count = 0;
+  uint64_t kept[kCandidates / kThreads];
+  int slots = 0;
+  for (int j = threadIdx.x; j < c; j += kThreads, ++slots) {
+    const int64_t id = key_id(sh.cand.key[j]);
+    const float yv = lane_y(z, id, inv_t);
+    kept[slots] = 0;
+    if (!in_support(yv, id, support)) continue;
+    kept[slots] = (uint64_t{1} << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(id));  // descending = ascending id
+    ++count;
+    if (!draw) continue;
+    const float score = gumbel_score(yv, stream, id);
+    if (best_id == kNoToken || score_precedes(score, id, best, best_id)) {
+      best = score;
+      best_id = id;
+      best_y = yv;
+    }
+  }
+  __syncthreads();
+  slots = 0;
+  for (int j = threadIdx.x; j < c; j += kThreads, ++slots) sh.cand.key[j] = kept[slots];
+  const int size = pow2_at_least(c);
+  for (int i = c + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
+  sh.best_score[threadIdx.x] = best;
+  sh.best_id[threadIdx.x] = best_id;
+  sh.best_y[threadIdx.x] = best_y;
+  const int support_size = static_cast<int>(block_sum_small(sh, static_cast<unsigned long long>(count)));
+  sort_descending(sh.cand.key, size);
+  // Each run of support lanes in one tile: its first entry forms the tile's masked summary.
+  for (int j = threadIdx.x; j < support_size; j += kThreads) {
+    const int64_t id = key_id(sh.cand.key[j]);
+    const int64_t g = id / kVocabTile;
+    sh.cand.run.sum[j] = 0.0f;
+    sh.cand.run.factor[j] = 0.0f;
+    if (j > 0 && key_id(sh.cand.key[j - 1]) / kVocabTile == g) continue;
+    uint64_t mask = 0;
+    for (int i = j; i < support_size; ++i) {
+      const int64_t lane = key_id(sh.cand.key[i]);
+      if (lane / kVocabTile != g) break;
+      mask |= uint64_t{1} << (lane - g * kVocabTile);
+    }
+    load_tile(z, g, lanes, inv_t, y);
+    const TileSummary t = tile_summary_masked(y, mask);
+    sh.cand.run.sum[j] = t.sum;
+    sh.cand.run.factor[j] = chain_factor_or_skip(t, support.max);
+  }
+  __syncthreads();
+  SupportPass pass{0.0f, support_size, kNoToken, 0.0f};
+  if (threadIdx.x == 0)
+    for (int j = 0; j < support_size; ++j) pass.sum = chain_fma(pass.sum, sh.cand.run.sum[j], sh.cand.run.factor[j]);
+  return pass;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsParams p) {
   __shared__ Shared sh;
   const detail::SampleProblem& q = p.problem;
@@ -128,6 +408,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
     tiles[g] = tile_summary(y, real);
     m = chain_max(m, tiles[g].max);
   }
+  const float my_max = m;
   sh.best_score[threadIdx.x] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -140,10 +421,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads)
     factors[g] = chain_factor_or_skip(tiles[g], row_max);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0.0f;
-    for (int64_t g = 0; g < p.tiles_per_row; ++g) s = chain_fma(s, tiles[g].sum, factors[g]);
-    sh.sum = s;
+  if (threadIdx.x < 32) {
+    const float s = warp_chain(tiles, factors, p.tiles_per_row);
+    if (threadIdx.x == 0) sh.sum = s;
   }
   __syncthreads();
   const RowStats st{row_max, sh.sum, finalize_row(row_max, sh.sum, 0.0f, true).lse};
@@ -151,60 +431,61 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
 
   // 2. The cut.
   SupportRow support{row_max, no_cut(), r.min_p};
-  if (samplable && has_cut(r, lanes)) {
-    uint64_t kth = 0;  // every key passes
-    if (r.keep < lanes) kth = radix_select(sh, z, lanes, inv_t, row_max, 0, false, static_cast<uint64_t>(r.keep));
-    uint64_t cut = kth;
-    if (r.top_p != 1.0f) {
-      unsigned long long mine = 0;
-      for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
-        const float yv = lane_y(z, v, inv_t);
-        if (rank_key(yv, v) >= kth) mine += top_p_mass(relative_weight(yv, row_max));
-      }
-      const unsigned long long total = block_sum(sh, mine);
-      cut = radix_select(sh, z, lanes, inv_t, row_max, kth, true, top_p_threshold(total, r.top_p));
-    }
-    const int64_t id = key_id(cut);
+  const bool cut = samplable && has_cut(r, lanes);
+  bool candidates = false;
+  if (cut) {
+    candidates = !p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, r);
+    const uint64_t key = candidates ? sh.cand.key[sh.cut_index] : radix_cut(sh, z, lanes, inv_t, row_max, r);
+    const int64_t id = key_id(key);
     support.cut = {lane_y(z, id, inv_t), id};
   }
 
-  // 3. The support pass.
+  // 3. The support.
   const bool draw = !q.replay;
   const uint64_t stream = draw && samplable ? q.row_stream(n) : 0;
+  SupportPass pass{0.0f, 0, kNoToken, 0.0f};
   float best = fp::neg_inf();
-  int64_t best_id = kNoToken;
-  float best_y = 0.0f;
-  int count = 0;
-  for (int64_t g = threadIdx.x; g < p.tiles_per_row && samplable; g += kThreads) {
-    const int real = load_tile(z, g, lanes, inv_t, y);
-    uint64_t mask = 0;
-    for (int c = 0; c < real; ++c) {
-      const int64_t id = g * kVocabTile + c;
-      if (!in_support(y[c], id, support)) continue;
-      mask |= uint64_t{1} << c;
-      ++count;
-      if (!draw) continue;
-      const float score = gumbel_score(y[c], stream, id);
-      if (best_id == kNoToken || score_precedes(score, id, best, best_id)) {
-        best = score;
-        best_id = id;
-        best_y = y[c];
+  if (candidates) {
+    pass = candidate_support(sh, z, lanes, inv_t, support, draw, stream, y);
+  } else if (samplable) {
+    int64_t best_id = kNoToken;
+    float best_y = 0.0f;
+    int count = 0;
+    for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads) {
+      const int real = load_tile(z, g, lanes, inv_t, y);
+      uint64_t mask = 0;
+      for (int c = 0; c < real; ++c) {
+        const int64_t id = g * kVocabTile + c;
+        if (!in_support(y[c], id, support)) continue;
+        mask |= uint64_t{1} << c;
+        ++count;
+        if (!draw) continue;
+        const float score = gumbel_score(y[c], stream, id);
+        if (best_id == kNoToken || score_precedes(score, id, best, best_id)) {
+          best = score;
+          best_id = id;
+          best_y = y[c];
+        }
       }
+      tiles[g] = tile_summary_masked(y, mask);
+      factors[g] = chain_factor_or_skip(tiles[g], row_max);
     }
-    tiles[g] = tile_summary_masked(y, mask);
-    factors[g] = chain_factor_or_skip(tiles[g], row_max);
+    pass.size = static_cast<int64_t>(block_sum(sh, static_cast<unsigned long long>(count)));
+    sh.best_score[threadIdx.x] = best;
+    sh.best_id[threadIdx.x] = best_id;
+    sh.best_y[threadIdx.x] = best_y;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const float s = warp_chain(tiles, factors, p.tiles_per_row);
+      if (threadIdx.x == 0) pass.sum = s;
+    }
   }
-  const unsigned long long support_size = block_sum(sh, static_cast<unsigned long long>(count));
-  sh.best_score[threadIdx.x] = best;
-  sh.best_id[threadIdx.x] = best_id;
-  sh.best_y[threadIdx.x] = best_y;
   __syncthreads();
 
-  // 4. The support chain, the token, the outputs.
+  // 4. The token, the outputs.
   if (threadIdx.x != 0) return;
-  SupportPass pass{0.0f, 0, kNoToken, 0.0f};
-  if (samplable) {
-    pass.size = static_cast<int64_t>(support_size);
+  best = fp::neg_inf();
+  if (samplable && draw) {
     for (int t = 0; t < kThreads; ++t) {
       const int64_t id = sh.best_id[t];
       if (id == kNoToken) continue;
@@ -214,7 +495,6 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
         pass.token_logit = sh.best_y[t];
       }
     }
-    for (int64_t g = 0; g < p.tiles_per_row; ++g) pass.sum = chain_fma(pass.sum, tiles[g].sum, factors[g]);
   }
   float target_logit = 0.0f;
   if (q.replay) {

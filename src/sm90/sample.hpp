@@ -19,6 +19,7 @@ struct SampleRowsParams {
   TileSummary* tiles = nullptr;   // scratch [rows][tiles_per_row]
   float* factors = nullptr;       // scratch [rows][tiles_per_row]
   uint8_t* outside = nullptr;     // [problem.rows] or null: 1 where a replayed target is outside the support
+  bool radix_only = false;        // every cut by radix selection (DETLOGP_SM90_SAMPLE_RADIX=1): a free axis
 };
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);

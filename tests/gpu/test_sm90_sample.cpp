@@ -42,6 +42,10 @@ struct Program {
       top_p.push_back(i % 3 == 0 ? 1.0f : 0.6f + 0.1f * static_cast<float>(i % 4));
       min_p.push_back(i % 5 == 0 ? 0.0f : 0.01f * static_cast<float>(i % 4));
     }
+    upload(n);
+  }
+  // The host vectors, already filled, onto the device.
+  void upload(int64_t n) {
     d_temperature = DevBuf<float>(n);
     d_top_p = DevBuf<float>(n);
     d_min_p = DevBuf<float>(n);
@@ -427,4 +431,43 @@ TEST_F(Sm90Sample, TheReplayGradientRefusesABadDeviceParameterBeforeWriting) {
   }
   const std::vector<uint16_t> after = dz.to_host();
   EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](uint16_t x) { return x == 0xFFFFu; })) << "dz was written";
+}
+
+// The SM90 kernel finds the cut from gathered candidates where it can and by radix selection
+// otherwise (a large top-k, a flat row under top-p); DETLOGP_SM90_SAMPLE_RADIX=1 takes the radix
+// path for every row. Both give the CPU program's bits, over top-k on both sides of the candidate
+// path's limits, top-p with and without top-k, flat rows (every logit equal) and odd vocabularies.
+TEST_F(Sm90Sample, TheCandidateCutAndTheRadixCutGiveTheSameBits) {
+  struct S {
+    int64_t n, d, v;
+    bool bias;
+  };
+  const S shapes[] = {{48, 64, 151936, false}, {24, 128, 17, true}, {40, 64, 2053, true}, {16, 64, 123, false}};
+  const int64_t top_ks[] = {0, 1, 2, 50, 255, 256, 257, 1000, 0, 64};
+  const float top_ps[] = {1.0f, 0.9f, 0.999f, 0.3f, 0.95f};
+  for (const S& s : shapes) {
+    DeviceModel m;
+    m.make(s.d, s.v, 31, s.bias);
+    DevBuf<uint16_t> hidden(static_cast<size_t>(s.n * s.d));
+    fill_bf16_uniform(hidden.get(), s.n * s.d, 32, 1.0f);
+    for (int64_t i = 5; i < s.n; i += 6)  // flat rows: every logit the bias (or 0)
+      GPU_CUDA(cudaMemset(hidden.get() + i * s.d, 0, static_cast<size_t>(s.d) * 2));
+    Program prog;
+    for (int64_t i = 0; i < s.n; ++i) {
+      prog.temperature.push_back(i % 11 == 7 ? 0.0f : 0.6f + 0.35f * static_cast<float>(i % 3));
+      prog.top_k.push_back(top_ks[i % 10]);
+      prog.top_p.push_back(top_ps[(i / 2) % 5]);
+      prog.min_p.push_back(i % 4 == 3 ? 0.02f : 0.0f);
+    }
+    prog.upload(s.n);
+    std::vector<int64_t> key(static_cast<size_t>(s.n));
+    std::iota(key.begin(), key.end(), 77);
+    DevBuf<int64_t> d_key(key.size());
+    d_key.from_host(key);
+    const Drawn fast = device_sample(m, hidden, s.n, prog, d_key);
+    const std::string what = "V=" + std::to_string(s.v);
+    expect_same(fast, cpu_on_logits(m, s.n, prog, key, fast.logits), (what + " candidate path vs CPU").c_str());
+    ScopedEnv env("DETLOGP_SM90_SAMPLE_RADIX", "1");
+    expect_same(device_sample(m, hidden, s.n, prog, d_key), fast, (what + " radix path vs candidate path").c_str());
+  }
 }
