@@ -60,9 +60,7 @@ __device__ __forceinline__ int load_tile(const float* z, int64_t g, int64_t lane
     }
     return real;
   }
-#pragma unroll
-  for (int c = 0; c < kVocabTile; ++c)
-    if (c < real) y[c] = lane_y(z, first + c, inv_t);
+  for (int c = 0; c < real; ++c) y[c] = lane_y(z, first + c, inv_t);
   return real;
 }
 
@@ -333,19 +331,20 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
 // The support pass over the candidates (a cut exists and candidate_cut decided it): the support's
 // lanes by ascending id, their tiles' masked summaries, the chain over those tiles, the draw.
 __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lanes, float inv_t,
-                                         const SupportRow& support, bool draw, uint64_t stream) {
+                                         const SupportRow& support, bool draw, uint64_t stream, float* y) {
   const int c = sh.cut_index + 1;
   float best = fp::neg_inf();
   int64_t best_id = kNoToken;
   float best_y = 0.0f;
   int count = 0;
-  // The support's lanes re-keyed by id (descending = ascending id), 0 outside the support, each
-  // entry in place: a thread rewrites only its own entries, after every thread has read its own.
-  uint64_t kept = 0;
-  for (int j = threadIdx.x; j < c; j += kThreads) {
+  uint64_t kept[kCandidates / kThreads];
+  int slots = 0;
+  for (int j = threadIdx.x; j < c; j += kThreads, ++slots) {
     const int64_t id = key_id(sh.cand.key[j]);
     const float yv = lane_y(z, id, inv_t);
+    kept[slots] = 0;
     if (!in_support(yv, id, support)) continue;
+    kept[slots] = (uint64_t{1} << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(id));  // descending = ascending id
     ++count;
     if (!draw) continue;
     const float score = gumbel_score(yv, stream, id);
@@ -355,13 +354,9 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
       best_y = yv;
     }
   }
-  for (int j = threadIdx.x; j < c; j += kThreads) {
-    const int64_t id = key_id(sh.cand.key[j]);
-    kept = in_support(lane_y(z, id, inv_t), id, support)
-               ? (uint64_t{1} << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(id))
-               : 0;
-    sh.cand.key[j] = kept;
-  }
+  __syncthreads();
+  slots = 0;
+  for (int j = threadIdx.x; j < c; j += kThreads, ++slots) sh.cand.key[j] = kept[slots];
   const int size = pow2_at_least(c);
   for (int i = c + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
   sh.best_score[threadIdx.x] = best;
@@ -382,7 +377,6 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
       if (lane / kVocabTile != g) break;
       mask |= uint64_t{1} << (lane - g * kVocabTile);
     }
-    float y[kVocabTile];
     load_tile(z, g, lanes, inv_t, y);
     const TileSummary t = tile_summary_masked(y, mask);
     sh.cand.run.sum[j] = t.sum;
@@ -405,11 +399,11 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   const int64_t lanes = q.real_vocab;
   const SampleRowParams r = q.program.row(n, lanes);
   const float inv_t = r.inv_temperature;
+  float y[kVocabTile];
 
   // 1. Raw summaries, M, the chain.
   float m = fp::neg_inf();
   for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads) {
-    float y[kVocabTile];
     const int real = load_tile(z, g, lanes, inv_t, y);
     tiles[g] = tile_summary(y, real);
     m = chain_max(m, tiles[g].max);
@@ -452,19 +446,17 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   SupportPass pass{0.0f, 0, kNoToken, 0.0f};
   float best = fp::neg_inf();
   if (candidates) {
-    pass = candidate_support(sh, z, lanes, inv_t, support, draw, stream);
+    pass = candidate_support(sh, z, lanes, inv_t, support, draw, stream, y);
   } else if (samplable) {
     int64_t best_id = kNoToken;
     float best_y = 0.0f;
     int count = 0;
     for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads) {
-      float y[kVocabTile];
       const int real = load_tile(z, g, lanes, inv_t, y);
       uint64_t mask = 0;
-#pragma unroll
-      for (int c = 0; c < kVocabTile; ++c) {
+      for (int c = 0; c < real; ++c) {
         const int64_t id = g * kVocabTile + c;
-        if (c >= real || !in_support(y[c], id, support)) continue;
+        if (!in_support(y[c], id, support)) continue;
         mask |= uint64_t{1} << c;
         ++count;
         if (!draw) continue;
