@@ -147,13 +147,22 @@ struct RowResult {
 
 // lse = M + logc(S); logp = min(y_t - lse, 0), +0 for an ignored row. A NaN anywhere in the
 // row's statistics gives the canonical NaN for both outputs.
-DETLOGP_HD RowResult finalize_row(float global_max, float chain_sum, float target_logit, bool ignored) {
-  float lse = fp::add(global_max, logc(chain_sum));
-  if (fp::is_nan(lse)) lse = fp::canonical_nan();
-  if (ignored) return {0.0f, lse};
+// The two steps of finalize_row, for a caller that holds the row's lse already (the sampling
+// program takes it from the fused kernel): lse = M + logc(S), canonical NaN where NaN; and the
+// target's logp = min(y_t - lse, 0), canonical NaN where NaN.
+DETLOGP_HD float row_lse(float global_max, float chain_sum) {
+  const float lse = fp::add(global_max, logc(chain_sum));
+  return fp::is_nan(lse) ? fp::canonical_nan() : lse;
+}
+DETLOGP_HD float target_logp(float target_logit, float lse) {
   const float d = fp::sub(target_logit, lse);
-  if (fp::is_nan(d)) return {fp::canonical_nan(), lse};
-  return {d > 0.0f ? 0.0f : d, lse};
+  if (fp::is_nan(d)) return fp::canonical_nan();
+  return d > 0.0f ? 0.0f : d;
+}
+DETLOGP_HD RowResult finalize_row(float global_max, float chain_sum, float target_logit, bool ignored) {
+  const float lse = row_lse(global_max, chain_sum);
+  if (ignored) return {0.0f, lse};
+  return {target_logp(target_logit, lse), lse};
 }
 
 // One step of the entropy chain, beside chain_step with the same d = fl(m_g - M) and factor

@@ -221,22 +221,28 @@ DETLOGP_HD SupportPass support_pass(const float* y, int64_t lanes, int64_t first
 }
 
 // The raw statistics of a row from its tile summaries (any producer), ascending: M, S, lse (§6).
+// A row's raw statistics: M and lse (§5-§6), all the program reads of them.
 struct RowStats {
   float max;
-  float sum;
   float lse;
 };
 DETLOGP_HD RowStats row_stats(const TileSummary* tiles, int64_t n_tiles) {
   const RowChain chain = chain_row_summaries(tiles, n_tiles);
-  return {chain.global_max, chain.sum, finalize_row(chain.global_max, chain.sum, 0.0f, true).lse};
+  return {chain.global_max, row_lse(chain.global_max, chain.sum)};
 }
+
+// Whether the support is every real lane (no cut, min-p off): then the masked tiles are the tiles
+// of §5, S_Sigma is S and lse_Sigma is lse bit for bit (§11.7), so a backend may take lse for it.
+DETLOGP_HD bool whole_support(const SupportRow& s) { return s.cut.id == kNoCutId && s.min_p == 0.0f; }
 
 // A row with a processed distribution: its lse is finite (§11.1).
 DETLOGP_HD bool row_samplable(const RowStats& r) { return !fp::is_nan(r.lse) && r.lse != fp::neg_inf(); }
 
-// The processed log-probability of a support lane (§11.7): §6 step 4 with lse_Sigma = fl(M + logc(S_Sigma)).
-DETLOGP_HD RowResult finalize_support(float row_max, float support_sum, float y_t) {
-  return finalize_row(row_max, support_sum, y_t, false);
+// lse_Sigma of §11.7: fl(M + logc(S_Sigma)); for the whole support it is lse (whole_support), so
+// a backend that did not form the masked chain passes any support_sum there. The processed logp
+// of a support lane is then target_logp(y_t, lse_Sigma).
+DETLOGP_HD float support_lse(const RowStats& st, const SupportRow& s, float support_sum) {
+  return whole_support(s) ? st.lse : row_lse(st.max, support_sum);
 }
 
 }  // namespace detlogp

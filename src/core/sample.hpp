@@ -72,15 +72,15 @@ struct SampleProblem : HeadOperands {
     if (support_size) support_size[n] = pass.size;
     if (!replay) {
       token[n] = pass.token;
-      logp[n] = samplable ? finalize_support(st.max, pass.sum, pass.token_logit).logp : fp::canonical_nan();
-      logp_raw[n] = samplable ? finalize_row(st.max, st.sum, pass.token_logit, false).logp : fp::canonical_nan();
+      logp[n] = samplable ? target_logp(pass.token_logit, support_lse(st, support, pass.sum)) : fp::canonical_nan();
+      logp_raw[n] = samplable ? target_logp(pass.token_logit, st.lse) : fp::canonical_nan();
       return false;
     }
     const int64_t t = target(n);
     const bool ignored = t == ignore_index;
-    logp_raw[n] = finalize_row(st.max, st.sum, target_logit, ignored).logp;
+    logp_raw[n] = ignored ? 0.0f : target_logp(target_logit, st.lse);
     const RowResult processed =
-        samplable ? finalize_support(st.max, pass.sum, target_logit) : RowResult{fp::canonical_nan(), st.lse};
+        samplable ? RowResult{0.0f, support_lse(st, support, pass.sum)} : RowResult{fp::canonical_nan(), st.lse};
     if (lse_support) lse_support[n] = processed.lse;
     if (support_max) support_max[n] = st.max;
     if (cut_logit) cut_logit[n] = support.cut.logit;
@@ -90,7 +90,7 @@ struct SampleProblem : HeadOperands {
       return false;
     }
     const bool outside = samplable && !in_support(target_logit, t, support);
-    logp[n] = outside ? fp::neg_inf() : processed.logp;
+    logp[n] = outside ? fp::neg_inf() : (samplable ? target_logp(target_logit, processed.lse) : processed.logp);
     return outside;
   }
 };

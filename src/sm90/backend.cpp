@@ -406,8 +406,8 @@ std::vector<uint8_t> read_back(const void* device, int64_t rows, size_t bytes, c
 }
 
 // The sampling program on CUDA tensors (docs/contract.md §11): per row chunk, the fused serving entry
-// writes the logits z (at T = 1, every target ignored: only its logits are used), then the row
-// program's kernel (sample.cu) reads them. The program's rows and the replay's targets are read back
+// writes the logits z and each row's lse (at the row's T, 1 for a greedy row; every target ignored),
+// then the row program's kernel (sample.cu) reads them. The program's rows and the replay's targets are read back
 // and checked on the host first (one copy and a wait), so a bad value writes nothing.
 SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
@@ -458,6 +458,12 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   StreamBuffer ignored(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling targets", hint);
   StreamBuffer fused_out(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling logp/lse", hint);
   StreamBuffer outside(p.replay ? static_cast<size_t>(p.rows) : 0, stream, p.device, "sampling outside", hint);
+  // The fused kernel runs at each row's temperature (1 for a greedy row), so its lse is the program's.
+  StreamBuffer temperatures(p.program.temperature_rows ? static_cast<size_t>(p.rows) * 4 : 0, stream, p.device,
+                            "sampling temperatures", hint);
+  if (p.program.temperature_rows)
+    launch_program_temperatures(p.program.temperature_rows, reinterpret_cast<float*>(temperatures.get()), p.rows,
+                                stream);
   DETLOGP_CUDA_CHECK(cudaMemsetAsync(ignored.get(), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
   const bool radix_only = detail::env_checked("DETLOGP_SM90_SAMPLE_RADIX").value_or("0") == "1";
 
@@ -470,8 +476,9 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     q.targets = ignored.get();
     q.targets_i64 = true;
     q.ignore_index = -1;
-    q.temperature = 1.0f;
-    q.temperature_rows = nullptr;
+    q.temperature = p.program.temperature == 0.0f ? 1.0f : p.program.temperature;
+    q.temperature_rows =
+        p.program.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) + row0 : nullptr;
     q.stream = stream;
     q.vocab_local = v;
     q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
@@ -483,6 +490,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     s.row_begin = row0;
     s.rows = rows;
     s.logits = q.logits;
+    s.lse = q.lse;
     s.tiles_per_row = tiles;
     s.tiles = reinterpret_cast<TileSummary*>(summaries.get());
     s.factors = reinterpret_cast<float*>(factors.get());

@@ -1,8 +1,8 @@
 // The sampling program on the GPU (docs/contract.md §11): one CTA per row over a chunk of the
 // serving logits (fp32 z in device memory, from the fused kernel), the same definitions as the CPU
 // row program (detlogp/sample.hpp, detlogp/reduce.hpp, SampleProblem::write_row):
-//   1. the raw tile summaries (tile_summary per tile, threads over tiles), M by an exact max, the
-//      chain factors in parallel and the ascending fma chain by one warp (§5-§6: linear_logp's bits);
+//   1. M by an exact max over the lanes; lse from the fused kernel, which ran at the row's
+//      temperature (the chain's bits over these logits, §5-§6);
 //   2. the cut (§11.4-§11.5). The candidate path: every lane of rank < k' has y >= the k'-th largest
 //      of the threads' maxima (each thread's maximum is a distinct lane), so the lanes with y at or
 //      above that bound hold the whole top-k, and they are a prefix of the rank order. They are
@@ -19,7 +19,8 @@
 //      over those tiles in ascending order (a tile without support lanes has s_g = 0, a step that
 //      changes nothing); the Gumbel scores of the support lanes and a block argmax under
 //      score_precedes (a total order, so the reduction order does not matter). Without a cut, one pass
-//      over every tile: membership (min-p), masked summaries, scores, the support size by the same
+//      over every lane: with min-p off the support is every lane and lse_Sigma is lse (only the
+//      scores); with min-p on, membership, masked summaries, scores, the support size by the same
 //      integer tree, the chain by one warp;
 //   4. write_row by one thread.
 // Every rounding is the contract's; the block only chooses the order of exact operations.
@@ -401,32 +402,22 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   const float inv_t = r.inv_temperature;
   float y[kVocabTile];
 
-  // 1. Raw summaries, M, the chain.
+  // 1. M by an exact max over the lanes (each thread's maximum is one of its lanes: the candidate
+  //    bound below), lse from the fused kernel, which ran at the row's temperature (§5-§6: its bits
+  //    are the chain's over these logits).
   float m = fp::neg_inf();
-  for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads) {
-    const int real = load_tile(z, g, lanes, inv_t, y);
-    tiles[g] = tile_summary(y, real);
-    m = chain_max(m, tiles[g].max);
-  }
+  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) m = chain_max(m, lane_y(z, v, inv_t));
   const float my_max = m;
   sh.best_score[threadIdx.x] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
     float all = fp::neg_inf();
     for (int t = 0; t < kThreads; ++t) all = chain_max(all, sh.best_score[t]);
-    sh.max = all;
+    sh.max = normalize_zero(all);
   }
   __syncthreads();
   const float row_max = sh.max;
-  for (int64_t g = threadIdx.x; g < p.tiles_per_row; g += kThreads)
-    factors[g] = chain_factor_or_skip(tiles[g], row_max);
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const float s = warp_chain(tiles, factors, p.tiles_per_row);
-    if (threadIdx.x == 0) sh.sum = s;
-  }
-  __syncthreads();
-  const RowStats st{row_max, sh.sum, finalize_row(row_max, sh.sum, 0.0f, true).lse};
+  const RowStats st{row_max, p.lse[blockIdx.x]};
   const bool samplable = row_samplable(st);
 
   // 2. The cut.
@@ -447,6 +438,22 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   float best = fp::neg_inf();
   if (candidates) {
     pass = candidate_support(sh, z, lanes, inv_t, support, draw, stream, y);
+  } else if (samplable && whole_support(support)) {  // every lane; lse_Sigma is lse
+    int64_t best_id = kNoToken;
+    float best_y = 0.0f;
+    for (int64_t v = threadIdx.x; v < lanes && draw; v += kThreads) {
+      const float yv = lane_y(z, v, inv_t);
+      const float score = gumbel_score(yv, stream, v);
+      if (best_id == kNoToken || score_precedes(score, v, best, best_id)) {
+        best = score;
+        best_id = v;
+        best_y = yv;
+      }
+    }
+    pass.size = lanes;
+    sh.best_score[threadIdx.x] = best;
+    sh.best_id[threadIdx.x] = best_id;
+    sh.best_y[threadIdx.x] = best_y;
   } else if (samplable) {
     int64_t best_id = kNoToken;
     float best_y = 0.0f;
@@ -505,7 +512,19 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   if (p.outside) p.outside[n] = outside ? 1 : 0;
 }
 
+// The fused kernel's temperatures for the program's rows: T, and 1 for a greedy row (T = 0).
+__global__ void program_temperatures_kernel(const float* temperature, float* out, int64_t rows) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (n < rows) out[n] = temperature[n] == 0.0f ? 1.0f : temperature[n];
+}
+
 }  // namespace
+
+void launch_program_temperatures(const float* temperature, float* out, int64_t rows, cudaStream_t stream) {
+  if (rows == 0) return;
+  program_temperatures_kernel<<<static_cast<unsigned>((rows + 255) / 256), 256, 0, stream>>>(temperature, out, rows);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;

@@ -15,6 +15,7 @@ struct SampleRowsParams {
   int64_t row_begin = 0;          // the chunk's first row
   int64_t rows = 0;               // rows in the chunk
   const float* logits = nullptr;  // the chunk's z, [rows][problem.vocab_local]
+  const float* lse = nullptr;     // the chunk's lse at each row's temperature (1 for T = 0), [rows]
   int64_t tiles_per_row = 0;      // ceil(real_vocab / 64)
   TileSummary* tiles = nullptr;   // scratch [rows][tiles_per_row]
   float* factors = nullptr;       // scratch [rows][tiles_per_row]
@@ -23,6 +24,10 @@ struct SampleRowsParams {
 };
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);
+
+// out[n] = temperature[n], or 1 where it is 0 (a greedy row): the fused kernel's temperatures for
+// the program's rows, whose lse the row kernel takes.
+void launch_program_temperatures(const float* temperature, float* out, int64_t rows, cudaStream_t stream);
 
 // The program's per-row values held in device memory, read back after the work already on `stream`
 // (a wait) and checked on the host (detail::check_program_rows): a bad value is refused, naming the
