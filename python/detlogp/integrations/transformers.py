@@ -305,15 +305,15 @@ class Rollout:
     generated columns (right-padded once a sequence finishes); input_ids/attention_mask/position_ids
     [B, P + L] are what the trainer feeds back to the model. Per generated token j of row b:
     tokens[b, j]; logp[b, j], its log-probability under the processed distribution it was drawn from
-    (temperature, top-k, top-p, min-p: the behaviour policy's logp, -inf never, since the token is in
-    the support); logp_raw[b, j], detlogp's contract logp of that token at the sampling temperature
-    (T = 0, greedy: at 1); support_size[b, j], the lanes the filters kept; version[b, j], the index
+    (temperature, top-k, top-p, min-p: the behaviour policy's logp; finite, the token being in the
+    support); logp_raw[b, j], detlogp's contract logp of that token at the sampling temperature
+    (T = 0, greedy: at 1); support_size[b, j], the ids the filters kept; version[b, j], the index
     into fingerprints of the weight version that sampled it (one rollout call samples at one
-    version). All from the hidden state that produced the token. sampling is the program with its
-    per-prompt fields [B] (or scalars) and seed its seed: token_logprobs(..., sampling=r.sampling)
-    replays logp and logp_raw bit for bit given the same hidden states. With a custom sampler
-    (rollout(..., sampler=)), which only takes an unfiltered program, logp is logp_raw's bits and
-    support_size the real vocabulary, and seed is None."""
+    version). All from the hidden state that produced the token, by one detlogp.torch.sample call.
+    sampling is the program with its per-prompt fields as [B] tensors (or scalars) and seed its
+    seed: token_logprobs(..., sampling=r.sampling) replays logp and logp_raw bit for bit given the
+    same hidden states. With a custom sampler (rollout(..., sampler=)), which takes only an
+    unfiltered program, logp is logp_raw's bits, support_size the real vocabulary and seed None."""
 
     input_ids: Tensor  # [B, P + L] int64
     attention_mask: Tensor  # [B, P + L] int64: 1 on real prompt tokens and generated tokens
