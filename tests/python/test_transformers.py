@@ -353,19 +353,106 @@ def test_rollout_records_contract_logp_of_every_token_with_a_shrinking_step_set(
     assert r.fingerprints == [dt.weight_fingerprint(m.lm_head.weight)]
     assert torch.equal(r.version[r.mask], torch.zeros(int(r.mask.sum()), dtype=torch.long))
     assert torch.all(r.version[~r.mask] == -1) and torch.all(r.logp_raw[~r.mask] == 0)
+    assert torch.all(r.logp[~r.mask] == 0) and torch.all(r.support_size[~r.mask] == 0)
+    assert r.temperature == T and r.sampling.top_k == 0 and isinstance(r.seed, int)
     # Each token's logp_raw: the contract logp of that token from the hidden state that sampled it.
     lp, _ = dt.linear_logp(r.hidden[r.mask], m.lm_head.weight, r.tokens[r.mask], temperature=T)
     assert torch.equal(lp.view(torch.int32), r.logp_raw[r.mask].view(torch.int32))
     ref = f64_logp(r.hidden[r.mask], m.lm_head.weight, r.tokens[r.mask], T)
     assert torch.allclose(lp.double(), ref, atol=2e-5, rtol=0)
+    # No filter: the processed distribution is the raw one, bit for bit, over every id.
+    assert torch.equal(r.logp.view(torch.int32), r.logp_raw.view(torch.int32))
+    assert torch.all(r.support_size[r.mask] == 512)
     # The layout the trainer feeds back: prompts left-padded to P, generated tokens after them.
     assert torch.equal(r.input_ids[:, r.prompt_len :][r.mask], r.tokens[r.mask])
     assert r.input_ids[1, : r.prompt_len].tolist() == prompts[1]
     assert r.attention_mask[0].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0]
-    # The same seed gives the same rollout, bit for bit.
+    # The same generator seed gives the same rollout (the program's seed is drawn from it), bit for bit.
     again = dtx.rollout(m, prompts, budgets, temperature=T, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(again.tokens, r.tokens)
+    assert again.seed == r.seed and torch.equal(again.tokens, r.tokens)
     assert torch.equal(again.logp_raw.view(torch.int32), r.logp_raw.view(torch.int32))
+    # An explicit seed is used as given: the same seed, the same draws.
+    a, b = (dtx.rollout(m, prompts, budgets, temperature=T, seed=2**64 - 1) for _ in range(2))
+    assert a.seed == 2**64 - 1 and torch.equal(a.tokens, b.tokens)
+
+
+FIELDS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def _program_map(params, fn):
+    """A SamplingParams with fn applied to each field."""
+    return detlogp.SamplingParams(*(fn(getattr(params, f)) for f in FIELDS))
+
+
+def _per_prompt_program():
+    """Four prompts, each its own program: top-k and top-p, top-k alone, greedy, min-p."""
+    return detlogp.SamplingParams(
+        temperature=torch.tensor([0.9, 0.7, 0.0, 1.2]), top_k=torch.tensor([50, 5, 0, 0]),
+        top_p=torch.tensor([0.95, 1.0, 1.0, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.0, 0.05]),
+    )  # fmt: skip
+
+
+def test_rollout_samples_each_prompt_with_its_own_program_and_key():
+    """Per-prompt fields follow their prompt as rows leave the step set: every recorded token is
+    detlogp.torch.sample of its decode hidden state with its prompt's scalar parameters, the seed,
+    and key = prompt index * KEY_STRIDE + position, bit for bit."""
+    m = tiny()
+    prompts = [[70, 71, 72], [80, 81, 82, 83, 84, 85], [90], [100, 101]]
+    budgets = [3, 6, 2, 5]  # prompt 2 leaves first: the later steps' rows are prompts 0, 1, 3, then 1, 3
+    params = _per_prompt_program()
+    r = dtx.rollout(m, prompts, budgets, sampling=params, seed=11, keep_hidden=True)
+    assert r.steps == [4, 4, 3, 2, 2, 1] and r.seed == 11
+    assert torch.equal(r.temperature, params.temperature)
+    for i in range(4):
+        one = _program_map(params, lambda v: v[i].item())
+        n = budgets[i]
+        key = i * dtx.KEY_STRIDE + torch.arange(n)
+        ref = dt.sample(r.hidden[i, :n], m.lm_head.weight, one, 11, key)
+        assert torch.equal(ref.token, r.tokens[i, :n])
+        for name in ("logp", "logp_raw"):
+            assert torch.equal(getattr(ref, name).view(torch.int32), getattr(r, name)[i, :n].view(torch.int32)), name
+        assert torch.equal(ref.support_size, r.support_size[i, :n])
+    assert torch.all(r.support_size[0, :3] <= 50) and torch.all(r.support_size[1, :6] == 5)
+    greedy = r.hidden[2, :2].float() @ m.lm_head.weight.float().T
+    assert torch.equal(r.tokens[2, :2], greedy.argmax(-1)) and torch.all(r.logp[2, :2] == 0)
+    assert torch.all(r.support_size[2, :2] == 1)
+    # A filter makes the processed logp larger than the raw one (the support renormalizes).
+    assert torch.all(r.logp[1, :6] > r.logp_raw[1, :6])
+    # numpy arrays are taken as per-prompt values too.
+    np_params = _program_map(params, lambda v: v.numpy())
+    s = dtx.rollout(m, prompts, budgets, sampling=np_params, seed=11)
+    assert torch.equal(s.tokens, r.tokens) and torch.equal(s.logp.view(torch.int32), r.logp.view(torch.int32))
+
+
+def test_rollout_refuses_bad_sampling_arguments_naming_them():
+    m = tiny()
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    bad = [
+        (dict(sampling=detlogp.SamplingParams(top_p=torch.tensor([0.9, 0.5, 1.5]))), r"top_p_rows\[2\]=1.5 is outside"),
+        (dict(sampling=detlogp.SamplingParams(top_k=-1)), "top_k=-1 must be >= 0"),
+        (dict(sampling=detlogp.SamplingParams(min_p=1.0)), r"min_p=1 is outside \[0, 1\)"),
+        (dict(sampling=detlogp.SamplingParams(temperature=-0.5)), "temperature=-0.5 is outside"),
+        (dict(sampling=detlogp.SamplingParams(top_k=torch.tensor([1, 2]))),
+         r"sampling.top_k must be an integer or an int32/int64 array of shape \[3\]"),
+        (dict(sampling=detlogp.SamplingParams(temperature=torch.tensor([0.9, 0.9, 0.9], dtype=torch.float64))),
+         r"sampling.temperature of shape \[3\] must be float32, got float64 \(no silent cast\)"),
+        (dict(sampling=detlogp.SamplingParams(top_p=[0.9, 0.9, 0.9])), "sampling.top_p must be a float or a float32"),
+        (dict(sampling=(0.9, 50)), "sampling must be a detlogp.SamplingParams, got tuple"),
+        (dict(temperature=0.9, sampling=detlogp.SamplingParams()), "give the temperature in sampling"),
+        (dict(seed=-1), r"seed must be an integer in \[0, 2\^64 - 1\]"),
+        (dict(seed=1.5), r"seed must be an integer in \[0, 2\^64 - 1\]"),
+        (dict(sampler=dtx.multinomial_sampler, sampling=detlogp.SamplingParams(top_k=50, top_p=0.9)),
+         r"sampler= cannot record the processed logp of its filter \(top_k=50, top_p=0.9\)"),
+        (dict(sampler=dtx.multinomial_sampler, sampling=detlogp.SamplingParams(temperature=torch.ones(3))),
+         "sampler= takes one scalar temperature; got a per-prompt sampling.temperature"),
+        (dict(sampler=dtx.multinomial_sampler, seed=3), "a custom sampler .* draws with generator"),
+        (dict(sampler=dtx.multinomial_sampler, temperature=0.0), "temperature=0.0 must be > 0 and finite"),
+    ]  # fmt: skip
+    for kwargs, message in bad:
+        with pytest.raises(detlogp.InputError, match=message):
+            dtx.rollout(m, prompts, 2, **kwargs)
+    with pytest.raises(detlogp.InputError, match=f"max_new_tokens={dtx.KEY_STRIDE} must be below {dtx.KEY_STRIDE}"):
+        dtx.rollout(m, [[1]], dtx.KEY_STRIDE)
 
 
 def test_rollout_stops_at_eos_and_takes_any_sampler():
@@ -377,16 +464,73 @@ def test_rollout_stops_at_eos_and_takes_any_sampler():
         return logits.argmax(-1)
 
     r = dtx.rollout(m, [[70, 71], [72]], 5, temperature=0.5, sampler=greedy, keep_hidden=True)
-    assert calls[0] == (2, 512)
+    assert calls[0] == (2, 512) and r.seed is None
     z = dt.linear_logp(r.hidden[r.mask], m.lm_head.weight, r.tokens[r.mask], return_logits=True)[-1]
     assert torch.equal(z.argmax(-1), r.tokens[r.mask])  # the sampler saw detlogp's serving logits
+    lp, _ = dt.linear_logp(r.hidden[r.mask], m.lm_head.weight, r.tokens[r.mask], temperature=0.5)
+    assert torch.equal(lp.view(torch.int32), r.logp_raw[r.mask].view(torch.int32))
+    # A custom sampler takes no filter: its processed logp is logp_raw's bits, over every id.
+    assert torch.equal(r.logp.view(torch.int32), r.logp_raw.view(torch.int32))
+    assert torch.all(r.support_size[r.mask] == 512)
+    # The program's greedy (T = 0) draws the same tokens, with processed logp +0 and raw logp at T = 1.
+    g = dtx.rollout(m, [[70, 71], [72]], 5, temperature=0.0, keep_hidden=True)
+    assert torch.equal(g.tokens, r.tokens) and torch.all(g.logp[g.mask].view(torch.int32) == 0)
+    lp1, _ = dt.linear_logp(g.hidden[g.mask], m.lm_head.weight, g.tokens[g.mask])
+    assert torch.equal(lp1.view(torch.int32), g.logp_raw[g.mask].view(torch.int32))
     eos = int(r.tokens[0, 1])
     s = dtx.rollout(m, [[70, 71], [72]], 5, temperature=0.5, sampler=greedy, eos_token_id=eos)
     assert s.lengths[0] == 2 and s.tokens[0, 1] == eos  # ends at eos, which is recorded
     with pytest.raises(detlogp.InputError, match="max_new_tokens has 1 entries for 2 prompts"):
         dtx.rollout(m, [[1], [2]], [3])
-    with pytest.raises(detlogp.InputError, match="temperature=0.0 must be > 0"):
-        dtx.rollout(m, [[1]], 2, temperature=0.0)
+
+
+def test_trainer_replays_the_rollouts_program_raw_and_processed():
+    """head_logprobs(..., sampling=r.sampling) on the rollout's hidden states gives both recorded
+    logps bit for bit; per-token [B, S] fields (token-aligned like labels) give the bits of the
+    per-sequence ones; every filter off gives processed == raw; a label outside the support has
+    processed logp -inf (still carried), and the replay is differentiable where it is finite."""
+    m = tiny()
+    prompts = [[70, 71, 72], [80, 81, 82, 83, 84, 85], [90], [100, 101]]
+    r = dtx.rollout(m, prompts, [3, 6, 2, 5], sampling=_per_prompt_program(), seed=5, keep_hidden=True)
+    p, sel = r.prompt_len, r.mask
+    with torch.no_grad():
+        h = dtx.hidden_states(m, r.input_ids, r.attention_mask, r.position_ids)
+        h[:, p - 1 : p - 1 + sel.shape[1]][sel] = r.hidden[sel]
+        out = dtx.head_logprobs(m, h, r.input_ids, r.attention_mask, r.position_ids, sampling=r.sampling)
+    assert out.entropy is None and torch.equal(out.mask[:, p:], sel)
+    assert torch.equal(out.logp[:, p:][sel].view(torch.int32), r.logp[sel].view(torch.int32))
+    assert torch.equal(out.logp_raw[:, p:][sel].view(torch.int32), r.logp_raw[sel].view(torch.int32))
+    assert torch.all(out.logp[~out.mask] == 0) and torch.all(out.logp_raw[~out.mask] == 0)
+    width = r.input_ids.shape[1]
+    per_token = _program_map(r.sampling, lambda v: v[:, None].expand(4, width).contiguous())
+    with torch.no_grad():
+        tok = dtx.head_logprobs(m, h, r.input_ids, r.attention_mask, r.position_ids, sampling=per_token)
+    assert torch.equal(tok.logp.view(torch.int32), out.logp.view(torch.int32))
+    # Every filter off: processed == raw == the plain call at T, bit for bit.
+    ids, mask, labels = padded_batch(torch.Generator().manual_seed(12))
+    off = dtx.token_logprobs(m, ids, mask, labels, sampling=detlogp.SamplingParams(temperature=T))
+    plain = dtx.token_logprobs(m, ids, mask, labels, temperature=T)
+    assert torch.equal(off.logp.view(torch.int32), off.logp_raw.view(torch.int32))
+    assert torch.equal(off.logp_raw.view(torch.int32), plain.logp.view(torch.int32))
+    assert torch.equal(off.mask, plain.mask) and plain.logp_raw is None
+    # Random labels under a top-5 program: most are outside the support.
+    k5 = dtx.token_logprobs(m, ids, mask, labels, sampling=detlogp.SamplingParams(temperature=T, top_k=5))
+    outside = k5.mask & torch.isinf(k5.logp)
+    assert int(outside.sum()) > 0 and torch.all(k5.logp[outside] == float("-inf"))
+    assert torch.equal(k5.logp_raw.view(torch.int32), plain.logp.view(torch.int32))
+    assert dt.last_report()["sampling"]["outside_support"] == int(outside.sum())
+    m.zero_grad(set_to_none=True)
+    torch.where(torch.isfinite(k5.logp), k5.logp, 0).sum().backward()
+    assert all(torch.isfinite(q.grad).all() for q in m.parameters() if q.grad is not None)
+    assert m.lm_head.weight.grad is not None and m.lm_head.weight.grad.abs().sum() > 0
+    with pytest.raises(detlogp.InputError, match=r"sampling.top_k must be .* shape \[3\]"):
+        dtx.token_logprobs(m, ids, mask, labels, sampling=detlogp.SamplingParams(top_k=torch.tensor([1, 2])))
+    with pytest.raises(detlogp.InputError, match=r"top_p_rows\[\d+\]=0 is outside"):
+        dtx.token_logprobs(m, ids, mask, labels, sampling=detlogp.SamplingParams(top_p=torch.tensor([0.5, 0.0, 1.0])))
+    with pytest.raises(detlogp.InputError, match="the temperature is the program's"):
+        dtx.token_logprobs(m, ids, mask, labels, temperature=T, sampling=detlogp.SamplingParams(temperature=T))
+    with pytest.raises(detlogp.InputError, match="return_entropy is not served with sampling="):
+        dtx.token_logprobs(m, ids, mask, labels, return_entropy=True, sampling=detlogp.SamplingParams())
 
 
 # --- GRPO: the issue's (a) to (d) on the CPU tiny model --------------------------------------------------
@@ -406,22 +550,30 @@ def grpo_run():
 
 def test_a_parity_is_exact_given_the_rollouts_hidden_states(grpo_run):
     _, rows, _, exact = grpo_run
-    assert exact  # every step: the trainer fed the rollout's hidden states has logp_raw's bits
-    fed = rows[0]
-    assert fed.max_abs == 0 and fed.max_ratio_dev == 0 and fed.max_k3 == 0 and fed.bit_equal == 1
+    assert exact  # every step: the trainer fed the rollout's hidden states has logp's and logp_raw's bits
+    for fed in rows[:2]:  # processed, raw
+        assert fed.max_abs == 0 and fed.max_ratio_dev == 0 and fed.max_k3 == 0 and fed.bit_equal == 1
+        assert fed.outside == 0
+
+
+def test_a_the_rollout_samples_with_the_filters_on():
+    m = tiny()
+    r = dtx.rollout(m, [[70, 71, 72]] * 4, 12, sampling=detlogp.SamplingParams(**ex.DEFAULT_SAMPLING), seed=0)
+    assert ex.DEFAULT_SAMPLING == {"temperature": 0.9, "top_k": 50, "top_p": 0.95}
+    assert torch.all(r.support_size[r.mask] <= 50) and torch.all(r.logp[r.mask] > r.logp_raw[r.mask])
 
 
 def test_b_the_models_own_decode_prefill_drift_is_measured(grpo_run):
     _, rows, drift, _ = grpo_run
     assert drift["tokens"] > 0 and all(v == v for v in drift.values())  # measured (printed above), finite
-    own = rows[1]
     # Whatever the model's drift is, detlogp adds nothing to it: identical hidden rows give identical logp.
-    assert own.bit_equal >= drift["rows_bit_equal"]
+    for own in rows[2:4]:  # processed, raw
+        assert own.bit_equal >= drift["rows_bit_equal"]
 
 
 def test_c_the_bf16_logits_baseline_drifts_against_the_trainers_recomputation(grpo_run):
     _, rows, _, _ = grpo_run
-    base = rows[3]  # model(...).logits bf16 + log_softmax vs detlogp, one and the same forward
+    base = rows[5]  # model(...).logits bf16 + log_softmax vs detlogp, one and the same forward
     assert base.max_abs > 0 and base.bit_equal < 1
 
 
@@ -436,7 +588,10 @@ def test_the_example_runs_and_writes_the_reward_curve(tmp_path, capsys):
     assert ex.main(["--steps", "3", "--png", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = capsys.readouterr().out
-    assert "detlogp, the same hidden fed to the trainer | 0 | 0 | 0 | 0 | 100.0 %" in text
+    exact = "detlogp replay, the same hidden fed to the trainer | 0 | 0 | 0 | 0 | 100.0 % | 0 |"
+    assert f"| detlogp processed, decode hidden | {exact}" in text
+    assert f"| detlogp raw, decode hidden | {exact}" in text
+    assert "SamplingParams(temperature=0.9, top_k=50, top_p=0.95, min_p=0.0)" in text
     assert "hidden-state drift of the model itself" in text
 
 
@@ -444,6 +599,7 @@ def test_the_example_runs_and_writes_the_reward_curve(tmp_path, capsys):
 
 _no_cuda = not torch.cuda.is_available()
 _why = "needs torch with CUDA (an H100/H200 for the SM90 backend); this machine has none"
+SM90 = "cuda-fused-linear-logp-sm90-contract-v1"
 
 
 @pytest.mark.gpu
@@ -455,10 +611,42 @@ def test_gpu_grpo_on_a_qwen3_vocabulary(hidden, layers):
     print(ex.format_parity(rows))
     print(ex.format_drift(drift))
     print("reward:", " ".join(f"{x:.3f}" for x in curve))
-    assert dt.last_report()["backend_id"] == "cuda-fused-linear-logp-sm90-contract-v1"
-    assert exact and rows[0].max_k3 == 0 and rows[0].bit_equal == 1  # (a)
-    assert rows[3].max_abs > 0  # (c)
+    rep = dt.last_report()  # the trainer's replay of the program (token_logprobs with sampling=)
+    assert rep["backend_id"] == SM90 and rep["provenance"]["sample_id"] == "sample/v1"
+    assert exact  # (a), processed and raw, every step
+    for fed in rows[:2]:
+        assert fed.max_k3 == 0 and fed.max_ratio_dev == 0 and fed.bit_equal == 1 and fed.outside == 0
+    assert rows[5].max_abs > 0  # (c)
     assert sum(curve[-5:]) / 5 > sum(curve[:5]) / 5 + 0.15, curve  # (d)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_no_cuda, reason=_why)
+def test_gpu_rollout_per_prompt_programs_are_the_cuda_sample_and_replay_bit_for_bit():
+    """The CPU per-prompt tests on CUDA at Qwen3's vocabulary: each token is dt.sample of its decode
+    hidden state with its prompt's parameters and key (SM90 backend), and the trainer's replay on
+    those hidden states gives logp and logp_raw bit for bit."""
+    m = ex.build_model(ex.gpu_config(1024, 2), "cuda", 0)
+    prompts = [[70, 71, 72], [80, 81, 82, 83, 84, 85], [90], [100, 101]]
+    budgets = [3, 6, 2, 5]
+    params = _program_map(_per_prompt_program(), lambda v: v.cuda())
+    r = dtx.rollout(m, prompts, budgets, sampling=params, seed=11, keep_hidden=True)
+    assert dt.last_report()["backend_id"] == SM90
+    for i in range(4):
+        one = _program_map(params, lambda v: v[i].item())
+        n = budgets[i]
+        ref = dt.sample(r.hidden[i, :n], m.lm_head.weight, one, 11, i * dtx.KEY_STRIDE + torch.arange(n).cuda())
+        assert torch.equal(ref.token, r.tokens[i, :n])
+        assert torch.equal(ref.logp.view(torch.int32), r.logp[i, :n].view(torch.int32))
+        assert torch.equal(ref.logp_raw.view(torch.int32), r.logp_raw[i, :n].view(torch.int32))
+    p, sel = r.prompt_len, r.mask
+    with torch.no_grad():
+        h = dtx.hidden_states(m, r.input_ids, r.attention_mask, r.position_ids)
+        h[:, p - 1 : p - 1 + sel.shape[1]][sel] = r.hidden[sel]
+        out = dtx.head_logprobs(m, h, r.input_ids, r.attention_mask, r.position_ids, sampling=r.sampling)
+    assert dt.last_report()["backend_id"] == SM90
+    assert torch.equal(out.logp[:, p:][sel].view(torch.int32), r.logp[sel].view(torch.int32))
+    assert torch.equal(out.logp_raw[:, p:][sel].view(torch.int32), r.logp_raw[sel].view(torch.int32))
 
 
 @pytest.mark.gpu

@@ -7,11 +7,13 @@ buffer, differentiable through the whole model. ``head_logprobs`` does the same 
 the caller already has (the rollout's, for one).
 
 Rollout side: ``rollout(model, prompts, ...)`` decodes a batch of prompts with the model's KV
-cache; each step samples from detlogp's serving logits through one pluggable ``sampler`` and
-records the token, its contract logp at the sampling temperature (``logp_raw``) and the
-weight-version fingerprint of the head. Given the same hidden states and the same head, the
-trainer's logp equals ``logp_raw`` bit for bit (docs/contract.md): what remains between a rollout
-and its trainer recomputation is the model's own drift upstream of the head.
+cache; each step draws the active rows' tokens with detlogp's sampling program
+(``detlogp.torch.sample``: temperature, top-k, top-p, min-p; docs/contract.md §11) and records the
+token, its processed logp (``logp``, the behaviour policy's), its contract logp at the sampling
+temperature (``logp_raw``), the support size and the weight-version fingerprint of the head. The
+trainer replays the program (``token_logprobs(..., sampling=r.sampling)``): given the same hidden
+states and the same head both logps are the rollout's bit for bit, so what remains between a
+rollout and its trainer recomputation is the model's own drift upstream of the head.
 
 Alignment: outputs are token-aligned, ``[B, S]`` like ``input_ids``: ``logp[b, s]`` is the logp of
 ``labels[b, s]`` given the tokens before ``s`` (transformers' label shift: hidden position ``s - 1``
@@ -24,14 +26,18 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch import Tensor
 
+from .. import _sampling
 from .. import torch as dt
 from .._errors import InputError
+from .._sampling import SamplingParams
 
 __all__ = [
+    "KEY_STRIDE",
     "Rollout",
     "TokenLogprobs",
     "check_servable",
@@ -159,20 +165,67 @@ def shift_labels(labels: Tensor, attention_mask: Optional[Tensor] = None, positi
 
 
 class TokenLogprobs(NamedTuple):
-    logp: Tensor  # [B, S] float32, token-aligned; 0 where mask is False
+    logp: Tensor  # [B, S] float32, token-aligned; 0 where mask is False (with sampling=: the processed logp)
     mask: Tensor  # [B, S] bool: the positions that carry a logp
     entropy: Optional[Tensor] = None  # [B, S] float32: entropy of the distribution that predicted position s
+    logp_raw: Optional[Tensor] = None  # [B, S] float32 with sampling=: the contract logp at the program's T
+
+
+_FIELDS = (("temperature", False), ("top_k", True), ("top_p", False), ("min_p", False))
+
+
+def _checked_field(params: SamplingParams, name: str, integer: bool, shapes, device):
+    """One SamplingParams field as a Python number or a torch tensor of one of `shapes` on device.
+    The dtype rule is the library's (float32, int32/int64 for top_k: no silent cast); a numpy array is
+    taken as it is (torch.from_numpy, another array through DLPack), a tensor on another device is
+    moved (its values unchanged)."""
+    value = getattr(params, name)
+    dims = getattr(value, "shape", None)
+    shape = next((s for s in shapes if dims is not None and len(s) == len(dims)), shapes[0])
+    scalar, rows = _sampling._field(value, f"sampling.{name}", shape, integer)
+    if rows is None:
+        return scalar
+    if not isinstance(rows, Tensor):
+        rows = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else torch.from_dlpack(rows)
+    return rows.to(device)
+
+
+def _sampling_of(sampling, shapes, device) -> SamplingParams:
+    if not isinstance(sampling, SamplingParams):
+        raise InputError(f"sampling must be a detlogp.SamplingParams, got {type(sampling).__name__}")
+    return SamplingParams(*(_checked_field(sampling, n, i, shapes, device) for n, i in _FIELDS))
+
+
+def _hidden_aligned(params: SamplingParams, b: int, s: int) -> SamplingParams:
+    """Per-sequence fields [B] repeated over the S hidden positions; token-aligned fields [B, S]
+    (the value of the token at s) moved to the hidden position that predicts it, s - 1 (the last
+    position predicts nothing: it keeps the row's last value, which the library checks and ignores)."""
+
+    def one(v):
+        if not isinstance(v, Tensor):
+            return v
+        if v.dim() == 1:
+            return v[:, None].expand(b, s).contiguous()
+        return torch.cat([v[:, 1:], v[:, -1:]], dim=1).contiguous()
+
+    return SamplingParams(*(one(getattr(params, n)) for n, _ in _FIELDS))
 
 
 def head_logprobs(model, hidden: Tensor, labels: Tensor, attention_mask: Optional[Tensor] = None,
                   position_ids: Optional[Tensor] = None, temperature: Union[float, Tensor] = 1.0,
                   ignore_index: int = -100, return_entropy: bool = False, real_vocab: Optional[int] = None,
                   tp_group=None, vocab_start: int = 0, backend: Optional[str] = None,
-                  strict: Optional[bool] = None) -> TokenLogprobs:  # fmt: skip
+                  strict: Optional[bool] = None,
+                  sampling: Optional[SamplingParams] = None) -> TokenLogprobs:  # fmt: skip
     """token_logprobs from final hidden states [B, S, D] the caller already has (for one, the
     hidden states a rollout recorded). temperature: a float, or a 0-d tensor; real_vocab: ids at
     or past it are padding rows of the head (default: every row is a token); tp_group and
-    vocab_start: the model's lm_head is this rank's vocabulary shard (docs/tensor-parallel.md)."""
+    vocab_start: the model's lm_head is this rank's vocabulary shard (docs/tensor-parallel.md).
+    sampling: replay a rollout's sampling program (a detlogp.SamplingParams, e.g. Rollout.sampling;
+    each field a scalar, one value per sequence [B], or one per token [B, S] token-aligned like
+    labels): logp is then each label's processed logp (-inf outside the support), logp_raw its
+    contract logp at the program's temperature, both the rollout's bits given the same hidden
+    states; temperature stays 1.0, and neither return_entropy nor tp_group is served with it."""
     weight, bias = check_servable(model)
     if hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(labels.shape):
         raise InputError(
@@ -182,11 +235,20 @@ def head_logprobs(model, hidden: Tensor, labels: Tensor, attention_mask: Optiona
     hidden, weight = _bf16_operands(hidden, weight)
     if tp_group is None and real_vocab is None:
         real_vocab = weight.shape[0]
+    carried = targets != ignore_index
+    if sampling is not None:
+        b, s = labels.shape
+        program = _hidden_aligned(_sampling_of(sampling, [(b,), (b, s)], hidden.device), b, s)
+        logp, _, raw = dt.linear_logp(
+            hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index,
+            real_vocab=real_vocab, tp_group=tp_group, vocab_start=vocab_start, backend=backend, strict=strict,
+            return_entropy=return_entropy, sampling=program, return_raw=True,
+        )  # fmt: skip
+        return TokenLogprobs(_to_tokens(logp), _to_tokens(carried), None, _to_tokens(raw))
     out = dt.linear_logp(
         hidden, weight, targets, bias=bias, temperature=temperature, ignore_index=ignore_index, real_vocab=real_vocab,
         tp_group=tp_group, vocab_start=vocab_start, backend=backend, strict=strict, return_entropy=return_entropy,
     )  # fmt: skip
-    carried = targets != ignore_index
     # Hidden position s predicts token s + 1: one column to the right, none predicted at s = 0.
     logp = _to_tokens(out[0])
     entropy = _to_tokens(out[2]) if return_entropy else None
@@ -202,18 +264,20 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Optional[Tensor] = 
                    temperature: Union[float, Tensor] = 1.0, ignore_index: int = -100, return_entropy: bool = False,
                    real_vocab: Optional[int] = None, tp_group=None, vocab_start: int = 0,
                    backend: Optional[str] = None, strict: Optional[bool] = None,
-                   **model_kwargs) -> TokenLogprobs:  # fmt: skip
+                   sampling: Optional[SamplingParams] = None, **model_kwargs) -> TokenLogprobs:  # fmt: skip
     """Per-token logp [B, S] of labels (default input_ids) under the model at temperature, through
     detlogp (no logits are materialized), token-aligned (module docstring). attention_mask marks
     padding (left or right), position_ids restart at 0 for each sequence of a packed row (the
     model's own attention decides how packed sequences are kept apart: pass what it needs, e.g.
     flash-attention's position_ids, in model_kwargs or here). Differentiable in every parameter
     of the model (the head's gradient through detlogp's backward); works with gradient
-    checkpointing and inside torch.compile (compile the function that calls it)."""
+    checkpointing and inside torch.compile (compile the function that calls it). sampling: the
+    rollout's sampling program, replayed (head_logprobs): logp is the processed logp, differentiable
+    with the support held fixed, and logp_raw the contract logp at the program's temperature."""
     h = hidden_states(model, input_ids, attention_mask, position_ids, **model_kwargs)
     return head_logprobs(
         model, h, input_ids if labels is None else labels, attention_mask, position_ids, temperature, ignore_index,
-        return_entropy, real_vocab, tp_group, vocab_start, backend, strict,
+        return_entropy, real_vocab, tp_group, vocab_start, backend, strict, sampling,
     )  # fmt: skip
 
 
@@ -222,10 +286,15 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Optional[Tensor] = 
 # sampler(logits [A, V_real] float32 (unscaled z = h.W^T + b), temperature, generator) -> tokens [A] int64.
 Sampler = Callable[[Tensor, float, Optional[torch.Generator]], Tensor]
 
+# The sampling program's key of generated token j of prompt i: i * KEY_STRIDE + j. A draw then
+# depends on the seed, the prompt's index in the call, the position, the hidden state and the
+# parameters, not on which other rows share the decoder's batch.
+KEY_STRIDE = 1 << 20
+
 
 def multinomial_sampler(logits: Tensor, temperature: float, generator: Optional[torch.Generator]) -> Tensor:
-    """Plain sampling at temperature T from softmax(z / T), no filter (no top-k, no top-p): the
-    distribution whose contract logp the rollout records as logp_raw."""
+    """Plain sampling at temperature T from softmax(z / T), no filter (no top-k, no top-p): a custom
+    sampler for rollout(..., sampler=), drawing from the distribution whose contract logp is logp_raw."""
     probs = torch.softmax(logits / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
@@ -235,11 +304,16 @@ class Rollout:
     """A batch of prompts decoded with the KV cache. Layout: P left-padded prompt columns, then L
     generated columns (right-padded once a sequence finishes); input_ids/attention_mask/position_ids
     [B, P + L] are what the trainer feeds back to the model. Per generated token j of row b:
-    tokens[b, j], logp_raw[b, j] (detlogp's contract logp of that token at the sampling
-    temperature, from the hidden state that produced it), version[b, j] (the index into
-    fingerprints of the weight version that sampled it: one rollout call samples at one version).
-    The processed logp (of the distribution a top-k/top-p filter truncates) is recorded once the
-    sampler is detlogp's sampling program; without a filter it is the same distribution as logp_raw."""
+    tokens[b, j]; logp[b, j], its log-probability under the processed distribution it was drawn from
+    (temperature, top-k, top-p, min-p: the behaviour policy's logp; finite, the token being in the
+    support); logp_raw[b, j], detlogp's contract logp of that token at the sampling temperature
+    (T = 0, greedy: at 1); support_size[b, j], the ids the filters kept; version[b, j], the index
+    into fingerprints of the weight version that sampled it (one rollout call samples at one
+    version). All from the hidden state that produced the token, by one detlogp.torch.sample call.
+    sampling is the program with its per-prompt fields as [B] tensors (or scalars) and seed its
+    seed: token_logprobs(..., sampling=r.sampling) replays logp and logp_raw bit for bit given the
+    same hidden states. With a custom sampler (rollout(..., sampler=)), which takes only an
+    unfiltered program, logp is logp_raw's bits, support_size the real vocabulary and seed None."""
 
     input_ids: Tensor  # [B, P + L] int64
     attention_mask: Tensor  # [B, P + L] int64: 1 on real prompt tokens and generated tokens
@@ -247,16 +321,23 @@ class Rollout:
     prompt_len: int  # P
     tokens: Tensor  # [B, L] int64 (pad_token_id past a row's end)
     mask: Tensor  # [B, L] bool: generated tokens
-    logp_raw: Tensor  # [B, L] float32 (0 past a row's end)
+    logp: Tensor  # [B, L] float32: processed logp (0 past a row's end)
+    logp_raw: Tensor  # [B, L] float32: contract logp at the sampling temperature (0 past a row's end)
+    support_size: Tensor  # [B, L] int64 (0 past a row's end)
     version: Tensor  # [B, L] int64, index into fingerprints (-1 past a row's end)
     fingerprints: List[str]  # weight-version fingerprints (detlogp.torch.weight_fingerprint of the head)
-    temperature: float
+    sampling: SamplingParams  # each field a scalar or a [B] tensor on the model's device
+    seed: Optional[int]  # the sampling program's seed; None with a custom sampler
     hidden: Optional[Tensor] = None  # [B, L, D] bf16: the decode-time hidden state that sampled each token
     steps: List[int] = field(default_factory=list)  # rows decoded at each step (the continuous-batching set)
 
     @property
     def lengths(self) -> Tensor:
         return self.mask.sum(1)
+
+    @property
+    def temperature(self) -> Union[float, Tensor]:
+        return self.sampling.temperature
 
 
 def _cache_kwarg(decoder) -> str:
@@ -271,18 +352,72 @@ def _cache_of(out):
     return cache if cache is not None else out.past_key_values
 
 
+def _rollout_program(sampling, temperature, b: int, device) -> SamplingParams:
+    if sampling is not None and temperature is not None:
+        raise InputError(
+            f"rollout got temperature={temperature!r} and sampling={sampling!r}: give the temperature in "
+            "sampling (SamplingParams.temperature), not both"
+        )
+    if sampling is None:
+        sampling = SamplingParams(temperature=1.0 if temperature is None else temperature)
+    return _sampling_of(sampling, [(b,)], device)
+
+
+def _custom_sampler_temperature(params: SamplingParams) -> float:
+    """The one temperature a custom sampler takes: the program must be a scalar temperature > 0 and
+    no filter, the distribution (softmax(z / T)) whose processed logp is logp_raw."""
+    for name, _ in _FIELDS:
+        if isinstance(getattr(params, name), Tensor):
+            raise InputError(
+                f"rollout with sampler= takes one scalar temperature; got a per-prompt sampling.{name} (drop sampler= "
+                "to sample with detlogp's program, which takes per-prompt values)"
+            )
+    on = [f"{n}={getattr(params, n)!r}" for n, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
+          if getattr(params, n) != off]  # fmt: skip
+    if on:
+        raise InputError(
+            f"rollout with sampler= cannot record the processed logp of its filter ({', '.join(on)}): a custom "
+            "sampler draws from softmax(z / T) as far as the record goes; drop sampler= to sample with detlogp's "
+            "program, or turn the filters off"
+        )
+    t = params.temperature
+    if not t > 0 or t == float("inf"):
+        raise InputError(f"temperature={t!r} must be > 0 and finite to sample with sampler= (greedy: drop sampler=)")
+    return t
+
+
+def _rollout_seed(seed, generator: Optional[torch.Generator]) -> int:
+    if seed is None:  # one draw from the generator: successive calls get independent noise
+        dev = generator.device if generator is not None else "cpu"
+        return int(torch.randint(0, (1 << 63) - 1, (1,), generator=generator, device=dev).item())
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < (1 << 64):
+        raise InputError(f"seed must be an integer in [0, 2^64 - 1] (or None: drawn from generator), got {seed!r}")
+    return seed
+
+
 @torch.no_grad()
 def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, Sequence[int]],
-            temperature: float = 1.0, sampler: Sampler = multinomial_sampler,
+            temperature: Optional[float] = None, sampler: Optional[Sampler] = None,
             generator: Optional[torch.Generator] = None, eos_token_id: Optional[int] = None,
             pad_token_id: int = 0, real_vocab: Optional[int] = None, keep_hidden: bool = False,
-            backend: Optional[str] = None, strict: Optional[bool] = None) -> Rollout:  # fmt: skip
+            backend: Optional[str] = None, strict: Optional[bool] = None, *,
+            sampling: Optional[SamplingParams] = None, seed: Optional[int] = None) -> Rollout:  # fmt: skip
     """Decode prompts (lists of token ids) with the model's KV cache. Each step runs the decoder on
     the rows still active (finished rows leave the cache: the step set shrinks as sequences end at
-    different lengths), takes detlogp's serving logits of their last hidden states, samples with
-    sampler(logits[:, :real_vocab], temperature, generator) and records the token's contract logp at
-    temperature (a second detlogp call with the sampled tokens as targets). A row ends at
-    eos_token_id (recorded) or after its max_new_tokens (an int, or one per prompt).
+    different lengths) and draws their tokens with one detlogp.torch.sample call on their last
+    hidden states: the sampling program `sampling` (a detlogp.SamplingParams; each field a scalar or
+    one value per prompt, a [B] float32 / int32-int64 tensor or numpy array; temperature=T alone is
+    SamplingParams(temperature=T), the default T = 1; T = 0 is greedy), the seed `seed` (an integer
+    in [0, 2^64 - 1]; default: one draw from `generator`, or from torch's default generator, so each
+    call gets fresh noise) and the key prompt index * KEY_STRIDE + generated position (2^20: a draw
+    does not depend on which other rows share the step; max_new_tokens stays below it). The same
+    call records each token's processed logp, logp_raw and support size (Rollout). A row ends at
+    eos_token_id (recorded) or after its max_new_tokens (an int, or one per prompt). A bad parameter
+    is refused by the first step, which holds every prompt (row i = prompt i).
+
+    sampler: opt in to a custom sampler instead, sampler(z[:, :real_vocab], T, generator) on
+    detlogp's serving logits z; the program must then be a scalar T > 0 without filters, and
+    logp_raw (a second detlogp call with the drawn tokens) is also the processed logp.
     keep_hidden: also keep each token's decode-time hidden state (for parity checks)."""
     weight, bias = check_servable(model)
     decoder = _decoder(model)
@@ -293,8 +428,17 @@ def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, 
         raise InputError(f"max_new_tokens has {len(budgets)} entries for {b} prompts")
     if b == 0 or min(len(p) for p in prompts) == 0 or min(budgets) < 1:
         raise InputError("rollout needs at least one prompt, every prompt non-empty and every max_new_tokens >= 1")
-    if not float(temperature) > 0:
-        raise InputError(f"temperature={temperature!r} must be > 0 to sample")
+    params = _rollout_program(sampling, temperature, b, device)
+    if sampler is not None:
+        if seed is not None:
+            raise InputError("seed is the sampling program's; a custom sampler (sampler=) draws with generator")
+        sampler_t = _custom_sampler_temperature(params)
+    else:
+        seed = _rollout_seed(seed, generator)
+        if max(budgets) >= KEY_STRIDE:
+            raise InputError(
+                f"max_new_tokens={max(budgets)} must be below {KEY_STRIDE} (the sampling key's position field)"
+            )
     rv = weight.shape[0] if real_vocab is None else int(real_vocab)
     p_len, n_new = max(len(p) for p in prompts), max(budgets)
     width = p_len + n_new
@@ -305,7 +449,8 @@ def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, 
         attention[i, p_len - len(p) : p_len] = 1
     position = (attention.cumsum(1) - 1).clamp(min=0)
     tokens = torch.full((b, n_new), pad_token_id, dtype=torch.long, device=device)
-    logp_raw = torch.zeros((b, n_new), dtype=torch.float32, device=device)
+    logp, logp_raw = (torch.zeros((b, n_new), dtype=torch.float32, device=device) for _ in range(2))
+    support = torch.zeros((b, n_new), dtype=torch.long, device=device)
     version = torch.full((b, n_new), -1, dtype=torch.long, device=device)
     hidden = torch.zeros((b, n_new, weight.shape[1]), dtype=torch.bfloat16, device=device) if keep_hidden else None
     fingerprint = dt.weight_fingerprint(weight.detach().to(torch.bfloat16))
@@ -319,14 +464,29 @@ def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, 
     for j in range(n_new):
         steps.append(int(active.numel()))
         hb, wb = _bf16_operands(h, weight)
-        zeros = torch.zeros(hb.shape[0], dtype=torch.long, device=device)
-        z = dt.linear_logp(hb, wb, zeros, bias=bias, real_vocab=rv, return_logits=True, backend=backend,
-                           strict=strict)[-1]  # fmt: skip
-        tok = sampler(z[:, :rv], float(temperature), generator).to(torch.long)
-        lp = dt.linear_logp(hb, wb, tok, bias=bias, temperature=float(temperature), real_vocab=rv, backend=backend,
-                            strict=strict)[0]  # fmt: skip
+        if sampler is None:
+            rows = SamplingParams(*(v[active] if isinstance(v, Tensor) else v for v in
+                                    (getattr(params, n) for n, _ in _FIELDS)))  # fmt: skip
+            drawn = dt.sample(hb, wb, rows, seed, active * KEY_STRIDE + j, bias=bias, real_vocab=rv, backend=backend,
+                              strict=strict)  # fmt: skip
+            tok, lp, raw, kept = drawn.token, drawn.logp, drawn.logp_raw, drawn.support_size
+            if bool((tok < 0).any()):
+                bad = int(active[(tok < 0).nonzero()[0, 0]])
+                raise InputError(
+                    f"rollout: prompt {bad} at generated position {j} has no processed distribution (its logits "
+                    "are NaN or all -inf: the model's hidden state is not finite)"
+                )
+        else:
+            zeros = torch.zeros(hb.shape[0], dtype=torch.long, device=device)
+            z = dt.linear_logp(hb, wb, zeros, bias=bias, real_vocab=rv, return_logits=True, backend=backend,
+                               strict=strict)[-1]  # fmt: skip
+            tok = sampler(z[:, :rv], sampler_t, generator).to(torch.long)
+            raw = dt.linear_logp(hb, wb, tok, bias=bias, temperature=sampler_t, real_vocab=rv, backend=backend,
+                                 strict=strict)[0]  # fmt: skip
+            lp, kept = raw, torch.full_like(tok, rv)  # no filter: the support is every real id
         col = p_len + j
-        tokens[active, j], logp_raw[active, j], version[active, j] = tok, lp, 0
+        tokens[active, j], logp[active, j], logp_raw[active, j], support[active, j] = tok, lp, raw, kept
+        version[active, j] = 0
         input_ids[active, col], attention[active, col] = tok, 1
         if keep_hidden:
             hidden[active, j] = hb
@@ -347,8 +507,10 @@ def rollout(model, prompts: Sequence[Sequence[int]], max_new_tokens: Union[int, 
         cache, h = _cache_of(out), out.last_hidden_state[:, -1]
     position = (attention.cumsum(1) - 1).clamp(min=0)
     return Rollout(
-        input_ids, attention, position, p_len, tokens, version >= 0, logp_raw, version, [fingerprint],
-        float(temperature), hidden, steps,
+        input_ids=input_ids, attention_mask=attention, position_ids=position, prompt_len=p_len, tokens=tokens,
+        mask=version >= 0, logp=logp, logp_raw=logp_raw, support_size=support, version=version,
+        fingerprints=[fingerprint], sampling=params, seed=None if sampler is not None else seed, hidden=hidden,
+        steps=steps,
     )  # fmt: skip
 
 
