@@ -160,9 +160,8 @@ struct Rank {
   }
   Result read() const {
     GPU_CUDA(cudaSetDevice(device));
-    return {token.to_host(),       support_size.to_host(), cut_id.to_host(),      logp.to_host(),
-            logp_raw.to_host(),    lse.to_host(),          lse_support.to_host(), support_max.to_host(),
-            cut_logit.to_host(),   logits.to_host()};
+    return {token.to_host(), support_size.to_host(), cut_id.to_host(),      logp.to_host(),      logp_raw.to_host(),
+            lse.to_host(),   lse_support.to_host(),  support_max.to_host(), cut_logit.to_host(), logits.to_host()};
   }
 };
 
@@ -316,11 +315,7 @@ class Sm90TpSample : public Sm90Test {
 // The shards of the one-GPU simulation: engine splits at TP = 2, 3, 4 (V / TP off the tile grid),
 // shards narrower than a tile, and a last shard of padding only.
 std::vector<std::vector<int64_t>> simulated_bounds() {
-  return {engine_bounds(2),
-          engine_bounds(3),
-          engine_bounds(4),
-          {0, 40, 4000, 4030, kVocab},
-          {0, 4100, kReal, kVocab}};
+  return {engine_bounds(2), engine_bounds(3), engine_bounds(4), {0, 40, 4000, 4030, kVocab}, {0, 4100, kReal, kVocab}};
 }
 
 }  // namespace
