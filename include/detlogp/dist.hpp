@@ -57,11 +57,15 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 // sample() at TP = 1 for any shard boundaries; out.logits, when present, is this rank's [N, V_local]
 // shard. Only integers, maxima, tile summaries and rank-ordered candidates are exchanged (all-gathers of
 // bytes, no floating-point reduction in transit). Bad or inconsistent inputs throw the same error on
-// every rank before any data moves. Host memory (a host communicator).
+// every rank before any data moves. Tensors live where comm.memory() says (a host communicator, or
+// CUDA memory on comm.device(): NCCL, in-process CUDA ranks); on CUDA the shard's partials and logits
+// run on the device and the protocol's small per-row steps on the host (docs/tensor-parallel.md), the
+// work ordered on opt.cuda_stream and complete on return.
 CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
                                   const CallOptions& opt = {});
 // The replay over vocabulary shards: linear_logp(in, program, out) at TP = 1's bits on every rank,
-// `in` this rank's shard (targets global ids, the same on every rank). Host memory.
+// `in` this rank's shard (targets global ids, the same on every rank). Memory as for
+// sample_tensor_parallel.
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
                                        const SampledLogpOutputs& out, Communicator& comm, const CallOptions& opt = {});
 

@@ -1,4 +1,4 @@
-// Tensor-parallel linear_logp over NCCL (available when detlogp was built with NCCL found:
+// Tensor-parallel linear_logp and the sampling program over NCCL (available when detlogp was built with NCCL found:
 // DETLOGP_WITH_NCCL). The communicator's ranks must be ordered like the vocabulary shards.
 #pragma once
 
@@ -18,5 +18,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(ncclComm_t comm);
 // communicator's device; work runs on opt.cuda_stream.
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearLogpOutputs& out, ncclComm_t comm,
                                        const CallOptions& opt = {});
+
+// Convenience: the sampling program over `comm` (sample_tensor_parallel and the replay's
+// linear_logp_tensor_parallel of detlogp/dist.hpp). Tensors in CUDA memory on the communicator's
+// device; work and gathers run on opt.cuda_stream, and the call has completed on return.
+CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, ncclComm_t comm,
+                                  const CallOptions& opt = {});
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
+                                       const SampledLogpOutputs& out, ncclComm_t comm, const CallOptions& opt = {});
 
 }  // namespace detlogp

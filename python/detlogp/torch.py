@@ -103,9 +103,9 @@ def linear_logp(
     the support, counted in last_report()["sampling"]) and lse the plain call's; return_raw adds
     logp_raw, the plain call's logp: (logp, lse[, logp_raw]). Differentiable in hidden, weight and bias
     with the support held fixed (d logp / d y = onehot - the support's renormalized probabilities).
-    temperature stays 1.0 (the program's is used); not with return_logits, return_entropy or
-    tp_group (NotImplementedYetError). CPU tensors run on the CPU backend, CUDA tensors on the SM90
-    backend, forward and backward."""
+    temperature stays 1.0 (the program's is used); not with return_logits or return_entropy; with
+    tp_group over vocabulary shards (the TP = 1 bits on every rank; docs/python.md). CPU tensors run
+    on the CPU backend, CUDA tensors on the SM90 backend, forward and backward."""
     if sampling is not None:
         if topk is not None:
             raise InputError("topk= is not taken with sampling= (the replay scores the given targets)")

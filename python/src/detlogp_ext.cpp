@@ -456,6 +456,27 @@ class CallbackCommunicator final : public detlogp::Communicator {
   nb::callable gather_;
 };
 
+// The sampling entries' tensor-parallel arguments: tp = None (the whole head) or (rank, size,
+// gather) as CallbackCommunicator takes them; check_only: the binding's checks of the arrays alone
+// (detlogp.torch runs them before its agreement exchange, so that no rank raises alone later).
+struct SamplingTp {
+  bool on = false;
+  int rank = 0, size = 1;
+  nb::object gather;
+  explicit SamplingTp(const nb::object& tp) {
+    if (tp.is_none()) return;
+    const nb::tuple t = nb::cast<nb::tuple>(tp);
+    if (t.size() != 3) value_error("tp must be (rank, size, gather), got " + std::to_string(t.size()) + " entries");
+    on = true;
+    rank = nb::cast<int>(t[0]);
+    size = nb::cast<int>(t[1]);
+    gather = t[2];
+  }
+  CallbackCommunicator communicator(const detlogp::TensorView& hidden) const {
+    return CallbackCommunicator(rank, size, {hidden.memory, hidden.device}, nb::cast<nb::callable>(gather));
+  }
+};
+
 // How linear_logp_tensor_parallel's refusal opens (the decision after its header exchange); the
 // agreement step of detlogp.torch refuses in the same words (TENSOR_PARALLEL_REFUSAL).
 constexpr const char* kTensorParallelRefusal = "tensor-parallel linear_logp refused on every rank";
@@ -744,7 +765,8 @@ NB_MODULE(_detlogp, m) {
       [](const nb::tuple& head, const nb::tuple& program, nb::handle seed, nb::handle seed_rows, nb::handle key,
          const OutArray& token, const OutArray& logp, const OutArray& logp_raw, const OutArray& lse,
          const OutArray& support_size, const std::optional<OutArray>& logits, const std::string& backend, bool strict,
-         uintptr_t stream) {
+         uintptr_t stream, const nb::object& tp_arg, bool check_only) {
+        const SamplingTp tp(tp_arg);
         if (head.size() != 5) value_error("the head tuple has " + std::to_string(head.size()) + " entries, expected 5");
         detlogp::SampleInputs in;
         in.hidden = view_of(array_arg(head[0], "hidden"), "hidden", 2, true);
@@ -764,10 +786,14 @@ NB_MODULE(_detlogp, m) {
         out.support_size = out_view(support_size, "support_size", 1);
         if (logits) out.logits = out_view(*logits, "logits", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
-        return reported([&] { return detlogp::sample(in, out, opt); });
+        if (check_only) return nb::dict();
+        if (!tp.on) return reported([&] { return detlogp::sample(in, out, opt); });
+        CallbackCommunicator comm = tp.communicator(in.hidden);
+        return reported([&] { return detlogp::sample_tensor_parallel(in, out, comm, opt); });
       },
       "head"_a, "program"_a, "seed"_a, "seed_rows"_a.none(), "key"_a, "token"_a, "logp"_a, "logp_raw"_a, "lse"_a,
-      "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0);
+      "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0, "tp"_a.none() = nb::none(),
+      "check_only"_a = false);
 
   // linear_logp replaying a sampling program: problem as linear_logp's (temperature 1, no rows: the
   // program's), outputs logp, logp_raw, lse [N] f32 and the optional lse_support, support_max, cut_logit
@@ -777,7 +803,9 @@ NB_MODULE(_detlogp, m) {
       [](const Problem& problem, const nb::tuple& program, const OutArray& logp, const OutArray& logp_raw,
          const OutArray& lse, const std::optional<OutArray>& lse_support, const std::optional<OutArray>& support_size,
          const std::optional<OutArray>& support_max, const std::optional<OutArray>& cut_logit,
-         const std::optional<OutArray>& cut_id, const std::string& backend, bool strict, uintptr_t stream) {
+         const std::optional<OutArray>& cut_id, const std::string& backend, bool strict, uintptr_t stream,
+         const nb::object& tp_arg, bool check_only) {
+        const SamplingTp tp(tp_arg);
         const detlogp::LinearLogpInputs in = inputs(problem);
         const detlogp::SamplingProgram prog = program_of(program);
         detlogp::SampledLogpOutputs out;
@@ -790,10 +818,14 @@ NB_MODULE(_detlogp, m) {
         out.cut_logit = opt_out_view(cut_logit, "cut_logit");
         out.cut_id = opt_out_view(cut_id, "cut_id");
         const detlogp::CallOptions opt = options(backend, strict, stream);
-        return reported([&] { return detlogp::linear_logp(in, prog, out, opt); });
+        if (check_only) return nb::dict();
+        if (!tp.on) return reported([&] { return detlogp::linear_logp(in, prog, out, opt); });
+        CallbackCommunicator comm = tp.communicator(in.hidden);
+        return reported([&] { return detlogp::linear_logp_tensor_parallel(in, prog, out, comm, opt); });
       },
       "problem"_a, "program"_a, "logp"_a, "logp_raw"_a, "lse"_a, "lse_support"_a.none(), "support_size"_a.none(),
-      "support_max"_a.none(), "cut_logit"_a.none(), "cut_id"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0);
+      "support_max"_a.none(), "cut_logit"_a.none(), "cut_id"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0,
+      "tp"_a.none() = nb::none(), "check_only"_a = false);
 
   // The replay's logit gradient of one vocabulary chunk (detlogp.torch's backward with sampling=):
   // problem as linear_logp_grad_logits's, the program, the replay's outputs, the upstream gradients.

@@ -31,12 +31,13 @@ class RegistryPartials final : public tp::PartialsBackend {
   const detail::Backend* backend_ = nullptr;
 };
 
-// The registry's host backend that runs the sampling program, for this rank's partials and logits.
+// The registry's backend that runs the sampling program (the CPU backend on host tensors, SM90 on
+// CUDA tensors), for this rank's partials and logits.
 class RegistrySampling final : public tp::SamplingBackend {
  public:
   explicit RegistrySampling(const CallOptions& opt) : opt_(opt) {}
-  void select(CallReport& report) override {
-    backend_ = &detail::select_backend(opt_, Memory::host, true, false, report, 1, 0, true);
+  void select(Memory memory, CallReport& report) override {
+    backend_ = &detail::select_backend(opt_, memory, true, false, report, 1, 0, true);
   }
   void run(const detail::LogpProblem& problem) const override { detail::dispatch(*backend_, problem); }
 
@@ -56,13 +57,13 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
 CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
                                   const CallOptions& opt) {
   RegistrySampling backend(opt);
-  return tp::run_sample_tensor_parallel(in, out, comm, backend);
+  return tp::run_sample_tensor_parallel(in, out, comm, opt.cuda_stream, backend);
 }
 
 CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
                                        const SampledLogpOutputs& out, Communicator& comm, const CallOptions& opt) {
   RegistrySampling backend(opt);
-  return tp::run_replay_tensor_parallel(in, program, out, comm, backend);
+  return tp::run_replay_tensor_parallel(in, program, out, comm, opt.cuda_stream, backend);
 }
 
 CallReport linear_logp_partials(const LinearLogpInputs& in, ShardPartials& out, const CallOptions& opt) {

@@ -1,4 +1,4 @@
-// linear_logp_tensor_parallel over an NCCL communicator (built where NCCL was found).
+// The tensor-parallel entries over an NCCL communicator (built where NCCL was found).
 #include <memory>
 
 #include "detlogp/nccl.hpp"
@@ -9,6 +9,18 @@ CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const LinearL
                                        const CallOptions& opt) {
   const std::unique_ptr<Communicator> communicator = make_nccl_communicator(comm);
   return linear_logp_tensor_parallel(in, out, *communicator, opt);
+}
+
+CallReport sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, ncclComm_t comm,
+                                  const CallOptions& opt) {
+  const std::unique_ptr<Communicator> communicator = make_nccl_communicator(comm);
+  return sample_tensor_parallel(in, out, *communicator, opt);
+}
+
+CallReport linear_logp_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
+                                       const SampledLogpOutputs& out, ncclComm_t comm, const CallOptions& opt) {
+  const std::unique_ptr<Communicator> communicator = make_nccl_communicator(comm);
+  return linear_logp_tensor_parallel(in, program, out, *communicator, opt);
 }
 
 }  // namespace detlogp

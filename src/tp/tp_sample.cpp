@@ -16,6 +16,12 @@
 // Only bytes move: tile summaries, scaled logits of edge lanes, integer histograms and each rank's
 // best lane. Nothing is reduced in floating point in transit, and every floating-point step runs in
 // the order TP = 1 runs it (row_stats over the ascending tiles, the support chain over them).
+//
+// CUDA memory (NCCL, in-process CUDA ranks): step 1 runs on the device backend; its partials and the
+// chunk's logits shard are copied to the host, where steps 2-4 run as above (one protocol for both
+// memories). The program's rows, seeds, keys and targets are read to the host once; each gather's
+// bytes go host -> device staging -> all_gather on the stream -> host; the outputs are written on
+// the host and copied to the caller's tensors at the end (docs/tensor-parallel.md).
 #include "tp/tp_sample.hpp"
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/device_ops.hpp"
 #include "core/env.hpp"
 #include "core/sample.hpp"
 #include "core/straddle.hpp"
@@ -60,6 +67,80 @@ struct SampleHeader {
 static_assert(std::is_trivially_copyable_v<SampleHeader>);
 static_assert(sizeof(SampleHeader) == 32 + sizeof(PartialsLayout) + 48 + kMessageBytes, "no padding bytes");
 
+// The communicator with where its bytes live: every exchange goes through gather(), which takes
+// host buffers and, for a communicator of CUDA memory, stages them through device memory.
+class Link {
+ public:
+  Link(Communicator& comm, void* stream) : comm(comm), stream(stream), cuda(comm.memory() == Memory::cuda) {}
+  // Device staging of at least `bytes` per rank, allocated before any gather needs it.
+  void reserve(size_t bytes) {
+    if (cuda && bytes > slot_bytes_) {
+      staging_ = detail::DeviceAllocation(bytes * static_cast<size_t>(comm.size()), comm.device(),
+                                          "the tensor-parallel sampling staging buffer");
+      slot_bytes_ = bytes;
+    }
+  }
+  // Rank r's `bytes` at recv + r * bytes, recv and send host memory; complete on return.
+  void gather(const void* send, void* recv, size_t bytes) {
+    if (!cuda) {
+      comm.all_gather(send, recv, bytes, stream);
+      return;
+    }
+    DETLOGP_CHECK(bytes <= slot_bytes_, "internal: a gather of " << bytes << " bytes exceeds the staging of "
+                                                                 << slot_bytes_ << " bytes a rank");
+    uint8_t* dev = static_cast<uint8_t*>(staging_.get());
+    uint8_t* mine = dev + bytes * static_cast<size_t>(comm.rank());
+    const int device = comm.device();
+    detail::device_copy_async(mine, send, bytes, device, stream);
+    comm.all_gather(mine, dev, bytes, stream);  // in place, as NCCL allows
+    detail::device_copy_async(recv, dev, bytes * static_cast<size_t>(comm.size()), device, stream);
+    detail::device_stream_sync(device, stream);
+  }
+  Communicator& comm;
+  void* const stream;
+  const bool cuda;
+
+ private:
+  detail::DeviceAllocation staging_;
+  size_t slot_bytes_ = 0;
+};
+
+// CUDA memory: host copies of the values the protocol reads (the program's rows, seeds, keys,
+// targets) and of the outputs it writes, copied to the caller's tensors once every row is done.
+struct HostMirror {
+  std::vector<std::vector<uint64_t>> stores;
+  struct Output {
+    void* device;
+    const void* host;
+    size_t bytes;
+  };
+  std::vector<Output> outputs;
+  float* device_logits = nullptr;  // the caller's [N, V_local] logits shard, or null
+  std::vector<int64_t> targets;    // the replay's targets
+
+  // Queues the copy of `bytes` of device memory to a new host store (after the stream's work).
+  template <class T>
+  const T* read(const T* device_ptr, size_t bytes, int device, void* stream) {
+    if (device_ptr == nullptr) return nullptr;
+    std::vector<uint64_t>& h = stores.emplace_back((bytes + 7) / 8 + 1);
+    if (bytes > 0) detail::device_copy_async(h.data(), device_ptr, bytes, device, stream);
+    return reinterpret_cast<const T*>(h.data());
+  }
+  // Points `field` at a host store of `count` values that finish() copies to where it pointed.
+  template <class T>
+  void output(T*& field, int64_t count) {
+    if (field == nullptr) return;
+    std::vector<uint64_t>& h = stores.emplace_back((static_cast<size_t>(count) * sizeof(T) + 7) / 8 + 1);
+    outputs.push_back({field, h.data(), static_cast<size_t>(count) * sizeof(T)});
+    field = reinterpret_cast<T*>(h.data());
+  }
+  void finish(int device, void* stream) const {
+    for (const Output& o : outputs)
+      if (o.bytes > 0) detail::device_copy_async(o.device, o.host, o.bytes, device, stream);
+    detail::device_stream_sync(device, stream);
+  }
+};
+
 // One rank's call after its local validation.
 struct RankCall {
   SampleHeader header;
@@ -69,6 +150,7 @@ struct RankCall {
   std::vector<int64_t> no_targets;  // sample: ignore_index on every row
   SamplingBackend* backend = nullptr;
   CallReport report;
+  HostMirror mirror;  // CUDA memory only
 };
 
 const char* refusal(bool replay) {
@@ -89,7 +171,7 @@ uint64_t rows_digest(bool per_row, int64_t rows, uint64_t scalar, F row_bits) {
 void fill_common(RankCall& c, SamplingBackend& backend, const SamplingProgram& program) {
   const detail::SampleProblem& p = c.problem;
   const detail::ProgramOperands& g = p.program;
-  backend.select(c.report);
+  backend.select(p.memory, c.report);
   c.backend = &backend;
   SampleHeader& h = c.header;
   h.layout.vocab_start = p.vocab_start;
@@ -113,13 +195,44 @@ void fill_common(RankCall& c, SamplingBackend& backend, const SamplingProgram& p
   }
 }
 
-void check_host(const TensorView& hidden, const Communicator& comm, const char* entry) {
-  DETLOGP_CHECK(comm.memory() == Memory::host,
-                entry << " over vocabulary shards runs over a host communicator; the " << comm.name()
-                      << " communicator gathers CUDA memory (the tensor-parallel sampling program has no "
-                         "device path: docs/tensor-parallel.md)");
-  DETLOGP_CHECK(hidden.memory == Memory::host,
-                entry << " over vocabulary shards takes host tensors; hidden is in CUDA memory");
+const char* memory_name(Memory m) { return m == Memory::host ? "host" : "CUDA"; }
+
+void check_memory(const TensorView& hidden, const Communicator& comm, const char* entry) {
+  DETLOGP_CHECK(hidden.memory == comm.memory(),
+                entry << " over vocabulary shards: hidden is in " << memory_name(hidden.memory) << " memory but the "
+                      << comm.name() << " communicator gathers " << memory_name(comm.memory()) << " memory");
+  DETLOGP_CHECK(comm.memory() == Memory::host || hidden.device == comm.device(),
+                entry << " over vocabulary shards: hidden is on CUDA device " << hidden.device
+                      << " but the communicator uses device " << comm.device());
+}
+
+// CUDA memory: reads the program's rows, the seeds and keys to the host (checked there like host
+// rows) and points the outputs at host stores; `problem` then reads and writes host memory only.
+void mirror_to_host(RankCall& c, void* stream) {
+  detail::SampleProblem& p = c.problem;
+  if (p.memory != Memory::cuda) return;
+  HostMirror& m = c.mirror;
+  detail::ProgramOperands& g = p.program;
+  const size_t rows = static_cast<size_t>(p.rows);
+  g.temperature_rows = m.read(g.temperature_rows, rows * 4, p.device, stream);
+  g.top_k_rows = m.read(static_cast<const uint8_t*>(g.top_k_rows), rows * (g.top_k_i64 ? 8 : 4), p.device, stream);
+  g.top_p_rows = m.read(g.top_p_rows, rows * 4, p.device, stream);
+  g.min_p_rows = m.read(g.min_p_rows, rows * 4, p.device, stream);
+  p.seed_rows = m.read(p.seed_rows, rows * 8, p.device, stream);
+  p.key = m.read(p.key, rows * 8, p.device, stream);
+  detail::device_stream_sync(p.device, stream);
+  detail::check_program_rows(g, p.rows);
+  m.output(p.token, p.rows);
+  m.output(p.logp, p.rows);
+  m.output(p.logp_raw, p.rows);
+  m.output(p.lse, p.rows);
+  m.output(p.support_size, p.rows);
+  m.output(p.lse_support, p.rows);
+  m.output(p.support_max, p.rows);
+  m.output(p.cut_logit, p.rows);
+  m.output(p.cut_id, p.rows);
+  m.device_logits = p.logits;  // written on the device by the backend, per chunk
+  p.logits = nullptr;
 }
 
 void record_error(SampleHeader& h, const std::exception& e) {
@@ -127,9 +240,9 @@ void record_error(SampleHeader& h, const std::exception& e) {
   std::strncpy(h.message, e.what(), kMessageBytes - 1);
 }
 
-std::vector<SampleHeader> exchange(Communicator& comm, const SampleHeader& mine) {
-  std::vector<SampleHeader> all(static_cast<size_t>(comm.size()));
-  comm.all_gather(&mine, all.data(), sizeof mine, nullptr);
+std::vector<SampleHeader> exchange(Link& link, const SampleHeader& mine) {
+  std::vector<SampleHeader> all(static_cast<size_t>(link.comm.size()));
+  link.gather(&mine, all.data(), sizeof mine);
   return all;
 }
 
@@ -202,7 +315,7 @@ class Gather {
     return reinterpret_cast<const T*>(reinterpret_cast<const uint8_t*>(recv.data()) + words_ * 8 * rank + offset);
   }
   void clear() { std::fill(send_.begin(), send_.end(), 0); }
-  void run(Communicator& comm) { comm.all_gather(send_.data(), recv.data(), words_ * 8, nullptr); }
+  void run(Link& link) { link.gather(send_.data(), recv.data(), words_ * 8); }
 
  private:
   size_t words_;
@@ -221,10 +334,10 @@ struct RankShard {
 // row, the key at which the descending cumulative weight of the union of the ranks' candidates
 // first reaches `target` (the count of top-k; with `top_p`, the threshold of §11.5 from the total
 // mass, computed at the first pass). Candidates are (key, weight) pairs, each rank's own.
-void radix_select(Communicator& comm, int64_t n, std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& cands,
+void radix_select(Link& link, int64_t n, std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& cands,
                   const std::vector<uint8_t>& active, std::vector<uint64_t>& target, const std::vector<float>* top_p,
                   std::vector<uint64_t>& key) {
-  const int ranks = comm.size();
+  const int ranks = link.comm.size();
   Slot slot;
   const size_t hist_at = slot.add(static_cast<size_t>(n) * kDigits * sizeof(uint64_t));
   Gather gather(slot.bytes(), ranks);
@@ -238,7 +351,7 @@ void radix_select(Communicator& comm, int64_t n, std::vector<std::vector<std::pa
       if (!active[static_cast<size_t>(i)]) continue;
       for (const auto& [k, w] : cands[static_cast<size_t>(i)]) hist[i * kDigits + ((k >> shift) & (kDigits - 1))] += w;
     }
-    gather.run(comm);
+    gather.run(link);
     for (int64_t i = 0; i < n; ++i) {
       if (!active[static_cast<size_t>(i)]) continue;
       std::fill(total.begin(), total.end(), 0);
@@ -278,14 +391,28 @@ TensorView row_slice(const TensorView& t, int64_t row0, int64_t rows) {
   return s;
 }
 
-CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_in) {
-  const std::vector<SampleHeader> headers = exchange(comm, c.header);
+// A device buffer of `count` T (at least one), for the CUDA chunk step.
+template <class T>
+detail::DeviceAllocation device_buffer(int64_t count, int device, const char* what) {
+  return detail::DeviceAllocation(static_cast<size_t>(std::max<int64_t>(1, count)) * sizeof(T), device, what);
+}
+
+TensorView on_device(TensorView t, int device) {
+  t.memory = Memory::cuda;
+  t.device = device;
+  return t;
+}
+
+CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
+  Communicator& comm = link.comm;
+  const std::vector<SampleHeader> headers = exchange(link, c.header);
   const bool replay = replay_in != nullptr;
   decide(headers, replay);
   const detail::SampleProblem& p = c.problem;
   const int64_t rows = p.rows;
   if (rows == 0) return c.report;
   const int ranks = comm.size(), me = comm.rank();
+  const int device = comm.device();
   const int64_t real_vocab = p.real_vocab;
   const int64_t n_global = detail::ceil_tiles(real_vocab);
 
@@ -334,6 +461,31 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
   const size_t s2_cut_owned = s2.add(static_cast<size_t>(chunk));
   Gather support(s2.bytes(), ranks);
 
+  // CUDA memory: the device side of step 1 and the gathers' staging. An allocation can fail on one
+  // rank only: the ranks agree on it before the first chunk, like on the call itself.
+  detail::DeviceAllocation d_summaries, d_edge, d_target, d_owned, d_z, d_temperatures, d_no_targets;
+  if (link.cuda) {
+    SampleHeader status = c.header;
+    try {
+      link.reserve(std::max({s1.bytes(), s2.bytes(), static_cast<size_t>(chunk) * kDigits * sizeof(uint64_t)}) + 8);
+      d_summaries = device_buffer<TileSummary>(chunk * g.tiles, device, "the sampling partials' tile summaries");
+      d_edge = device_buffer<float>(chunk * g.edge_lanes(), device, "the sampling partials' edge lanes");
+      d_target = device_buffer<float>(chunk, device, "the sampling partials' target logits");
+      d_owned = device_buffer<uint8_t>(chunk, device, "the sampling partials' owned flags");
+      if (c.mirror.device_logits == nullptr)
+        d_z = device_buffer<float>(chunk * v_local, device, "the chunk's logits shard");
+      d_temperatures = device_buffer<float>(chunk, device, "the chunk's temperatures");
+      if (!replay) {
+        d_no_targets = device_buffer<int64_t>(chunk, device, "the chunk's (ignored) targets");
+        detail::device_copy_async(d_no_targets.get(), c.no_targets.data(), static_cast<size_t>(chunk) * 8, device,
+                                  link.stream);
+      }
+    } catch (const std::exception& e) {
+      record_error(status, e);
+    }
+    decide(exchange(link, status), replay);
+  }
+
   std::vector<TileSummary> tiles(static_cast<size_t>(n_global));
   std::vector<uint8_t> placed(static_cast<size_t>(n_global));
   std::vector<RowStats> stats(static_cast<size_t>(chunk));
@@ -369,15 +521,46 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
         replay ? row_slice(replay_in->targets, row0, n) : host_vector(c.no_targets.data() + row0, DType::i64, n);
     part_in.temperature = 1.0f;
     part_in.temperature_rows = host_vector(c.temperatures.data() + row0, DType::f32, n);
-    detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
-    c.backend->run(problem);
+    if (!link.cuda) {
+      detail::LogpProblem problem = detail::make_problem(part_in, nullptr, &part);
+      c.backend->run(problem);
+    } else {
+      // The same chunk on the device, its partials and logits shard then copied to the host buffers.
+      ShardPartials dev = part;
+      dev.summaries = static_cast<TileSummary*>(d_summaries.get());
+      dev.target_logit = static_cast<float*>(d_target.get());
+      dev.target_owned = static_cast<uint8_t*>(d_owned.get());
+      dev.edge_logits = static_cast<float*>(d_edge.get());
+      dev.memory = Memory::cuda;
+      dev.device = device;
+      float* dz = c.mirror.device_logits ? c.mirror.device_logits + row0 * v_local : static_cast<float*>(d_z.get());
+      dev.logits = MutableTensorView{on_device(TensorView::matrix(dz, DType::f32, n, v_local), device)};
+      detail::device_copy_async(d_temperatures.get(), c.temperatures.data() + row0, static_cast<size_t>(n) * 4, device,
+                                link.stream);
+      LinearLogpInputs dev_in = part_in;
+      dev_in.targets = replay ? row_slice(replay_in->targets, row0, n)
+                              : on_device(TensorView::vector(d_no_targets.get(), DType::i64, n), device);
+      dev_in.temperature_rows = on_device(TensorView::vector(d_temperatures.get(), DType::f32, n), device);
+      detail::LogpProblem problem = detail::make_problem(dev_in, nullptr, &dev);
+      problem.stream = link.stream;
+      c.backend->run(problem);
+      const auto to_host = [&](void* dst, const void* src, int64_t bytes) {
+        if (bytes > 0) detail::device_copy_async(dst, src, static_cast<size_t>(bytes), device, link.stream);
+      };
+      to_host(summaries.data(), dev.summaries, n * g.tiles * static_cast<int64_t>(sizeof(TileSummary)));
+      to_host(edge.data(), dev.edge_logits, n * g.edge_lanes() * 4);
+      to_host(target_logit.data(), dev.target_logit, n * 4);
+      to_host(owned.data(), dev.target_owned, n);
+      to_host(z, dz, n * v_local * 4);
+      detail::device_stream_sync(device, link.stream);
+    }
 
     partials.clear();
     std::copy(summaries.begin(), summaries.begin() + n * g.tiles, partials.mine<TileSummary>(s1_summaries));
     std::copy(edge.begin(), edge.begin() + n * g.edge_lanes(), partials.mine<float>(s1_edge));
     std::copy(target_logit.begin(), target_logit.begin() + n, partials.mine<float>(s1_target));
     std::copy(owned.begin(), owned.begin() + n, partials.mine<uint8_t>(s1_owned));
-    partials.run(comm);
+    partials.run(link);
 
     std::vector<detail::RankEdges> edges;
     for (int r = 0; r < ranks; ++r)
@@ -436,7 +619,7 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
         for (int64_t v = 0; v < local_real; ++v) ci.emplace_back(rank_key(yi[v], own.vocab_start + v), 1u);
         target[static_cast<size_t>(i)] = static_cast<uint64_t>(params[static_cast<size_t>(i)].keep);
       }
-      radix_select(comm, n, cands, need_k, target, nullptr, k_cut);
+      radix_select(link, n, cands, need_k, target, nullptr, k_cut);
     }
     if (any_p) {
       for (int64_t i = 0; i < n; ++i) {
@@ -453,7 +636,7 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
         }
         top_p[static_cast<size_t>(i)] = params[static_cast<size_t>(i)].top_p;
       }
-      radix_select(comm, n, cands, need_p, target, &top_p, p_cut);
+      radix_select(link, n, cands, need_p, target, &top_p, p_cut);
     }
 
     // 3. This rank's support: its whole tiles' masked summaries, its support lanes, its best score.
@@ -500,7 +683,7 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
         cut_owned[i] = 1;
       }
     }
-    support.run(comm);
+    support.run(link);
 
     // 4. Every rank: the support chain over the ascending tiles, the best token, the row's outputs.
     for (int64_t i = 0; i < n; ++i) {
@@ -541,6 +724,7 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
       }
     }
   }
+  if (link.cuda) c.mirror.finish(device, link.stream);
   c.report.sampling = sampling;
   return c.report;
 }
@@ -548,7 +732,10 @@ CallReport run(RankCall& c, Communicator& comm, const LinearLogpInputs* replay_i
 }  // namespace
 
 CallReport run_sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
-                                      SamplingBackend& backend) {
+                                      void* stream, SamplingBackend& backend) {
+  // (A rank that cannot allocate the headers' few bytes of staging cannot take part in any exchange.)
+  Link link(comm, stream);
+  link.reserve(sizeof(SampleHeader));
   RankCall c;
   c.header.rank = comm.rank();
   c.header.size = comm.size();
@@ -558,8 +745,9 @@ CallReport run_sample_tensor_parallel(const SampleInputs& in, const SampleOutput
   c.header.layout.vocab_local = in.weight.rows;
   try {
     detail::check_environment();  // inside the exchange: a rank's bad environment refuses every rank
-    check_host(in.hidden, comm, "sample");
+    check_memory(in.hidden, comm, "sample");
     c.problem = detail::make_sample_problem(in, out, true);
+    mirror_to_host(c, stream);
     c.head.hidden = in.hidden;
     c.head.weight = in.weight;
     c.head.bias = in.bias;
@@ -574,11 +762,14 @@ CallReport run_sample_tensor_parallel(const SampleInputs& in, const SampleOutput
   } catch (const std::exception& e) {  // detlogp::Error, and bad_alloc
     record_error(c.header, e);
   }
-  return run(c, comm, nullptr);
+  return run(c, link, nullptr);
 }
 
 CallReport run_replay_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
-                                      const SampledLogpOutputs& out, Communicator& comm, SamplingBackend& backend) {
+                                      const SampledLogpOutputs& out, Communicator& comm, void* stream,
+                                      SamplingBackend& backend) {
+  Link link(comm, stream);
+  link.reserve(sizeof(SampleHeader));
   RankCall c;
   c.header.replay = 1;
   c.header.rank = comm.rank();
@@ -590,21 +781,28 @@ CallReport run_replay_tensor_parallel(const LinearLogpInputs& in, const Sampling
   c.header.layout.ignore_index = in.ignore_index;
   try {
     detail::check_environment();
-    check_host(in.hidden, comm, "linear_logp with a sampling program");
+    check_memory(in.hidden, comm, "linear_logp with a sampling program");
     DETLOGP_CHECK(
         in.targets.ndim != 2,
         "targets must be [N] with a sampling program (one target a row), got [N, K] with K=" << in.targets.cols);
     c.problem = detail::make_sampled_logp_problem(in, program, out, true);
+    detail::SampleProblem& p = c.problem;
+    HostRows host = read_rows(p.targets, p.targets_i64, 1, nullptr, p.rows, p.memory, p.device, stream);
+    if (p.memory == Memory::cuda) {  // checked on the host copy, which the protocol then reads
+      detail::check_targets_host(host.targets.data(), true, p.rows, p.real_vocab, p.ignore_index, 1, false);
+      c.mirror.targets = host.targets;
+      p.targets = c.mirror.targets.data();
+      p.targets_i64 = true;
+    }
+    mirror_to_host(c, stream);
     c.head = in;
-    c.head.real_vocab = c.problem.real_vocab;
+    c.head.real_vocab = p.real_vocab;
     fill_common(c, backend, program);
-    const HostRows host =
-        read_rows(c.problem.targets, c.problem.targets_i64, 1, nullptr, c.problem.rows, Memory::host, 0, nullptr);
     c.header.layout.targets_digest = targets_digest(host.targets, 1);
   } catch (const std::exception& e) {
     record_error(c.header, e);
   }
-  return run(c, comm, &in);
+  return run(c, link, &in);
 }
 
 }  // namespace detlogp::tp

@@ -12,16 +12,21 @@ namespace detlogp::tp {
 class SamplingBackend {
  public:
   virtual ~SamplingBackend() = default;
-  // Picks a host backend that runs the sampling program (its provenance names the sample_id) and
-  // serves partials, and fills `report`; throws when none can (every rank then refuses alike).
-  virtual void select(CallReport& report) = 0;
-  // Computes the partials and serving logits of one validated row chunk.
+  // Picks a backend for tensors in `memory` that runs the sampling program (its provenance names
+  // the sample_id) and serves partials, and fills `report`; throws when none can (every rank then
+  // refuses alike).
+  virtual void select(Memory memory, CallReport& report) = 0;
+  // Computes the partials and serving logits of one validated row chunk, in the chunk's memory
+  // (enqueued on problem.stream for CUDA memory).
   virtual void run(const detail::LogpProblem& problem) const = 0;
 };
 
+// Tensors live where comm.memory() says; for CUDA memory the work and the gathers are ordered on
+// `stream` (a cudaStream_t) and the call has completed on return.
 CallReport run_sample_tensor_parallel(const SampleInputs& in, const SampleOutputs& out, Communicator& comm,
-                                      SamplingBackend& backend);
+                                      void* stream, SamplingBackend& backend);
 CallReport run_replay_tensor_parallel(const LinearLogpInputs& in, const SamplingProgram& program,
-                                      const SampledLogpOutputs& out, Communicator& comm, SamplingBackend& backend);
+                                      const SampledLogpOutputs& out, Communicator& comm, void* stream,
+                                      SamplingBackend& backend);
 
 }  // namespace detlogp::tp

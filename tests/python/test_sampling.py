@@ -1,7 +1,12 @@
 """The sampling program's Python faces (docs/contract.md §11): detlogp.sample and
 detlogp.linear_logp(sampling=) on numpy arrays, detlogp.torch.sample and
-detlogp.torch.linear_logp(sampling=) on CPU tensors with the support held fixed in the backward (CUDA
-tensors: test_sampling_gpu.py)."""
+detlogp.torch.linear_logp(sampling=) on CPU tensors with the support held fixed in the backward, and
+both over tp_group (gloo, CPU processes: tp_sample_worker.py) (CUDA tensors: test_sampling_gpu.py)."""
+
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -254,12 +259,8 @@ def test_torch_refusals():
     h, w, b = torch_problem(4, 8, 40, seed=8)
     p = detlogp.SamplingParams(top_k=3)
     t = torch.zeros(4, dtype=torch.int64)
-    with pytest.raises(detlogp.NotImplementedYetError, match="tp_group is not implemented yet"):
-        dt.sample(h, w, p, 0, torch.arange(4), tp_group=object())
-    with pytest.raises(detlogp.NotImplementedYetError, match="tp_group is not implemented yet"):
-        dt.linear_logp(h, w, t, sampling=p, tp_group=object())
-    with pytest.raises(NotImplementedError):  # the builtin a caller would catch
-        dt.linear_logp(h, w, t, sampling=p, tp_group=object())
+    with pytest.raises(detlogp.InputError, match="a vocabulary shard needs tp_group"):
+        dt.linear_logp(h, w[8:], t, sampling=p, vocab_start=8, real_vocab=40)
     with pytest.raises(detlogp.InputError, match="needs a contract backend"):
         dt.linear_logp(h, w, t, sampling=p, backend=detlogp.TORCH_BACKEND_ID)
     with pytest.raises(detlogp.InputError, match="return_raw needs sampling="):
@@ -268,3 +269,24 @@ def test_torch_refusals():
         dt.sample(h, w, detlogp.SamplingParams(top_k=np.zeros(4, np.int64)), 0, torch.arange(4))
     with pytest.raises(detlogp.InputError, match="top_p=1.5 is outside"):
         dt.sample(h, w, detlogp.SamplingParams(top_p=1.5), 0, torch.arange(4))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_sampling_tensor_parallel_gloo(world):
+    """detlogp.torch.sample and linear_logp(sampling=) with tp_group over torch.distributed (gloo, CPU
+    processes, an engine split V / world off the tile grid): every rank's draw and replay are the
+    TP = 1 bits, the logits shard the TP = 1 columns, the replay's gradients those of TP = 1 (the
+    hidden gradient the same bits on every rank), and every refusal the same exception on every rank."""
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    here = pathlib.Path(__file__).resolve().parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
+           str(29561 + world), str(here / "tp_sample_worker.py"), "--device", "cpu", "--rows", "41", "--dim", "64",
+           "--vocab", "701"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert out.count("TP_OK") == world, out[-4000:]
+    assert "FAIL" not in out, out[-4000:]

@@ -4,7 +4,8 @@ linear_logp(..., sampling=) on the SM90 backend, against the CPU backends given 
 bit, so its program gives the same tokens and bits; with logits a GEMM computes exactly (one-hot
 hidden) the CPU contract backend gives them too, and the replay's logit gradient (visible exactly in
 grad_weight = dz^T @ one-hot) equals the CPU implementation's. Gradients against float64 with the
-same support, run-to-run determinism, the current stream. Skipped with the reason without torch,
+same support, run-to-run determinism, the current stream; both over an NCCL tp_group
+(tp_sample_worker.py: one rank per visible GPU, up to 2). Skipped with the reason without torch,
 CUDA or the SM90 backend. Run by scripts/gpu_python_check.sh."""
 
 import numpy as np
@@ -242,3 +243,27 @@ def test_cuda_replay_gradient_matches_float64_with_the_support_fixed_and_is_dete
     for name, a, ref in zip(("hidden", "weight", "bias"), got, (h64.grad, w64.grad, b64.grad)):
         err = ((a.double() - ref).abs().max() / ref.abs().max()).item()
         assert err < 2e-2, (name, err)
+
+
+def test_tensor_parallel_nccl():
+    """detlogp.torch.sample and linear_logp(sampling=) with an NCCL tp_group (one rank per GPU, up to
+    2; with one GPU a group of one rank still runs the CUDA path of the C++ entries): the TP = 1 bits
+    on every rank, every refusal alike (tp_sample_worker.py)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    world = min(2, torch.cuda.device_count())
+    here = pathlib.Path(__file__).resolve().parent
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port", "29571",
+           str(here / "tp_sample_worker.py"), "--device", "cuda"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
+    env["NCCL_NVLS_ENABLE"] = "0"
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert out.count("TP_OK") == world, out[-4000:]
+    assert "FAIL" not in out, out[-4000:]

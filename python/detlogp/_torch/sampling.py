@@ -6,8 +6,15 @@ each column's membership by the forward's (max, cut, min_p) and writes the bf16 
 
 CPU tensors run on the CPU backend; CUDA tensors on the SM90 backend (src/sm90/sample.cu for the
 forward, the grad-logits kernel's sampled epilogue for the backward), on the caller's current CUDA
-stream, outputs on the tensors' device. tp_group is refused with NotImplementedYetError (no
-tensor-parallel path yet)."""
+stream, outputs on the tensors' device.
+
+With tp_group, weight/bias are this rank's vocabulary shard at vocab_start, and the C++ entries
+(sample_tensor_parallel, the replay's linear_logp_tensor_parallel, docs/tensor-parallel.md) run
+over torch.distributed as detlogp.torch.linear_logp's operator does (tensor_parallel.py): one
+agreement all-gather of every rank's torch-side and array checks first, then the C++ protocol,
+whose every collective is a rank-ordered all-gather of bytes. Every rank gets the TP = 1 bits. The
+replay's backward: each rank's shard gradient from the merged (same on every rank) statistics, the
+hidden gradient summed over the ranks in rank order."""
 
 from __future__ import annotations
 
@@ -17,19 +24,35 @@ import torch
 from torch import Tensor
 
 from .. import _detlogp as _ext, _int_arg, _sampling, _what
-from .._errors import InputError, NotImplementedYetError
+from .._errors import DetlogpError, InputError
 from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
 from .tensors import aligned_operands, check_devices, contiguous_rows, library_problem, rows_of, stream_of, vec
 
+# How the C++ entries' refusals open (src/tp/tp_sample.cpp); the agreement step refuses in the same words.
+SAMPLE_REFUSAL = "tensor-parallel sample refused on every rank"
+REPLAY_REFUSAL = "tensor-parallel linear_logp refused on every rank"
 
-def _refuse_tp_group(entry: str, tp_group) -> None:
-    if tp_group is not None:
-        raise NotImplementedYetError(
-            f"{entry} with tp_group is not implemented yet: the sampling program has no tensor-parallel path "
-            "(docs/contract.md §11.9 says how it will gather the candidates); pass the whole head without tp_group"
-        )
+
+def _tensor_parallel(group, hidden, call, refusal: str):
+    """Runs call(tp) on every rank of `group`: call(None) first runs the torch-side and array checks
+    alone (check_only), whose failure would otherwise raise on this rank alone; the agreement
+    exchange makes every rank raise alike or go on; then call((rank, size, gather)) runs the C++
+    entry over torch.distributed. Returns the call's report with the ranks."""
+    import torch.distributed as dist
+
+    from .tensor_parallel import agree, agreement_device, rank_gather
+
+    record = ["ok"]
+    try:
+        call(None)
+    except DetlogpError as e:
+        record = ["error", type(e).__name__, str(e)]
+    agree(group, record, agreement_device(group, hidden), refusal)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    report = call((rank, world, rank_gather(group)))
+    return dict(report, tensor_parallel={"ranks": world, "rank": rank})
 
 
 def _head_operands(hidden: Tensor, weight: Tensor, backend: str):
@@ -49,13 +72,35 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
            vocab_start: int = 0, real_vocab: Optional[int] = None, tp_group=None, return_logits: bool = False,
            backend: Optional[str] = None, strict: Optional[bool] = None) -> SampleResult:  # fmt: skip
     """One token per row with the sampling program (docs/contract.md §11). hidden [..., D] bf16,
-    weight [V, D] bf16 (the whole head), params a detlogp.SamplingParams (per-row fields shaped like
-    key), seed an integer or a uint64/int64 tensor shaped like key, key an int64 tensor of the rows'
-    shape. Returns detlogp.SampleResult of tensors shaped like key (logits [..., V] with
-    return_logits) on hidden's device; not differentiable (the rollout side). CPU tensors run on the
-    CPU backend, CUDA tensors on the SM90 backend, on the current CUDA stream."""
+    weight [V, D] bf16 (the whole head; with tp_group this rank's shard [V_local, D] at vocab_start,
+    real_vocab the global real vocabulary), params a detlogp.SamplingParams (per-row fields shaped
+    like key), seed an integer or a uint64/int64 tensor shaped like key, key an int64 tensor of the
+    rows' shape. Returns detlogp.SampleResult of tensors shaped like key (logits [..., V_local] with
+    return_logits: the rank's shard) on hidden's device, the same bits on every rank of tp_group as
+    at TP = 1; not differentiable (the rollout side). CPU tensors run on the CPU backend, CUDA
+    tensors on the SM90 backend, on the current CUDA stream."""
+    arguments = (hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict)
+    if tp_group is None:
+        return _sample(*arguments)
+    prepared = []
+
+    def call(tp):
+        if tp is None:
+            prepared.append(_sample(*arguments, check_only=True))
+            return {}
+        return prepared[0][1](tp)
+
+    report = _tensor_parallel(tp_group, hidden, call, SAMPLE_REFUSAL)
+    result = prepared[0][0]
+    report = dict(report, copies=result.report["copies"])
+    set_report(report)
+    return result._replace(report=report)
+
+
+def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict,
+            check_only=False):  # fmt: skip
+    """sample's body. check_only: every check, then (the result's output tensors, run(tp) -> report)."""
     _tensors((("hidden", hidden), ("weight", weight), ("key", key), ("bias", bias)))
-    _refuse_tp_group("detlogp.torch.sample", tp_group)
     shape = tuple(key.shape)
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
         raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (key), got {list(hidden.shape)}")
@@ -72,39 +117,61 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     support_size = torch.empty(n, dtype=torch.int64, device=dev)
     logp, logp_raw, lse = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(3))
     logits = torch.empty((n, v), dtype=torch.float32, device=dev) if return_logits else None
-    report = _ext.sample(
+    args = (
         head, program, seed_scalar, seed_rows, flat(key), token, logp, logp_raw, lse, support_size, logits,
         backend or "", bool(strict), stream_of(hidden),
     )  # fmt: skip
-    set_report(dict(report, copies=copies))
     out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
-    return SampleResult(*out, None if logits is None else logits.reshape(shape + (v,)), report)
+    logits_out = None if logits is None else logits.reshape(shape + (v,))
+    if check_only:
+        _ext.sample(*args, check_only=True)
+        return SampleResult(*out, logits_out, {"copies": copies}), lambda tp: _ext.sample(*args, tp=tp)
+    report = _ext.sample(*args)
+    set_report(dict(report, copies=copies))
+    return SampleResult(*out, logits_out, report)
 
 
 class SampledLinearLogp(torch.autograd.Function):
     """(logp, lse, logp_raw) of the replay; differentiable in hidden, weight and bias with the
-    support fixed (docs/contract.md §11.10)."""
+    support fixed (docs/contract.md §11.10). With `group` (tp_group) weight/bias are this rank's shard
+    at vocab_start: the forward is the C++ replay over vocabulary shards, the backward this shard's
+    gradients, the hidden gradient summed over the ranks in rank order."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, program, real_vocab, ignore_index, backend, strict):
+    def forward(ctx, hidden, weight, bias, targets, program, real_vocab, ignore_index, backend, strict,
+                vocab_start=0, group=None):  # fmt: skip
         n = rows_of(hidden)
         dev = hidden.device
-        h, w, copies = _head_operands(hidden, weight, backend)
-        problem = library_problem(h, w, targets, bias, 1.0, None, real_vocab, 0, ignore_index)
         logp, logp_raw, lse, lse_support, support_max, cut_logit = (
             torch.empty(n, dtype=torch.float32, device=dev) for _ in range(6)
         )
         support_size, cut_id = (torch.empty(n, dtype=torch.int64, device=dev) for _ in range(2))
-        report = _ext.linear_logp_sampled(
-            problem, program, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id, backend,
-            strict, stream_of(hidden),
-        )  # fmt: skip
+        prepared = []
+
+        def call(tp, check_only=False):
+            if not prepared:
+                h, w, copies = _head_operands(hidden, weight, backend)
+                problem = library_problem(h, w, targets, bias, 1.0, None, real_vocab, vocab_start, ignore_index)
+                prepared.append((h, w, copies, problem))
+            report = _ext.linear_logp_sampled(
+                prepared[0][3], program, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit,
+                cut_id, backend, strict, stream_of(hidden), tp=tp, check_only=check_only,
+            )  # fmt: skip
+            return report
+
+        if group is None:
+            report = call(None)
+        else:
+            report = _tensor_parallel(group, hidden, lambda tp: call(tp, check_only=tp is None), REPLAY_REFUSAL)
+        h, w, copies, _ = prepared[0]
         set_report(dict(report, copies=copies))
         # The backward reads the operands the forward read (its aligned copies where it made any).
         ctx.save_for_backward(h, w, bias, targets, logp, lse, lse_support, support_max, cut_logit, cut_id)
         ctx.program = program
         ctx.real_vocab = real_vocab
         ctx.ignore_index = ignore_index
+        ctx.vocab_start = vocab_start
+        ctx.group = group
         ctx.mark_non_differentiable(support_size)
         ctx.set_materialize_grads(False)
         return logp, lse, logp_raw, support_size
@@ -129,7 +196,9 @@ class SampledLinearLogp(torch.autograd.Function):
             c1 = min(v, c0 + chunk)
             w_c = weight[c0:c1]
             b_c = None if bias is None else bias[c0:c1].contiguous()
-            problem = library_problem(hidden, w_c, targets, b_c, 1.0, None, ctx.real_vocab, c0, ctx.ignore_index)
+            problem = library_problem(
+                hidden, w_c, targets, b_c, 1.0, None, ctx.real_vocab, ctx.vocab_start + c0, ctx.ignore_index
+            )
             dz = torch.empty((n, c1 - c0), dtype=torch.bfloat16, device=dev)
             _ext.linear_logp_grad_logits_sampled(
                 problem, ctx.program, logp, lse, lse_support, support_max, cut_logit, cut_id, *grads, dz, stream
@@ -144,9 +213,13 @@ class SampledLinearLogp(torch.autograd.Function):
             if need_b:
                 grad_b[c0:c1] = (dz.sum(0, dtype=torch.float32) if cuda else dz.float().sum(0)).to(bias.dtype)
             del dz  # free this chunk before the next one is allocated
+        if grad_h is not None and ctx.group is not None:
+            from .tensor_parallel import rank_ordered_sum
+
+            grad_h = rank_ordered_sum(grad_h, ctx.group)
         backward.last_backward["path"] = "sampled-fused" if cuda else "sampled"
         gh = None if grad_h is None else grad_h.to(hidden.dtype)
-        return gh, grad_w, grad_b, None, None, None, None, None, None
+        return gh, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 def linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index, return_logits, vocab_start,
@@ -158,22 +231,36 @@ def linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_index
     _sampling_exclusive(temperature, return_logits, return_entropy)
     if not isinstance(hidden, Tensor) or not isinstance(weight, Tensor) or not isinstance(targets, Tensor):
         raise InputError("hidden, weight and targets must be torch tensors (numpy arrays go to detlogp.linear_logp)")
-    _tensors((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
-    _refuse_tp_group("detlogp.torch.linear_logp with sampling=", tp_group)
-    shape = tuple(targets.shape)
-    if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
-        raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (targets), got {list(hidden.shape)}")
-    if _int_arg(vocab_start, "vocab_start") != 0:
-        raise InputError("vocab_start must be 0 with sampling= (the whole head; no tensor-parallel path yet)")
-    n = targets.numel()
-    flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
-    program = _sampling.program_tuple(sampling, shape, Tensor, flat)
-    v_local = weight.shape[0] if weight.dim() > 0 else 0
-    rv = v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
-    h2 = contiguous_rows(hidden.reshape(n, hidden.shape[-1]))
+    try:
+        _tensors((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
+        shape = tuple(targets.shape)
+        if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
+            raise InputError(
+                f"hidden must be [..., D] with leading dims {list(shape)} (targets), got {list(hidden.shape)}"
+            )
+        vocab_start = _int_arg(vocab_start, "vocab_start")
+        if tp_group is None and vocab_start != 0:
+            raise InputError(
+                "vocab_start must be 0 with sampling= without tp_group (a vocabulary shard needs tp_group)"
+            )
+        n = targets.numel()
+        flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
+        program = _sampling.program_tuple(sampling, shape, Tensor, flat)
+        v_local = weight.shape[0] if weight.dim() > 0 else 0
+        rv = vocab_start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
+        ignore_index = _int_arg(ignore_index, "ignore_index")
+        h2 = contiguous_rows(hidden.reshape(n, hidden.shape[-1]))
+    except DetlogpError as e:
+        if tp_group is None:
+            raise
+        # Every other rank reaches the forward's agreement exchange: join it, so that all raise alike.
+        from .tensor_parallel import agree, agreement_device
+
+        agree(tp_group, ["error", type(e).__name__, str(e)], agreement_device(tp_group, hidden), REPLAY_REFUSAL)
+        raise  # not reached: the agreement raises this rank's error on every rank
     logp, lse, logp_raw, _ = SampledLinearLogp.apply(
-        h2, weight, bias, targets.reshape(n).contiguous(), program, rv, _int_arg(ignore_index, "ignore_index"),
-        backend, strict_on,
+        h2, weight, bias, targets.reshape(n).contiguous(), program, rv, ignore_index, backend, strict_on, vocab_start,
+        tp_group,
     )  # fmt: skip
     out = (logp.reshape(shape), lse.reshape(shape))
     return out + (logp_raw.reshape(shape),) if return_raw else out

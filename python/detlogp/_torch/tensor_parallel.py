@@ -50,16 +50,17 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
-def check_agreement(records: Sequence[Sequence[str]]) -> None:
+def check_agreement(records: Sequence[Sequence[str]], refusal: str = "") -> None:
     """The decision of the agreement exchange over every rank's record, in rank order: raises the
     same error on every rank when a rank failed its local checks (the class of the first failing
-    rank, every failing rank's message) or when the ranks would be served differently."""
+    rank, every failing rank's message) or when the ranks would be served differently. `refusal`
+    opens the message (the C++ entry's words; the operator's by default)."""
     failed = [(r, rec) for r, rec in enumerate(records) if rec[0] != "ok"]
     if failed:
         cls = getattr(_errors, failed[0][1][1], DetlogpError)
         cls = cls if isinstance(cls, type) and issubclass(cls, DetlogpError) else DetlogpError
         ranks = "".join(f"\n  rank {r}: {rec[2]}" for r, rec in failed)
-        raise cls(f"{_ext.TENSOR_PARALLEL_REFUSAL} (nothing was written):{ranks}")
+        raise cls(f"{refusal or _ext.TENSOR_PARALLEL_REFUSAL} (nothing was written):{ranks}")
     differ = [r for r, rec in enumerate(records) if list(rec) != list(records[0])]
     if differ:
         served = "; ".join(
@@ -87,12 +88,30 @@ def _decode(row: Tensor) -> List[str]:
     return [kind, cls, message or f"unreadable agreement record {text[:64]!r}"]
 
 
-def agree(group, record: Sequence[str], device) -> None:
+def agree(group, record: Sequence[str], device, refusal: str = "") -> None:
     """Gathers every rank's record and decides (check_agreement) on every rank alike."""
     world = dist.get_world_size(group)
     recv = torch.empty(world * RECORD_BYTES, dtype=torch.uint8, device=device)
     gather_in_rank_order(group, _encode(record, device), recv)
-    check_agreement([_decode(row) for row in recv.view(world, RECORD_BYTES).cpu()])
+    check_agreement([_decode(row) for row in recv.view(world, RECORD_BYTES).cpu()], refusal)
+
+
+def agreement_device(group, hidden):
+    """Where a rank's agreement record travels: hidden's device, or (hidden not a tensor, so the rank
+    refuses) the device its group's backend gathers (NCCL: the current CUDA device)."""
+    if isinstance(hidden, Tensor):
+        return hidden.device
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+
+
+def rank_gather(group):
+    """The callable gather(send, recv) the extension's tensor-parallel entries call: its arrays alias
+    the C++ buffers (DLPack), gathered in rank order by torch.distributed."""
+
+    def gather(send, recv):
+        gather_in_rank_order(group, torch.from_dlpack(send), torch.from_dlpack(recv))
+
+    return gather
 
 
 def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, vocab_start,
@@ -127,18 +146,15 @@ def _forward(hidden, weight, targets, bias, temperature, temperature_rows, ignor
         record = ["error", type(e).__name__, str(e)]
     agree(group, record, hidden.device)
 
-    def gather(send, recv):  # the operator's collective, on arrays that alias its buffers
-        gather_in_rank_order(group, torch.from_dlpack(send), torch.from_dlpack(recv))
-
     report = _ext.linear_logp_tensor_parallel(
-        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, gather, entropy, topk_ids,
-        topk_logp,
+        problem, logp, lse, logits, backend, strict, stream_of(hidden), rank, world, rank_gather(group), entropy,
+        topk_ids, topk_logp,
     )  # fmt: skip
     set_report(dict(report, tensor_parallel={"ranks": world, "rank": rank}, copies=copies))
     return logp, lse, logits, entropy, topk_ids, topk_logp
 
 
-def _rank_ordered_sum(x: Tensor, group) -> Tensor:
+def rank_ordered_sum(x: Tensor, group) -> Tensor:
     # Gather, then add in rank order: every rank gets the same bits (no all-reduce order).
     world = dist.get_world_size(group)
     parts = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
@@ -208,8 +224,8 @@ class TensorParallelLinearLogp(torch.autograd.Function):
             ignore_index, need, temperature, temperature_rows, **entropy_args, **topk_args,
         )  # fmt: skip
         if gh is not None:
-            gh = _rank_ordered_sum(gh, group).to(hidden.dtype)
+            gh = rank_ordered_sum(gh, group).to(hidden.dtype)
         g_temp = None
         if gty is not None:
-            g_temp = (-_rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
+            g_temp = (-rank_ordered_sum(gty, group) * inv_t[:, 0]).to(temperature_rows.dtype)
         return (gh, gw, gb, g_temp) + (None,) * 11
