@@ -52,8 +52,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                // The rows' temperature and target load while the K walk runs.
                                FragmentRows rows[Cfg::kFragments];
 #pragma unroll
-                               for (int f = 0; f < Cfg::kFragments; ++f)
+                               for (int f = 0; f < Cfg::kFragments; ++f) {
                                  rows[f] = load_fragment_rows<kMulti>(p, row0 + 64 * f, row_limit);
+                                 if constexpr (kMulti) prefetch_fragment_targets(p, row0 + 64 * f, row_limit);
+                               }
                                float acc[Cfg::kFragments][Cfg::kAccRegs];
                                const uint32_t it0 = static_cast<uint32_t>(j) * p.k_blocks;
                                pingpong_consume_issue<Cfg>(acc, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, it0);
@@ -92,6 +94,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            walk.coords(unit, m_tile, n_tile);
                            const int64_t row0 = p.row_begin + int64_t{m_tile} * Cfg::kTileRows;
                            rows = load_fragment_rows<kMulti>(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
+                           if constexpr (kMulti)
+                             prefetch_fragment_targets(p, row0 + 64 * c, min(p.row_end, row0 + Cfg::kTileRows));
                          };
                          int m_tile = 0, n_tile = 0;
                          FragmentRows rows{};

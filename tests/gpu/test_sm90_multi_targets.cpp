@@ -362,6 +362,8 @@ TEST_F(Sm90MultiTargets, TensorParallelRanksGiveTheTp1Bits) {
           lse[r].poison();
           ent[r].poison();
         }
+        std::vector<cudaStream_t> streams(tp, nullptr);  // a rank's own stream, as an engine's
+        for (int r = 0; r < tp; ++r) GPU_CUDA(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
         for (int r = 0; r < tp; ++r)
           threads.emplace_back([&, r] {
             try {
@@ -372,13 +374,15 @@ TEST_F(Sm90MultiTargets, TensorParallelRanksGiveTheTp1Bits) {
               out.entropy = detlogp::mutable_vector(ent[r].get(), DType::f32, h.n, Memory::cuda);
               detlogp::CallOptions opt;
               opt.strict = true;
+              opt.cuda_stream = streams[r];
               detlogp::linear_logp_tensor_parallel(shard_inputs(h, shards[r], t, k), out, *comms[r], opt);
-              GPU_CUDA(cudaDeviceSynchronize());
+              GPU_CUDA(cudaStreamSynchronize(streams[r]));
             } catch (const std::exception& e) {
               errors[r] = e.what();
             }
           });
         for (auto& th : threads) th.join();
+        for (cudaStream_t st : streams) GPU_CUDA(cudaStreamDestroy(st));
         for (int r = 0; r < tp; ++r) {
           const std::string what = "TP=" + std::to_string(tp) + " rank " + std::to_string(r) +
                                    " K=" + std::to_string(k) + (i64 ? " i64" : " i32");

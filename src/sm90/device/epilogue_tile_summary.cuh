@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "detlogp/reduce.hpp"
+#include "sm90/device/ptx.cuh"
 #include "sm90/params.hpp"
 
 namespace detlogp::sm90 {
@@ -137,6 +138,25 @@ __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, cons
   w.unit_temperature = __all_sync(0xFFFFFFFFu, w.inv_t[0] == 1.0f && w.inv_t[1] == 1.0f);
   return w;
 }
+
+// [N, K] targets: the lines holding the K targets of this warp's 16 rows of an m64 fragment (rows
+// from row_tile0 + 16 warp, below row_limit) into L1, one line per lane, issued where the fragment's
+// per-row loads are (before its mainloop, or a tile ahead): pick_target_logits then reads them from
+// L1 instead of waiting on L2 or memory in an epilogue that nothing overlaps (the cooperative kernel).
+__device__ __forceinline__ void prefetch_fragment_targets(const FusedParams& p, int64_t row_tile0, int64_t row_limit) {
+  const int64_t warp_row0 = row_tile0 + 16 * ((threadIdx.x % 128) / 32);
+  if (warp_row0 >= row_limit) return;  // warp-uniform
+  const int64_t rows_here = row_limit - warp_row0 < 16 ? row_limit - warp_row0 : 16;
+  const int64_t width = p.targets_i64 ? 8 : 4;
+  const auto* first = static_cast<const uint8_t*>(p.targets) + warp_row0 * p.targets_per_row * width;
+  const int64_t bytes = rows_here * p.targets_per_row * width;
+  // From the line holding the first byte: 128-byte lines, at most 16 * 64 * 8 bytes (65 lines).
+  const uintptr_t line0 = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(first) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = line0 + 128 * (threadIdx.x % 32); line < end; line += 32 * 128)
+    ptx::prefetch_l1(reinterpret_cast<const void*>(line));
+}
+
 // The target logits of [N, K] targets (FusedParams::targets_per_row = K > 1) that lie in this
 // fragment, each stored by its single owner into target_logit[row - row_begin][k] with the
 // single-target pick's operations (so each entry has the bits of a one-target call for its id).
@@ -167,15 +187,32 @@ __device__ __forceinline__ void pick_target_logits(const float (&acc)[BlockN / 2
       const int e = e0 + 32 * b + lane;
       tgt[b] = e < entries ? load_target(p.targets, p.targets_i64, base + e) : p.ignore_index;
     }
+    uint32_t hits[kBatch];  // per round, the lanes whose entry lies in the fragment
+    int rel[kBatch];        // that entry's column relative to col0
+    uint32_t any = 0;
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const int64_t rel = tgt[b] - fragment_col;
-      const bool hit = tgt[b] != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
-      uint32_t hits = __ballot_sync(0xFFFFFFFFu, hit);
-      while (hits != 0) {  // warp-uniform
-        const int src = __ffs(hits) - 1;
-        hits &= hits - 1;
-        const int rel_s = __shfl_sync(0xFFFFFFFFu, static_cast<int>(rel), src);
+      const int64_t r64 = tgt[b] - fragment_col;
+      rel[b] = static_cast<int>(r64);
+      hits[b] = __ballot_sync(0xFFFFFFFFu, tgt[b] != p.ignore_index && static_cast<uint64_t>(r64) < uint64_t{BlockN});
+      any |= hits[b];
+    }
+    // None (the common case) or the hits one entry at a time, in a rolled loop over the rounds: the
+    // selection below is emitted once (rare; unrolled it would add thousands of instructions).
+    if (any == 0) continue;  // warp-uniform
+#pragma unroll 1
+    for (int b = 0; b < kBatch; ++b) {
+      uint32_t left = hits[0];
+      int rel_b = rel[0];
+#pragma unroll
+      for (int c = 1; c < kBatch; ++c) {
+        left = b == c ? hits[c] : left;
+        rel_b = b == c ? rel[c] : rel_b;
+      }
+      while (left != 0) {  // warp-uniform
+        const int src = __ffs(left) - 1;
+        left &= left - 1;
+        const int rel_s = __shfl_sync(0xFFFFFFFFu, rel_b, src);
         const int e = e0 + 32 * b + src;
         const int r = e / k_per_row;  // the entry's row within the warp's 16
         const int k = e - r * k_per_row;
