@@ -316,8 +316,11 @@ def _multi_targets(t: torch.Tensor, v: int) -> torch.Tensor:
 
 
 def _detlogp_multi(h, w, t):
-    logp, _lse = _dt().linear_logp(h, w, _multi_targets(t, w.shape[0]))
-    return logp[:, 0], logp
+    return (_dt().linear_logp(h, w, _multi_targets(t, w.shape[0]))[0],)  # logp [N, MULTI_IDS]
+
+
+def _multi_target_logp(out):
+    return out[0][:, 0].contiguous()  # the row's own target's entry
 
 
 def detlogp_multi_unavailable(ctx: Context) -> Optional[str]:
@@ -409,8 +412,8 @@ def _register_builtins() -> None:
     ))  # fmt: skip
     register_method(Method(
         "detlogp-multi8", f"detlogp.torch.linear_logp, [N, {MULTI_IDS}] targets (one pass)", (DECODE, TRAINER),
-        forward=_detlogp_multi, available=detlogp_multi_unavailable, ratio_ref="detlogp-trainer", kind="detlogp",
-        graphable=False, **lp,
+        forward=_detlogp_multi, logp_of=_multi_target_logp, available=detlogp_multi_unavailable,
+        ratio_ref="detlogp-trainer", kind="detlogp", graphable=False,
         notes=f"{MULTI_IDS} logprobs a row (the target's first) from one pass over the vocabulary; the ratio divides "
         "by the single-target trainer entry",
     ))  # fmt: skip
