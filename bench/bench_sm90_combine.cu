@@ -30,16 +30,16 @@ using detlogp_bench::Timer;
 __global__ void __launch_bounds__(kCombineCtaThreads) cta_kernel(const CombineParams p) {
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                p.lse);
+  chain_row_cta(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
+                p.targets_per_row, p.logp, p.lse);
 }
 
 // One CTA per row with the row's tiles held in registers (chain_row_cta_held).
 __global__ void __launch_bounds__(kCombineCtaThreads) cta_held_kernel(const CombineParams p) {
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr};
-  chain_row_cta_held(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index, p.logp,
-                     p.lse);
+  chain_row_cta_held(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
+                     p.targets_per_row, p.logp, p.lse);
 }
 
 template <int kRows>

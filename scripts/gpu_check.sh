@@ -231,6 +231,10 @@ if has sanitizer; then
     tp="$(find_bin test_sm90_tp)"
     grad="$(find_bin test_sm90_grad_logits)"
     entropy="$(find_bin test_sm90_entropy)"
+    # [N, K] targets: the epilogue's per-entry pick, the combine's and the merge's K finalizes.
+    multi="$(find_bin test_sm90_multi_targets)"
+    multi_cases="Sm90MultiTargets.IgnoreIndexWorksPerEntry:Sm90MultiTargets.ARowAloneMatchesTheRowInABatch"
+    multi_cases+=":Sm90MultiTargets.PartialsAndTheDeviceMergeGiveTheTp1Bits"
     # The combine's schedules over 19 chunks of a row (bits checked against each other): the
     # lanes schedule's stage hand-overs between warps, which the library tests' short rows do not
     # reach.
@@ -239,7 +243,7 @@ if has sanitizer; then
       combine_target=""
       [[ -n "$combine" ]] && combine_target="$combine --n 70 --tiles 2374 --reps 1"
       for target in "$small" ${tp:+"$tp --small --no-nccl"} ${grad:+"$grad --small"} ${entropy:+"$entropy --small"} \
-        ${combine_target:+"$combine_target"}; do
+        ${multi:+"$multi --small --gtest_filter=$multi_cases"} ${combine_target:+"$combine_target"}; do
         echo "== compute-sanitizer --tool $tool $target" >>"$OUT/sanitizer.log"
         # shellcheck disable=SC2086
         timeout 600 "$CS" --tool "$tool" --error-exitcode 3 $target >>"$OUT/sanitizer.log" 2>&1

@@ -13,7 +13,7 @@
 namespace detlogp::detail {
 
 // One rank's partials of a row chunk in device memory: [rows][tiles] summaries of its whole tiles,
-// y_t, owned flags (both null for a rank that holds no real lane: it owns no target).
+// y_t and owned flags ([rows][K]; both null for a rank that holds no real lane: it owns no target).
 struct DeviceMergeRank {
   const TileSummary* summaries = nullptr;
   int64_t tiles = 0;
@@ -28,9 +28,11 @@ struct DeviceMergeRank {
 // ranks' edge lanes in device memory) may be null or empty: 64-aligned shards. Each straddling tile
 // is summarized on the device (straddle_summary) into a stream-ordered scratch buffer and chained
 // right before the whole tiles of the rank that completes it.
+// targets_per_row = K > 1: [rows][K] targets, each rank's target_logit and owned [rows][K], logp
+// [rows][K] (each entry finalized as a single-target merge for its id).
 void device_merge(const std::vector<DeviceMergeRank>& ranks_in_order, int64_t rows, const void* targets,
                   bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream,
-                  float* entropy = nullptr, const StraddlePlan* straddles = nullptr);
+                  float* entropy = nullptr, const StraddlePlan* straddles = nullptr, int64_t targets_per_row = 1);
 
 // Owning device allocation (cudaMalloc on `device`); throws naming `what` on failure.
 class DeviceAllocation {

@@ -120,8 +120,8 @@ class CublasMaterializedBackend final : public CudaLaneBackend {
 
     cuda::DeviceStatus* status = nullptr;
     DETLOGP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&status), sizeof(cuda::DeviceStatus), stream));
-    cuda::launch_validate(cuda::ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
-                                               p.temperature_rows, status},
+    cuda::launch_validate(cuda::ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, 1, p.real_vocab,
+                                               p.ignore_index, p.temperature_rows, status},
                           stream);
     // Trainer entry: logits of a row chunk in a workspace of at most ~1 GiB.
     const int64_t chunk =

@@ -58,10 +58,12 @@ MappedStatus& mapped_status() {
 // What a non-zero status code says, naming the row and its value.
 std::string status_message(const DeviceStatus& s, int64_t real_vocab, int64_t ignore_index) {
   std::ostringstream os;
+  const std::string at =
+      "targets[" + std::to_string(s.row) + (s.column > 0 ? ", " + std::to_string(s.column - 1) : "") + "]";
   if (s.code == kStatusBadTarget && s.target < 0)
-    os << "targets[" << s.row << "]=" << s.target << " is negative and not ignore_index=" << ignore_index;
+    os << at << "=" << s.target << " is negative and not ignore_index=" << ignore_index;
   else if (s.code == kStatusBadTarget)
-    os << "targets[" << s.row << "]=" << s.target << " is >= real_vocab=" << real_vocab;
+    os << at << "=" << s.target << " is >= real_vocab=" << real_vocab;
   else if (s.code == kStatusBadTemperature)
     os << detail::temperature_range_message("temperature_rows", s.row, s.temperature);
   else

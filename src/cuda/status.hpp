@@ -14,8 +14,8 @@ namespace detlogp::cuda {
 
 // Written by the validation (always, code 0 when every row is valid).
 struct DeviceStatus {
-  int32_t code = 0;  // kStatusOk, kStatusBadTarget, kStatusBadTemperature
-  int32_t pad = 0;
+  int32_t code = 0;       // kStatusOk, kStatusBadTarget, kStatusBadTemperature
+  int32_t column = 0;     // [N, K] targets (K > 1): k + 1 of the bad targets[row, k]; 0 for one target a row
   int64_t row = -1;       // first offending row
   int64_t target = 0;     // its target (kStatusBadTarget)
   float temperature = 0;  // its temperature (kStatusBadTemperature)
@@ -37,6 +37,7 @@ struct ValidateParams {
   int64_t rows;
   const void* targets;
   int targets_i64;
+  int32_t targets_per_row;  // K: targets [rows][K] (temperatures stay [rows]); in targets_i64's padding
   int64_t real_vocab;
   int64_t ignore_index;
   const float* temperature_rows;  // may be null

@@ -41,6 +41,9 @@ class Sm90Backend final : public detail::CudaLaneBackend {
  public:
   Sm90Backend() : CudaLaneBackend(detail::contract_provenance(kBackendId, "sm90a", 0, true, true), true) { probe(); }
 
+  // [N, K] targets: the fused kernels' kMulti forms pick each row's K target logits in the tile
+  // epilogue and the combine (or the merge) finalizes each one as a single target.
+  bool supports_multi_targets() const override { return true; }
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;
   SamplingReport run_sample(const detail::SampleProblem& p) const override;
@@ -88,7 +91,7 @@ void launch_edge_columns(const detail::LogpProblem& p, const ShardGeometry& g, c
   const size_t weight_bytes = aligned(static_cast<size_t>(cols * ds) * 2);
   const size_t z_bytes = aligned(static_cast<size_t>(p.rows * cols) * 4);
   const size_t summary_bytes = aligned(static_cast<size_t>(p.rows * tiles) * sizeof(TileSummary));
-  const size_t target_bytes = aligned(static_cast<size_t>(p.rows) * 4);
+  const size_t target_bytes = aligned(static_cast<size_t>(p.rows * p.targets_per_row) * 4);
   StreamBuffer ws(weight_bytes + z_bytes + summary_bytes + target_bytes, stream, p.device,
                   "the edge columns of a shard off the tile grid");
   auto* weight = reinterpret_cast<uint16_t*>(ws.get());
@@ -127,11 +130,12 @@ void launch_edge_columns(const detail::LogpProblem& p, const ShardGeometry& g, c
   const CUtensorMap map_h = encode_bf16_map(p.hidden, p.rows, p.dim, p.hidden_stride, bi.block_m, "hidden");
   const CUtensorMap map_w = encode_bf16_map(weight, cols, p.dim, ds, bi.weight_box_rows(), "weight", 0);
   launch_fused(b, map_h, map_w, e, /*logits_vec2=*/false, sms, stream);
-  launch_edge_lanes(EdgeLanesParams{p.rows, p.vocab_start, p.vocab_local, static_cast<int32_t>(g.head_cols),
-                                    static_cast<int32_t>(g.head_lanes), static_cast<int32_t>(g.tail_lanes), z, p.bias,
-                                    p.logits, p.edge_logits, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index,
-                                    f.inv_temperature, p.temperature_rows, p.target_logit, status},
-                    stream);
+  launch_edge_lanes(
+      EdgeLanesParams{p.rows, p.vocab_start, p.vocab_local, static_cast<int32_t>(g.head_cols),
+                      static_cast<int32_t>(g.head_lanes), static_cast<int32_t>(g.tail_lanes), z, p.bias, p.logits,
+                      p.edge_logits, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, f.inv_temperature,
+                      p.temperature_rows, p.target_logit, status, static_cast<int32_t>(p.targets_per_row)},
+      stream);
 }
 
 void Sm90Backend::run(const detail::LogpProblem& p) const {
@@ -172,6 +176,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   f.bias = p.bias;
   f.targets = p.targets;
   f.targets_i64 = p.targets_i64 ? 1 : 0;
+  f.targets_per_row = static_cast<int32_t>(p.targets_per_row);
   f.temperature = p.temperature;
   f.inv_temperature = inverse_temperature(p.temperature);  // IEEE fl(1 / T), as on the device
   f.temperature_rows = p.temperature_rows;
@@ -236,9 +241,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   StreamBuffer ws(lay.bytes, stream, p.device, "SM90 workspace",
                   "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   auto* status = reinterpret_cast<DeviceStatus*>(ws.get());
-  const ValidateParams validate{p.rows,       p.targets,      p.targets_i64 ? 1 : 0,
-                                p.real_vocab, p.ignore_index, p.temperature_rows,
-                                status,       verdict.device, verdict.seq};
+  const ValidateParams validate{
+      p.rows,         p.targets,      p.targets_i64 ? 1 : 0, static_cast<int32_t>(p.targets_per_row),
+      p.real_vocab,   p.ignore_index, p.temperature_rows,    status,
+      verdict.device, verdict.seq};
   // The trainer entry (full mode, no logits) writes nothing the caller sees before the combine, so
   // its first fused launch can validate the inputs itself (an idle producer warp of CTA 0): a
   // separate validation kernel cost ~4 us plus a ~20-26 us gap before the fused kernel started
@@ -252,9 +258,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   if (!validate_in_kernel) cuda::launch_validate(validate, stream);
 
   if (p.partial_mode()) {
-    launch_partial_owner(PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start,
-                                            p.vocab_local, p.target_logit, p.target_owned, status},
-                         stream);
+    launch_partial_owner(
+        PartialOwnerParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.vocab_start, p.vocab_local,
+                           p.target_logit, p.target_owned, status, static_cast<int32_t>(p.targets_per_row)},
+        stream);
     if (!launches.empty()) {
       FusedParams& q = launches[0].params;
       q.summaries = p.summaries;
@@ -280,10 +287,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
       q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
       q.validate = validate;
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
-      launch_combine(
-          CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit, p.targets,
-                        p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy, status},
-          stream, /*programmatic=*/true);
+      launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
+                                   p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy,
+                                   status, static_cast<int32_t>(p.targets_per_row)},
+                     stream, /*programmatic=*/true);
     }
   }
 
@@ -308,7 +315,8 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
       cudaMemcpy2D(hidden.get(), ds * 2, hp.hidden, hp.hidden_stride * 2, d * 2, n, cudaMemcpyHostToDevice));
   DETLOGP_CUDA_CHECK(
       cudaMemcpy2D(weight.get(), ds * 2, hp.weight, hp.weight_stride * 2, d * 2, v, cudaMemcpyHostToDevice));
-  const size_t tbytes = static_cast<size_t>(n) * (hp.targets_i64 ? 8 : 4);
+  const int64_t k = hp.targets_per_row;  // [N, K] targets: target_logit, owned and logp are [N][K]
+  const size_t tbytes = static_cast<size_t>(n * k) * (hp.targets_i64 ? 8 : 4);
   DeviceAllocation targets(tbytes, device, "targets");
   DETLOGP_CUDA_CHECK(cudaMemcpy(targets.get(), hp.targets, tbytes, cudaMemcpyHostToDevice));
   DeviceAllocation bias, temps;
@@ -344,8 +352,8 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
       edge = DeviceAllocation(static_cast<size_t>(n * edge_lanes) * 4, device, "edge_logits");
       p.edge_logits = static_cast<float*>(edge.get());
     }
-    target_logit = DeviceAllocation(static_cast<size_t>(n) * 4, device, "target_logit");
-    owned = DeviceAllocation(static_cast<size_t>(n), device, "target_owned");
+    target_logit = DeviceAllocation(static_cast<size_t>(n * k) * 4, device, "target_logit");
+    owned = DeviceAllocation(static_cast<size_t>(n * k), device, "target_owned");
     p.summaries = static_cast<TileSummary*>(summaries.get());
     p.target_logit = static_cast<float*>(target_logit.get());
     p.target_owned = static_cast<uint8_t*>(owned.get());
@@ -358,7 +366,7 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
       p.logits = static_cast<float*>(logits.get());
     }
   } else {
-    logp = DeviceAllocation(static_cast<size_t>(n) * 4, device, "logp");
+    logp = DeviceAllocation(static_cast<size_t>(n * k) * 4, device, "logp");
     lse = DeviceAllocation(static_cast<size_t>(n) * 4, device, "lse");
     p.logp = static_cast<float*>(logp.get());
     p.lse = static_cast<float*>(lse.get());
@@ -379,14 +387,15 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     if (edge_lanes > 0)
       DETLOGP_CUDA_CHECK(
           cudaMemcpy(hp.edge_logits, p.edge_logits, static_cast<size_t>(n * edge_lanes) * 4, cudaMemcpyDeviceToHost));
-    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
-    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n), cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(
+        cudaMemcpy(hp.target_logit, p.target_logit, static_cast<size_t>(n * k) * 4, cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.target_owned, p.target_owned, static_cast<size_t>(n * k), cudaMemcpyDeviceToHost));
     if (hp.usums && tiles > 0)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.usums, p.usums, static_cast<size_t>(n * tiles) * 4, cudaMemcpyDeviceToHost));
     if (hp.logits)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logits, p.logits, static_cast<size_t>(n * v) * 4, cudaMemcpyDeviceToHost));
   } else {
-    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logp, p.logp, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.logp, p.logp, static_cast<size_t>(n * k) * 4, cudaMemcpyDeviceToHost));
     DETLOGP_CUDA_CHECK(cudaMemcpy(hp.lse, p.lse, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
     if (hp.entropy)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.entropy, p.entropy, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
@@ -475,6 +484,8 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     q.hidden = p.hidden + row0 * p.hidden_stride;
     q.targets = ignored.get();
     q.targets_i64 = true;
+    q.targets_per_row = 1;
+    q.targets_2d = false;
     q.ignore_index = -1;
     q.temperature = p.program.temperature == 0.0f ? 1.0f : p.program.temperature;
     q.temperature_rows =

@@ -8,6 +8,7 @@
 #include "core/device_ops.hpp"
 #include "cuda/check.hpp"
 #include "cuda/device.hpp"
+#include "detlogp/detlogp.hpp"
 #include "sm90/combine.hpp"
 #include "sm90/device/combine_chain.cuh"
 
@@ -52,7 +53,8 @@ __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(co
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums, nullptr, nullptr};
   chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,
-                                               p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
+                                               p.targets_i64, p.ignore_index, p.targets_per_row, p.logp, p.lse,
+                                               p.entropy);
 }
 
 // The tensor-parallel merge one CTA per row: tiles held in registers for few rows (latency), the
@@ -62,12 +64,13 @@ static_assert(sizeof(MergeParams) <= 4096, "merge parameters must fit the 4 KiB 
 template <bool kEntropy, bool kHeads>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_held_kernel(const __grid_constant__ MergeParams p) {
   chain_row_cta_held<kHeldTiles, 16, kEntropy, kHeads>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets,
-                                                       p.targets_i64, p.ignore_index, p.logp, p.lse, p.entropy);
+                                                       p.targets_i64, p.ignore_index, p.targets_per_row, p.logp, p.lse,
+                                                       p.entropy);
 }
 template <bool kEntropy, bool kHeads>
 __global__ void __launch_bounds__(kCombineCtaThreads) merge_rows_kernel(const __grid_constant__ MergeParams p) {
   chain_row_cta<kEntropy, kHeads>(p.segments, p.count, blockIdx.x, blockIdx.x, p.targets, p.targets_i64, p.ignore_index,
-                                  p.logp, p.lse, p.entropy);
+                                  p.targets_per_row, p.logp, p.lse, p.entropy);
 }
 
 // The straddling tiles' summaries, one thread per (row, tile): the lanes gathered from the ranks'
@@ -102,20 +105,23 @@ __global__ void edge_lanes_kernel(const EdgeLanesParams p) {
   const int lanes = p.head_lanes + p.tail_lanes;
   if (c < p.head_lanes) p.edge_logits[row * lanes + c] = y;
   if (c >= p.head_cols) p.edge_logits[row * lanes + p.head_lanes + (c - p.head_cols)] = y;
-  const int64_t t = load_target(p.targets, p.targets_i64, row);
-  if (t != p.ignore_index && t == p.vocab_start + col) p.target_logit[row] = y;  // the single owner
+  for (int k = 0; k < p.targets_per_row; ++k) {  // each target's single owner
+    const int64_t i = row * p.targets_per_row + k;
+    const int64_t t = load_target(p.targets, p.targets_i64, i);
+    if (t != p.ignore_index && t == p.vocab_start + col) p.target_logit[i] = y;
+  }
 }
 
-// Partial mode: ownership flags for every row, +0 target logits for rows this shard does not own
-// (the owner's y_t is written by the fused kernel, disjoint rows).
+// Partial mode: ownership flags for every target entry ([rows][K]), +0 target logits for the
+// entries this shard does not own (the owner's y_t is written by the fused kernel, disjoint entries).
 __global__ void partial_owner_kernel(const PartialOwnerParams p) {
   if (p.status->code != kStatusOk) return;
-  const int64_t row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (row >= p.rows) return;
-  const int64_t t = load_target(p.targets, p.targets_i64, row);
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= p.rows * p.targets_per_row) return;
+  const int64_t t = load_target(p.targets, p.targets_i64, i);
   const bool owned = t != p.ignore_index && t >= p.vocab_start && t < p.vocab_start + p.vocab_local;
-  p.target_owned[row] = owned ? 1 : 0;
-  if (!owned) p.target_logit[row] = 0.0f;
+  p.target_owned[i] = owned ? 1 : 0;
+  if (!owned) p.target_logit[i] = 0.0f;
 }
 
 }  // namespace
@@ -233,7 +239,8 @@ void launch_edge_lanes(const EdgeLanesParams& p, cudaStream_t stream) {
 }
 
 void launch_partial_owner(const PartialOwnerParams& p, cudaStream_t stream) {
-  const int64_t blocks = (p.rows + 255) / 256;
+  const int64_t blocks = (p.rows * p.targets_per_row + 255) / 256;
+  if (blocks == 0) return;
   partial_owner_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
@@ -244,7 +251,9 @@ namespace detlogp::detail {
 
 void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const void* targets, bool targets_i64,
                   int64_t ignore_index, float* logp, float* lse, int device, void* stream, float* entropy,
-                  const StraddlePlan* straddles) {
+                  const StraddlePlan* straddles, int64_t targets_per_row) {
+  DETLOGP_CHECK(targets_per_row >= 1 && targets_per_row <= kMaxTargetsPerRow,
+                "the device merge takes 1.." << kMaxTargetsPerRow << " targets a row, got " << targets_per_row);
   DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
                 "the device merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
   if (rows == 0) return;
@@ -292,6 +301,7 @@ void device_merge(const std::vector<DeviceMergeRank>& ranks, int64_t rows, const
   p.logp = logp;
   p.lse = lse;
   p.entropy = entropy;
+  p.targets_per_row = static_cast<int32_t>(targets_per_row);
   sm90::launch_merge(p, s);
 }
 

@@ -138,7 +138,7 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   const Verdict verdict = cuda::prepare_verdict(stream);  // none under stream capture
   StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "SM90 grad-logits status word");
   auto* status = reinterpret_cast<DeviceStatus*>(status_word.get());
-  cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, p.real_vocab, p.ignore_index,
+  cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, 1, p.real_vocab, p.ignore_index,
                                        p.temperature_rows, status, verdict.device, verdict.seq},
                         stream);
 

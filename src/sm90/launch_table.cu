@@ -1,5 +1,6 @@
 // The launch table's rows instantiated: each bucket's kernels (with and without bias/logits, with
-// and without the entropy sums) and its host-side description, both from DETLOGP_SM90_LAUNCH_TABLE.
+// and without the entropy sums, one target a row or [N, K]) and its host-side description, both
+// from DETLOGP_SM90_LAUNCH_TABLE.
 #include "sm90/device/configs.cuh"
 #include "sm90/kernels.cuh"
 #include "sm90/launch_persistent.cuh"
@@ -8,16 +9,24 @@
 namespace detlogp::sm90 {
 namespace {
 
-template <template <class, bool, bool> class Kernel>
+template <template <class, bool, bool, bool> class Kernel>
 struct Schedule {
   template <class Cfg, bool kEntropy>
   static void launch_features(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, int64_t units, int v,
                               int sms, cudaStream_t stream) {
-    // The plain instantiation (neither bias nor logits output) is the trainer entry's.
-    if (p.bias == nullptr && p.logits == nullptr)
-      launch_persistent<Kernel<Cfg, true, kEntropy>::value, Cfg>(units, sms, stream, mh, mw, p, v);
-    else
-      launch_persistent<Kernel<Cfg, false, kEntropy>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    // The plain instantiation (neither bias nor logits output) is the trainer entry's. [N, K]
+    // targets take the kMulti forms: the single-target kernels stay as they are.
+    const bool plain = p.bias == nullptr && p.logits == nullptr;
+    if (p.targets_per_row > 1) {
+      if (plain)
+        launch_persistent<Kernel<Cfg, true, kEntropy, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+      else
+        launch_persistent<Kernel<Cfg, false, kEntropy, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    } else if (plain) {
+      launch_persistent<Kernel<Cfg, true, kEntropy, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    } else {
+      launch_persistent<Kernel<Cfg, false, kEntropy, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+    }
   }
   template <class Cfg>
   static void launch(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, bool vec2, int sms,
@@ -32,13 +41,13 @@ struct Schedule {
   }
 };
 
-template <class Cfg, bool kPlain, bool kEntropy>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti>
 struct PingpongKernel {
-  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain, kEntropy>;
+  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain, kEntropy, kMulti>;
 };
-template <class Cfg, bool kPlain, bool kEntropy>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti>
 struct CooperativeKernel {
-  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain, kEntropy>;
+  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain, kEntropy, kMulti>;
 };
 using pingpong = Schedule<PingpongKernel>;
 using cooperative = Schedule<CooperativeKernel>;

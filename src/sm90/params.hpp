@@ -41,12 +41,16 @@ struct FusedParams {
   float* usums;                   // [row - row_begin][local_tiles] entropy sums u_g (entropy launches), or null
   int64_t local_tiles;
   int64_t whole_tiles;  // local tiles [0, whole_tiles) have all 64 lanes real (whole_local_tiles)
-  float* target_logit;  // [row - row_begin]: y_t written by its single owner
+  float* target_logit;  // [row - row_begin][targets_per_row]: y_t written by its single owner
   const DeviceStatus* status;
   // Trainer entry: the kernel validates the inputs itself (one idle producer warp of CTA 0) and
   // writes the status the combine reads, instead of a separate validation kernel; it writes only
   // workspace, so it need not wait for the verdict.
   int32_t validate_in_kernel;
+  // K of [N, K] targets (the kernels' kMulti form, K > 1): targets [N][K], target_logit
+  // [row - row_begin][K]. In validate_in_kernel's padding, so the single-target kernels' parameter
+  // layout (and their SASS) stays as it is.
+  int32_t targets_per_row = 1;
   ValidateParams validate;
 };
 
@@ -55,7 +59,7 @@ struct CombineParams {
   int64_t rows;  // rows of this chunk
   int64_t tiles;
   const TileSummary* summaries;  // [rows][tiles]
-  const float* target_logit;     // [rows]
+  const float* target_logit;     // [rows][targets_per_row]
   const void* targets;
   int32_t targets_i64;
   int64_t ignore_index;
@@ -64,9 +68,10 @@ struct CombineParams {
   const float* usums;  // [rows][tiles] entropy sums, with entropy
   float* entropy;      // [N] or null
   const DeviceStatus* status;
+  int32_t targets_per_row = 1;  // K: targets, target_logit and logp are [.][K]
 };
 
-// A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t and, for a
+// A run of consecutive global tiles of every row: [rows][tiles] summaries, y_t ([rows][K]) and, for a
 // tensor-parallel rank, its ownership flags (null: owns every non-ignored row). A rank whose
 // shard completes a tile straddling its start has that tile's summary
 // (and entropy sum) as `head` [rows], chained right before its own tiles.
@@ -87,12 +92,13 @@ struct MergeParams {
   int64_t rows;
   MergeSegment segments[kMaxMergeSegments];
   int32_t count;
-  const void* targets;  // [rows]
+  const void* targets;  // [rows][targets_per_row]
   int32_t targets_i64;
   int64_t ignore_index;
-  float* logp;     // [rows]
-  float* lse;      // [rows]
-  float* entropy;  // [rows] or null
+  float* logp;                  // [rows][targets_per_row]
+  float* lse;                   // [rows]
+  float* entropy;               // [rows] or null
+  int32_t targets_per_row = 1;  // K: targets, the segments' target_logit and owned, and logp are [rows][K]
 };
 
 // The straddling tiles of a merge (core/straddle.hpp's plan, in the kernel parameters): tile k's
@@ -127,8 +133,9 @@ struct EdgeLanesParams {
   int64_t ignore_index;
   float inv_temperature;
   const float* temperature_rows;
-  float* target_logit;
+  float* target_logit;  // [rows][targets_per_row]
   const DeviceStatus* status;
+  int32_t targets_per_row = 1;
 };
 
 struct PartialOwnerParams {
@@ -138,9 +145,10 @@ struct PartialOwnerParams {
   int64_t ignore_index;
   int64_t vocab_start;
   int64_t vocab_local;
-  float* target_logit;
-  uint8_t* target_owned;
+  float* target_logit;    // [rows][targets_per_row]
+  uint8_t* target_owned;  // [rows][targets_per_row]
   const DeviceStatus* status;
+  int32_t targets_per_row = 1;
 };
 
 // One launch covers the whole problem (no workspace, so no chunking of N).

@@ -22,13 +22,15 @@ class Sm90Unavailable final : public CudaLaneBackend {
   Sm90Unavailable() : CudaLaneBackend(contract_provenance(sm90::kBackendId, "sm90a", 0, false), true) {
     set_availability(false, kNoCudaReason);
   }
+  // The same capability flag as the built backend: the id takes [N, K] targets wherever it runs.
+  bool supports_multi_targets() const override { return true; }
   void run(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kNoCudaReason); }
 };
 
 }  // namespace
 
 void device_merge(const std::vector<DeviceMergeRank>&, int64_t, const void*, bool, int64_t, float*, float*, int, void*,
-                  float*, const StraddlePlan*) {
+                  float*, const StraddlePlan*, int64_t) {
   DETLOGP_FAIL("CUDA-memory merge unavailable: " << kNoCudaReason);
 }
 

@@ -23,8 +23,8 @@ struct WorkspaceLayout {
 WorkspaceLayout workspace_layout(const detail::LogpProblem& p);
 
 // Rows per launch chunk of the full mode (bit-neutral: rows are independent); entropy: the chunk
-// also holds each row's entropy sums.
-int64_t chunk_rows(int64_t rows, int64_t local_tiles, bool entropy = false);
+// also holds each row's entropy sums; targets_per_row: each row's K target logits.
+int64_t chunk_rows(int64_t rows, int64_t local_tiles, bool entropy = false, int64_t targets_per_row = 1);
 // Device bytes a call allocates besides its outputs (status word, summaries, target logits).
 int64_t workspace_bytes(const detail::LogpProblem& p);
 

@@ -56,8 +56,6 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
     DETLOGP_CHECK(
         ranks[r].targets_per_row == per_row,
         "rank " << r << " partials have targets_per_row=" << ranks[r].targets_per_row << ", rank 0 has " << per_row);
-  DETLOGP_CHECK(per_row == 1 || memory == Memory::host, "the device merge takes one target per row; partials of [N, K="
-                                                            << per_row << "] targets merge on the host");
   if (targets.ndim == 2) {
     DETLOGP_CHECK(targets.rows == rows && targets.cols == per_row && targets.row_stride == per_row &&
                       (targets.dtype == DType::i32 || targets.dtype == DType::i64),
@@ -139,7 +137,7 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     for (detail::StraddleTile& t : device_plan.tiles) t.completed_by = static_cast<int16_t>(view_of[t.completed_by]);
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
                          static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out,
-                         &device_plan);
+                         &device_plan, ranks.front().targets_per_row);
     return;
   }
   auto target_of = [&](int64_t n) {

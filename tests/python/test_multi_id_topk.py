@@ -188,12 +188,15 @@ def test_cuda_tensors_raise_not_implemented_yet(monkeypatch):
     from detlogp import torch as face
 
     cuda_like = types.SimpleNamespace(is_cuda=True)
+    face._refuse_unserved_cuda(cuda_like, "", 4, False)  # the SM90 backend takes [N, K] targets
     with pytest.raises(detlogp.NotImplementedYetError) as e:
-        face._refuse_unserved_cuda(cuda_like, "", 4, False)
+        face._refuse_unserved_cuda(cuda_like, "", 4, True)
     assert isinstance(e.value, NotImplementedError)
-    assert "[N, K] targets (K=4) on CUDA tensors: not implemented yet by backend 'cuda-fused-linear-logp-sm90" in str(e.value)
+    assert "the top-k output (topk=) on CUDA tensors: not implemented yet by backend 'cuda-fused-linear-logp-sm90" in str(
+        e.value
+    )
     with pytest.raises(detlogp.NotImplementedYetError, match=r"\[N, K\] targets \(K=2\) and the top-k output"):
-        face._refuse_unserved_cuda(cuda_like, "", 2, True)
+        face._refuse_unserved_cuda(cuda_like, "cuda-cublas-materialized", 2, True)
     with pytest.raises(detlogp.NotImplementedYetError, match="the top-k output .* backend 'cuda-cublas-materialized'"):
         face._refuse_unserved_cuda(cuda_like, "cuda-cublas-materialized", None, True)
     face._refuse_unserved_cuda(cuda_like, "", 1, False)  # one id a row as [N, 1]: served as today
@@ -204,7 +207,82 @@ def test_cuda_tensors_raise_not_implemented_yet(monkeypatch):
     monkeypatch.setattr(face._ext, "list_backends", lambda: served)
     face._refuse_unserved_cuda(cuda_like, "", 4, True)  # a CUDA backend that serves them: no refusal
     caps = {b["id"]: (b["multi_targets"], b["topk"]) for b in listed}
-    assert caps[CPU] == (True, True) and caps["cuda-fused-linear-logp-sm90-contract-v1"] == (False, False)
+    assert caps[CPU] == (True, True) and caps["cuda-fused-linear-logp-sm90-contract-v1"] == (True, False)
+    assert caps["cuda-cublas-materialized"] == (False, False)
+
+
+# --- CUDA tensors on the SM90 backend (skipped without an SM90 GPU) ------------------------------
+
+SM90 = "cuda-fused-linear-logp-sm90-contract-v1"
+
+
+def _why_not_sm90():
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    sm90 = next(b for b in detlogp.backends() if b["id"] == SM90)
+    return None if sm90["available"] else f"SM90 backend unavailable: {sm90['detail']}"
+
+
+needs_sm90 = pytest.mark.skipif(_why_not_sm90() is not None, reason=str(_why_not_sm90()))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("v, k", [(17, 2), (123, 8), (2053, 8), (2053, 64), (151936, 8)])
+def test_cuda_multi_id_entries_are_single_target_calls(v, k):
+    """CUDA [N, K] targets on the SM90 backend: each entry has the bits of the single-target call
+    for that id (ignored entries too), the same lse and entropy, int32 and int64, with bias and
+    per-row T, trainer and serving (logits) entries; batch shapes [..., K]."""
+    n = 6 if v == 151936 else 11
+    h, w, b, t, temp = problem(n, 64, v, k=k, seed=v + k)
+    h, w, b, t, temp = (x.cuda() for x in (h, w, b, t, temp))
+    for targets in (t, t.int()):
+        for logits in (False, True):
+            out = dt.linear_logp(h, w, targets, bias=b, temperature=temp, return_entropy=True, return_logits=logits)
+            logp, lse, ent = out[:3]
+            assert logp.shape == (n, k) and logp.is_cuda and dt.last_report()["backend_id"] == SM90
+            for j in range(k):
+                one = dt.linear_logp(
+                    h, w, targets[:, j].contiguous(), bias=b, temperature=temp, return_entropy=True,
+                    return_logits=logits,
+                )  # fmt: skip
+                assert same(logp[:, j].cpu(), one[0].cpu()), (v, k, j, targets.dtype, logits)
+                if j == 0:
+                    assert same(lse.cpu(), one[1].cpu()) and same(ent.cpu(), one[2].cpu())
+                    if logits:
+                        assert same(out[3].cpu(), one[3].cpu())
+    lp3, lse3 = dt.linear_logp(h.reshape(1, n, 64), w, t.reshape(1, n, k), bias=b, temperature=temp.reshape(1, n))
+    lp2, lse2 = dt.linear_logp(h, w, t, bias=b, temperature=temp)
+    assert lp3.shape == (1, n, k) and same(lp3.reshape(n, k).cpu(), lp2.cpu()) and same(lse3.reshape(n).cpu(), lse2.cpu())
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_cuda_multi_id_matches_the_cpu_sm90_model():
+    """The SM90 backend's [N, K] bits are those of the CPU model of its logits
+    (cpu-sm90-emulated-contract-v1) for every entry."""
+    h, w, b, t, temp = problem(13, 64, 700, k=6, seed=3)
+    lp_gpu, lse_gpu = dt.linear_logp(h.cuda(), w.cuda(), t.cuda(), bias=b.cuda(), temperature=temp.cuda())
+    lp_cpu, lse_cpu = dt.linear_logp(h, w, t, bias=b, temperature=temp, backend="cpu-sm90-emulated-contract-v1")
+    assert same(lp_gpu.cpu(), lp_cpu) and same(lse_gpu.cpu(), lse_cpu)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_cuda_multi_id_backward_runs_the_torch_path():
+    """Autograd of CUDA [N, K] targets: the fused backward takes one target a row, so the gradient
+    runs the torch path (as on CPU tensors) and matches float64."""
+    from detlogp._torch import backward
+
+    h, w, b, t, temp = problem(7, 32, 300, k=3, seed=5)
+    hc, wc = h.cuda().requires_grad_(), w.cuda().requires_grad_()
+    logp, lse = dt.linear_logp(hc, wc, t.cuda(), bias=b.cuda(), temperature=temp.cuda())
+    g = loss_weights(logp.shape, 1).float().cuda()
+    (logp * g).sum().backward()
+    assert backward.last_backward["path"] == "torch"
+    (h64, w64, _, _), ref, _, _ = reference(h, w, b, t, temp)
+    (ref * g.double().cpu()).sum().backward()
+    torch.testing.assert_close(hc.grad.double().cpu(), h64.grad, rtol=0.05, atol=0.05)
 
 
 # --- gradients ----------------------------------------------------------------------------------

@@ -36,23 +36,39 @@ __device__ __forceinline__ float cta_row_max(float m, float (&warp_max)[kCombine
   return m;
 }
 
+// Row `row`'s K = k_per_row entries of logp [N][K] and its lse from its maximum and chain sum: each
+// target's finalize_row with its own y_t (y_of(k), not read for an ignored target), so every entry
+// has the bits of a single-target call for its id. K = 1: the [N] targets.
+template <class YOf>
+__device__ __forceinline__ void finish_row_targets(const void* targets, int targets_i64, int64_t ignore_index,
+                                                   int k_per_row, int64_t row, float global_max, float sum,
+                                                   const YOf& y_of, float* logp, float* lse) {
+  for (int k = 0; k < k_per_row; ++k) {
+    const int64_t i = row * k_per_row + k;
+    const bool ignored = load_target(targets, targets_i64, i) == ignore_index;
+    const RowResult res = finalize_row(global_max, sum, ignored ? 0.0f : y_of(k), ignored);
+    logp[i] = res.logp;
+    lse[row] = res.lse;
+  }
+}
+
 // Row r's logp and lse from its maximum and chain sum (and its entropy from S and U, where
-// entropy is non-null); y_t from the segment that owns the target (no read for an ignored row).
+// entropy is non-null); each y_t from the segment that owns that target (no read for an ignored one).
 __device__ __forceinline__ void finish_segmented_row(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                      const void* targets, int targets_i64, int64_t ignore_index,
-                                                     float global_max, float sum, float usum, float comp, float* logp,
-                                                     float* lse, float* entropy) {
+                                                     int k_per_row, float global_max, float sum, float usum, float comp,
+                                                     float* logp, float* lse, float* entropy) {
   if (entropy != nullptr) entropy[row] = finalize_entropy(sum, usum, comp);
-  const int64_t t = load_target(targets, targets_i64, row);
-  const bool ignored = t == ignore_index;
-  float y_t = 0.0f;
-  if (!ignored) {
-    for (int s = 0; s < count; ++s)
-      if (segments[s].owned == nullptr || segments[s].owned[r] != 0) y_t = segments[s].target_logit[r];
-  }
-  const RowResult res = finalize_row(global_max, sum, y_t, ignored);
-  logp[row] = res.logp;
-  lse[row] = res.lse;
+  finish_row_targets(
+      targets, targets_i64, ignore_index, k_per_row, row, global_max, sum,
+      [&](int k) {
+        const int64_t i = r * k_per_row + k;
+        float y_t = 0.0f;
+        for (int s = 0; s < count; ++s)
+          if (segments[s].owned == nullptr || segments[s].owned[i] != 0) y_t = segments[s].target_logit[i];
+        return y_t;
+      },
+      logp, lse);
 }
 
 // One ascending step of the three chains of §10 over tile g: S's fma, the compensation of its
@@ -75,8 +91,8 @@ __device__ __forceinline__ void entropy_chains_step(float& sum, float& usum, flo
 // chain thread right before the segment's tiles, with the same operations as a staged tile.
 template <bool kEntropy = false, bool kHeads = false>
 __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int count, int64_t r, int64_t row,
-                                              const void* targets, int targets_i64, int64_t ignore_index, float* logp,
-                                              float* lse, float* entropy = nullptr) {
+                                              const void* targets, int targets_i64, int64_t ignore_index, int k_per_row,
+                                              float* logp, float* lse, float* entropy = nullptr) {
   __shared__ float warp_max[kCombineCtaThreads / 32];
   __shared__ alignas(16) float chunk_sum[kChainChunk];
   __shared__ alignas(16) float chunk_scale[kChainChunk];
@@ -134,8 +150,8 @@ __device__ __forceinline__ void chain_row_cta(const MergeSegment* segments, int 
     }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, comp, logp,
-                         lse, kEntropy ? entropy : nullptr);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, k_per_row, global_max, sum, usum,
+                         comp, logp, lse, kEntropy ? entropy : nullptr);
 }
 
 // ---- chain_rows_lanes ------------------------------------------------------------------------
@@ -268,7 +284,7 @@ inline constexpr int kHeldTiles = 12;  // 3072 tiles a chunk: Qwen3-8B's 2374 in
 template <int kHeld = kHeldTiles, int kRound = 16, bool kEntropy = false, bool kHeads = false>
 __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments, int count, int64_t r, int64_t row,
                                                    const void* targets, int targets_i64, int64_t ignore_index,
-                                                   float* logp, float* lse, float* entropy = nullptr) {
+                                                   int k_per_row, float* logp, float* lse, float* entropy = nullptr) {
   constexpr int kChunk = kCombineCtaThreads * kHeld;
   __shared__ float warp_max[kCombineCtaThreads / 32];
   __shared__ alignas(16) float2 pairs[kChunk];
@@ -343,8 +359,8 @@ __device__ __forceinline__ void chain_row_cta_held(const MergeSegment* segments,
     }
   }
   if (tid == 0)
-    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, global_max, sum, usum, comp, logp,
-                         lse, kEntropy ? entropy : nullptr);
+    finish_segmented_row(segments, count, r, row, targets, targets_i64, ignore_index, k_per_row, global_max, sum, usum,
+                         comp, logp, lse, kEntropy ? entropy : nullptr);
 }
 
 // Probe: called at fixed points by one thread each, with a value the point waits for
@@ -475,11 +491,10 @@ __device__ __forceinline__ void chain_rows_lanes(const CombineParams& p, const P
     if (lane >= rows_here) return;
     const int64_t rr = r0 + lane;
     if constexpr (kEntropy) p.entropy[p.row_begin + rr] = finalize_entropy(sum, usum, comp);
-    const int64_t t = load_target(p.targets, p.targets_i64, p.row_begin + rr);
-    const bool ignored = t == p.ignore_index;
-    const RowResult res = finalize_row(row_max[lane], sum, ignored ? 0.0f : p.target_logit[rr], ignored);
-    p.logp[p.row_begin + rr] = res.logp;
-    p.lse[p.row_begin + rr] = res.lse;
+    const int k_per_row = p.targets_per_row;
+    finish_row_targets(
+        p.targets, p.targets_i64, p.ignore_index, k_per_row, p.row_begin + rr, row_max[lane], sum,
+        [&](int k) { return p.target_logit[rr * k_per_row + k]; }, p.logp, p.lse);
     return;
   }
 

@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "detlogp/reduce.hpp"
+#include "sm90/device/ptx.cuh"
 #include "sm90/params.hpp"
 
 namespace detlogp::sm90 {
@@ -71,6 +72,9 @@ struct FragmentRows {
   }
 };
 
+// kMulti ([N, K] targets): the targets are not loaded here (the epilogue reads a row's K targets
+// itself, pick_target_logits), only the temperatures.
+template <bool kMulti = false>
 __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p, int64_t row_tile0, int64_t row_limit) {
   const int t = threadIdx.x % 128;
   FragmentRows r;
@@ -81,7 +85,9 @@ __device__ __forceinline__ FragmentRows load_fragment_rows(const FusedParams& p,
     r.temperature[h] = 1.0f;
     r.target_hi[h] = 0;
     if (p.temperature_rows) r.temperature[h] = p.temperature_rows[read];
-    if (p.targets_i64) {
+    if constexpr (kMulti) {
+      r.target_lo[h] = 0;
+    } else if (p.targets_i64) {
       const int2 w = reinterpret_cast<const int2*>(p.targets)[read];
       r.target_lo[h] = w.x;
       r.target_hi[h] = w.y;
@@ -105,7 +111,8 @@ struct WideRows {
 
 // Every lane of the warp calls it (a vote). Selects, not per-row branches: straight-line code the
 // scheduler interleaves (measured under ncu: with the branches this prelude ran at half the issue rate).
-template <int BlockN>
+// kMulti: no single target (target_rel -1; pick_target_logits takes the row's K targets).
+template <int BlockN, bool kMulti = false>
 __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, const FragmentRows& rows, int64_t row_tile0,
                                                       int64_t row_limit, int64_t col0) {
   const int t = threadIdx.x % 128;
@@ -119,14 +126,118 @@ __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, cons
     w.row_ok[h] = w.row[h] < row_limit;
     const float it = rows.inv_t(h, p);
     w.inv_t[h] = w.row_ok[h] ? it : 1.0f;
-    const int64_t tgt = rows.target(h, p);
-    const int64_t rel = tgt - fragment_col;
-    const bool in_fragment = w.row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
-    w.target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+    if constexpr (kMulti) {
+      w.target_rel[h] = -1;
+    } else {
+      const int64_t tgt = rows.target(h, p);
+      const int64_t rel = tgt - fragment_col;
+      const bool in_fragment = w.row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
+      w.target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+    }
   }
   w.unit_temperature = __all_sync(0xFFFFFFFFu, w.inv_t[0] == 1.0f && w.inv_t[1] == 1.0f);
   return w;
 }
+
+// [N, K] targets: the lines holding the K targets of this warp's 16 rows of an m64 fragment (rows
+// from row_tile0 + 16 warp, below row_limit) into L1, one line per lane, issued where the fragment's
+// per-row loads are (before its mainloop, or a tile ahead): pick_target_logits then reads them from
+// L1 instead of waiting on L2 or memory in an epilogue that nothing overlaps (the cooperative kernel).
+__device__ __forceinline__ void prefetch_fragment_targets(const FusedParams& p, int64_t row_tile0, int64_t row_limit) {
+  const int64_t warp_row0 = row_tile0 + 16 * ((threadIdx.x % 128) / 32);
+  if (warp_row0 >= row_limit) return;  // warp-uniform
+  const int64_t rows_here = row_limit - warp_row0 < 16 ? row_limit - warp_row0 : 16;
+  const int64_t width = p.targets_i64 ? 8 : 4;
+  const auto* first = static_cast<const uint8_t*>(p.targets) + warp_row0 * p.targets_per_row * width;
+  const int64_t bytes = rows_here * p.targets_per_row * width;
+  // From the line holding the first byte: 128-byte lines, at most 16 * 64 * 8 bytes (65 lines).
+  const uintptr_t line0 = reinterpret_cast<uintptr_t>(first) & ~uintptr_t{127};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(first) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = line0 + 128 * (threadIdx.x % 32); line < end; line += 32 * 128)
+    ptx::prefetch_l1(reinterpret_cast<const void*>(line));
+}
+
+// The target logits of [N, K] targets (FusedParams::targets_per_row = K > 1) that lie in this
+// fragment, each stored by its single owner into target_logit[row - row_begin][k] with the
+// single-target pick's operations (so each entry has the bits of a one-target call for its id).
+// Called where that pick runs: acc holds y (or z where every factor of the warp is 1, scale_logit
+// again being exact), not yet x. The warp's 16 rows' K targets are contiguous in targets
+// ([N][K]): the lanes read them in coalesced rounds of 32 entries from global memory (L1) here,
+// not held in registers through the mainloop, and a ballot per round finds the entries whose id
+// falls in the fragment's columns (rare: about K * BlockN / V of a warp's rows); each such entry
+// goes to the lane holding its column (row r: lane 4 (r % 8) + q, half r / 8), which selects its
+// value. Four rounds' loads issue together, so K <= 8 waits for one load latency per fragment.
+template <int BlockN>
+__device__ __forceinline__ void pick_target_logits(const float (&acc)[BlockN / 2], const FusedParams& p,
+                                                   const int64_t (&row)[2], const float (&inv_t)[2], int64_t warp_row0,
+                                                   int64_t row_limit, int64_t col0) {
+  constexpr int kTiles = BlockN / kVocabTile;
+  constexpr int kBatch = 4;  // rounds of 32 entries whose loads issue together
+  const int lane = threadIdx.x % 32;
+  const int k_per_row = p.targets_per_row;
+  const int64_t rows_here = row_limit - warp_row0 < 16 ? row_limit - warp_row0 : 16;  // >= 1 (caller's test)
+  const int entries = static_cast<int>(rows_here) * k_per_row;                        // <= 16 * kMaxTargetsPerRow
+  const int64_t base = warp_row0 * k_per_row;  // flat index of the warp's first entry
+  const int64_t fragment_col = p.vocab_start + col0;
+  auto at = [](int tt, int h, int i) { return (tt * 8 + i / 2) * 4 + 2 * h + i % 2; };
+  for (int e0 = 0; e0 < entries; e0 += 32 * kBatch) {  // warp-uniform
+    int64_t tgt[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e = e0 + 32 * b + lane;
+      tgt[b] = e < entries ? load_target(p.targets, p.targets_i64, base + e) : p.ignore_index;
+    }
+    uint32_t hits[kBatch];  // per round, the lanes whose entry lies in the fragment
+    int rel[kBatch];        // that entry's column relative to col0
+    uint32_t any = 0;
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t r64 = tgt[b] - fragment_col;
+      rel[b] = static_cast<int>(r64);
+      hits[b] = __ballot_sync(0xFFFFFFFFu, tgt[b] != p.ignore_index && static_cast<uint64_t>(r64) < uint64_t{BlockN});
+      any |= hits[b];
+    }
+    // None (the common case) or the hits one entry at a time, in a rolled loop over the rounds: the
+    // selection below is emitted once (rare; unrolled it would add thousands of instructions).
+    if (any == 0) continue;  // warp-uniform
+#pragma unroll 1
+    for (int b = 0; b < kBatch; ++b) {
+      uint32_t left = hits[0];
+      int rel_b = rel[0];
+#pragma unroll
+      for (int c = 1; c < kBatch; ++c) {
+        left = b == c ? hits[c] : left;
+        rel_b = b == c ? rel[c] : rel_b;
+      }
+      while (left != 0) {  // warp-uniform
+        const int src = __ffs(left) - 1;
+        left &= left - 1;
+        const int rel_s = __shfl_sync(0xFFFFFFFFu, rel_b, src);
+        const int e = e0 + 32 * b + src;
+        const int r = e / k_per_row;  // the entry's row within the warp's 16
+        const int k = e - r * k_per_row;
+        const int h = r / 8;
+        if (lane != 4 * (r % 8) + ((rel_s >> 1) & 3)) continue;
+        const int tt_t = rel_s / kVocabTile;
+        const int idx = ((rel_s % kVocabTile) >> 3) * 2 + (rel_s & 1);
+        float v = 0.0f;
+#pragma unroll
+        for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float w = acc[at(tt, hh, 0)];
+#pragma unroll
+            for (int i = 1; i < 16; ++i) w = i == idx ? acc[at(tt, hh, i)] : w;
+            v = tt == tt_t && hh == h ? w : v;
+          }
+        const float it = h == 0 ? inv_t[0] : inv_t[1];
+        const int64_t row_h = h == 0 ? row[0] : row[1];
+        p.target_logit[(row_h - p.row_begin) * k_per_row + k] = it == 1.0f ? scale_logit(v, 1.0f) : v;
+      }
+    }
+  }
+}
+
 // The epilogue of one m64 accumulator fragment, written for throughput: each phase runs over all
 // 2 * BlockN / 64 slices (vocab tile tt, row half h) before the next, in place on acc, so the
 // dependent chains of different slices (the 16-deep max, the two shuffle levels, the tree) overlap
@@ -152,7 +263,7 @@ __device__ __forceinline__ WideRows prepare_wide_rows(const FusedParams& p, cons
 // kEntropy: also each tile's entropy sum u_g (docs/contract.md §10) into p.usums, by a second tree
 // over the lane terms e * x that takes the e tree's pairs at every level (same lanes, same shuffles),
 // so u_g is reduce.hpp's tile_tree_sum of entropy_lane_term; without it the code is unchanged.
-template <int BlockN, bool kPlain, bool kPrepared, bool kEdge, bool kEntropy>
+template <int BlockN, bool kPlain, bool kPrepared, bool kEdge, bool kEntropy, bool kMulti = false>
 __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, const WideRows* prepared,
                                                         int64_t row_tile0, int64_t row_limit, int64_t col0,
@@ -189,10 +300,14 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
       row_ok[h] = row[h] < row_limit;
       const float it = rows.inv_t(h, p);
       inv_t[h] = row_ok[h] ? it : 1.0f;
-      const int64_t tgt = rows.target(h, p);
-      const int64_t rel = tgt - fragment_col;
-      const bool in_fragment = row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
-      target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+      if constexpr (kMulti) {
+        target_rel[h] = -1;
+      } else {
+        const int64_t tgt = rows.target(h, p);
+        const int64_t rel = tgt - fragment_col;
+        const bool in_fragment = row_ok[h] && tgt != p.ignore_index && static_cast<uint64_t>(rel) < uint64_t{BlockN};
+        target_rel[h] = in_fragment ? static_cast<int>(rel) : -1;
+      }
     }
   }
   // acc index of value i (0..15) of slice (tt, h).
@@ -284,25 +399,30 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
   // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread
   // q); scale_logit again is exact where the values were scaled (inv_t != 1) and the identity else.
   // One warp-uniform branch around both halves: a warp's 16 rows rarely have a target here.
-  bool owner[2];
+  // kMulti: the row's K targets instead (pick_target_logits, the same selection and store).
+  if constexpr (kMulti) {
+    pick_target_logits<BlockN>(acc, p, row, inv_t, row_tile0 + 16 * warp, row_limit, col0);
+  } else {
+    bool owner[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) owner[h] = target_rel[h] >= 0 && ((target_rel[h] >> 1) & 3) == q;
-  if (__any_sync(0xFFFFFFFFu, owner[0] || owner[1])) {
+    for (int h = 0; h < 2; ++h) owner[h] = target_rel[h] >= 0 && ((target_rel[h] >> 1) & 3) == q;
+    if (__any_sync(0xFFFFFFFFu, owner[0] || owner[1])) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!owner[h]) continue;
-      const int rel = target_rel[h];
-      const int tt_t = rel / kVocabTile;
-      const int idx = ((rel % kVocabTile) >> 3) * 2 + (rel & 1);
-      float v = 0.0f;
+      for (int h = 0; h < 2; ++h) {
+        if (!owner[h]) continue;
+        const int rel = target_rel[h];
+        const int tt_t = rel / kVocabTile;
+        const int idx = ((rel % kVocabTile) >> 3) * 2 + (rel & 1);
+        float v = 0.0f;
 #pragma unroll
-      for (int tt = 0; tt < kTiles; ++tt) {
-        float w = acc[at(tt, h, 0)];
+        for (int tt = 0; tt < kTiles; ++tt) {
+          float w = acc[at(tt, h, 0)];
 #pragma unroll
-        for (int i = 1; i < 16; ++i) w = i == idx ? acc[at(tt, h, i)] : w;
-        v = tt == tt_t ? w : v;
+          for (int i = 1; i < 16; ++i) w = i == idx ? acc[at(tt, h, i)] : w;
+          v = tt == tt_t ? w : v;
+        }
+        p.target_logit[row[h] - p.row_begin] = inv_t[h] == 1.0f ? scale_logit(v, 1.0f) : v;  // the single owner
       }
-      p.target_logit[row[h] - p.row_begin] = inv_t[h] == 1.0f ? scale_logit(v, 1.0f) : v;  // the single owner
     }
   }
 #pragma unroll
@@ -503,8 +623,9 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
 // 8-row tile), its columns start at local column `col0` (a multiple of 64); `rows` holds the
 // thread's two rows' temperature and target (load_fragment_rows, ideally before the mainloop).
 // acc is consumed in place. kPlain: the launch has neither bias nor logits output (the trainer
-// entry without bias). kPrepared: the rows come prepared in *prepared (prepare_wide_rows).
-template <int BlockN, bool kPlain = false, bool kPrepared = false, bool kEntropy = false>
+// entry without bias). kPrepared: the rows come prepared in *prepared (prepare_wide_rows). kMulti:
+// [N, K] targets, K = p.targets_per_row > 1 (pick_target_logits); the single-target form without it.
+template <int BlockN, bool kPlain = false, bool kPrepared = false, bool kEntropy = false, bool kMulti = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
                                                         int64_t col0, bool logits_vec2,
@@ -512,12 +633,12 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false, kEntropy>(acc, p, rows, prepared, row_tile0,
-                                                                               row_limit, col0, logits_vec2);
+    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false, kEntropy, kMulti>(
+        acc, p, rows, prepared, row_tile0, row_limit, col0, logits_vec2);
   // The edge sets its rows up from `rows` even where they come prepared: that form of the
   // cooperative kernel measured up to 0.6 % faster than the one reading *prepared (docs/perf.md).
-  fragment_tile_summaries<BlockN, kPlain, false, true, kEntropy>(acc, p, rows, prepared, row_tile0, row_limit, col0,
-                                                                 logits_vec2);
+  fragment_tile_summaries<BlockN, kPlain, false, true, kEntropy, kMulti>(acc, p, rows, prepared, row_tile0, row_limit,
+                                                                         col0, logits_vec2);
 }
 
 }  // namespace detlogp::sm90

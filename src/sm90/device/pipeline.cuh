@@ -119,11 +119,12 @@ __device__ __forceinline__ void pingpong_produce(const CUtensorMap* map_hidden, 
 }
 
 // The producer warpgroup of the persistent kernels: warp 1 of CTA 0 validates the inputs when the
-// launch asks for it (the trainer's first launch), thread 0 streams the ring.
-template <class Cfg, class Ring>
+// launch asks for it (the trainer's first launch), thread 0 streams the ring. kMulti: [N, K] targets.
+template <class Cfg, bool kMulti = false, class Ring>
 __device__ __forceinline__ void produce_persistent(const FusedParams& p, const CUtensorMap* map_hidden,
                                                    const CUtensorMap* map_weight, const Ring& ring) {
-  if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1) cuda::validate_rows_warp(p.validate);
+  if (p.validate_in_kernel != 0 && blockIdx.x == 0 && threadIdx.x / 32 == 1)
+    cuda::validate_rows_warp<kMulti>(p.validate);
   if (threadIdx.x == 0)
     pingpong_produce<Cfg>(map_hidden, map_weight, ring.a, ring.b, ring.full, ring.empty, p.k_blocks, p.row_begin,
                           p.m_tiles, p.n_tiles, p.group_m);

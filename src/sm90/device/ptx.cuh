@@ -83,6 +83,11 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, uint32_t bytes
                : "memory");
 }
 
+// Brings the 128-byte line holding ptr into L1 (and L2): a hint, nothing to wait for.
+__device__ __forceinline__ void prefetch_l1(const void* ptr) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<uint64_t>(ptr)));
+}
+
 // 2-D tile load global -> shared, completing `bytes` on the barrier. Out-of-bounds elements are
 // filled with zeros by the copy engine (rows past N, columns past D, weight rows past V_local).
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int32_t c_inner,
