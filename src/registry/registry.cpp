@@ -27,9 +27,11 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
   if (requested == "auto") {
     std::string why;
     const Backend& sm90 = sm90_contract_backend();
-    // The sampling program on host tensors runs on the CPU backend (the SM90 backend runs it on CUDA
-    // tensors only, where it is available).
-    if (sm90.available(&why) && (!sampling || memory == Memory::cuda)) {
+    // Host tensors go to the SM90 backend only for what it computes from host memory: the sampling
+    // program (CUDA tensors only there) and the top-k output (not on the SM90 backend) run on the CPU
+    // backend.
+    const bool host_served = !sampling && (topk == 0 || sm90.supports_topk());
+    if (sm90.available(&why) && (memory == Memory::cuda || host_served)) {
       chosen = &sm90;
     } else {
       DETLOGP_CHECK(memory == Memory::host, "tensors are in CUDA memory but the SM90 backend is unavailable: " << why);
