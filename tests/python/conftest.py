@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import socket
 import struct
 
 import numpy as np
@@ -157,3 +158,11 @@ INTEGER_CASES = [
     ("None", None, "{name} must be an integer, got None"),
     ("bool", True, "{name} must be an integer, got bool True"),
 ]
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a torchrun rendezvous: a fixed port can still be held
+    (TIME_WAIT, another run) and fail the launch."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

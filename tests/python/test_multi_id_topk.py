@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch tests need it)")
 import detlogp  # noqa: E402
+from conftest import free_port  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -84,9 +85,10 @@ def test_multi_id_batch_shapes():
 
 
 def contract_y(h, w, b, temp, real_vocab):
-    """The scaled contract logits y = fl(z * fl(1 / T)) of the serving entry (docs/contract.md §3.3)."""
+    """The scaled contract logits y = fl(z * fl(1 / T)) of the CPU backend's serving entry (the top-k
+    output's backend on host tensors; docs/contract.md §3.3)."""
     z = dt.linear_logp(h, w, torch.zeros(len(h), dtype=torch.long), bias=b, temperature=temp, real_vocab=real_vocab,
-                       return_logits=True)[2]  # fmt: skip
+                       return_logits=True, backend=CPU)[2]  # fmt: skip
     inv_t = (torch.ones((), dtype=torch.float32) / temp.float())[:, None]
     return (z * inv_t)[:, :real_vocab]
 
@@ -98,8 +100,10 @@ def test_topk_is_a_full_sort_of_the_contract_logits(k):
     lse (and entropy), before logits."""
     real = 200
     h, w, b, t, temp = problem(6, 24, 260, k=2, real_vocab=real, ties=True)
+    # The top-k output runs on the CPU backend: every call of the comparison there (auto may take
+    # the SM90 backend for host tensors where a GPU is present, with its own logits' bits).
     out = dt.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=real, topk=k, return_entropy=True,
-                         return_logits=True)  # fmt: skip
+                         return_logits=True, backend=CPU)  # fmt: skip
     logp, lse, entropy, ids, topk_logp, logits = out
     assert ids.dtype == torch.int64 and ids.shape == (6, k) and topk_logp.shape == (6, k) and logits.shape == (6, 260)
     y = contract_y(h, w, b, temp, real)
@@ -113,7 +117,7 @@ def test_topk_is_a_full_sort_of_the_contract_logits(k):
                     assert pos[lo] < pos[hi]
     for j in range(0, k, 64):  # at most 64 targets a row
         part = ids[:, j : j + 64].contiguous()
-        single, lse1 = dt.linear_logp(h, w, part, bias=b, temperature=temp, real_vocab=real)
+        single, lse1 = dt.linear_logp(h, w, part, bias=b, temperature=temp, real_vocab=real, backend=CPU)
         assert same(topk_logp[:, j : j + 64], single) and same(lse, lse1)
     plain = dt.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=real, return_entropy=True)
     for a, c in zip(plain, (logp, lse, entropy)):
@@ -427,7 +431,7 @@ def test_tensor_parallel_multi_id_and_topk_gloo(world, split):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-           str(29545 + world + (10 if split == "engine" else 0)), str(HERE / "tp_worker.py"), "--device", "cpu",
+           str(free_port()), str(HERE / "tp_worker.py"), "--device", "cpu",
            "--rows", "21", "--dim", "64", "--vocab", "517", "--split", split, "--multi"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the GPU tests need it)")
 import detlogp  # noqa: E402
+from conftest import free_port  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -258,7 +259,7 @@ def test_tensor_parallel_nccl():
         pytest.skip("torch.distributed with NCCL is not available")
     world = min(2, torch.cuda.device_count())
     here = pathlib.Path(__file__).resolve().parent
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port", "29571",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port", str(free_port()),
            str(here / "tp_sample_worker.py"), "--device", "cuda"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
     env["NCCL_NVLS_ENABLE"] = "0"

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import INTEGER_CASES, TEMPERATURE_CASES, make_problem
+from conftest import INTEGER_CASES, TEMPERATURE_CASES, free_port, make_problem
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch tests need it)")
 import detlogp  # noqa: E402
@@ -376,7 +376,7 @@ def test_tensor_parallel_gloo(world, split):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
-           str(29515 + world + (10 if split == "engine" else 0)), str(HERE / "tp_worker.py"), "--device", "cpu",
+           str(free_port()), str(HERE / "tp_worker.py"), "--device", "cpu",
            "--rows", "33", "--dim", "64", "--vocab", "517", "--split", split]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DETLOGP_")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
