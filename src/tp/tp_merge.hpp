@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "detlogp/detlogp.hpp"
+#include "detlogp/error.hpp"
 
 namespace detlogp::tp {
 
@@ -54,6 +55,26 @@ void check_layouts(const std::vector<PartialsLayout>& ranks_in_order);
 
 // Every rank's value equals rank 0's; else throws "ranks disagree on <name>" with both values.
 void check_ranks_agree(const std::vector<int64_t>& values, const char* name);
+
+// The gathered headers of a protocol (each with its sender's `rank` and `size`): slot r must hold
+// rank r of hs.size(), else the communicator's all-gather is not in rank order.
+template <class Header>
+void check_headers_in_rank_order(const std::vector<Header>& hs) {
+  const int ranks = static_cast<int>(hs.size());
+  for (int r = 0; r < ranks; ++r)
+    DETLOGP_CHECK(hs[r].rank == r && hs[r].size == ranks, "communicator slot "
+                                                              << r << " holds rank " << hs[r].rank << " of "
+                                                              << hs[r].size << ": the all-gather is not in rank order");
+}
+
+// One field of every rank's header, for check_ranks_agree.
+template <class Header, class Get>
+std::vector<int64_t> header_field(const std::vector<Header>& hs, Get get) {
+  std::vector<int64_t> values;
+  values.reserve(hs.size());
+  for (const Header& h : hs) values.push_back(static_cast<int64_t>(get(h)));
+  return values;
+}
 
 // The merge of checked layouts (the protocol's): host memory on the CPU, CUDA memory with the
 // device merge on `stream`. Each rank's `layout` gives its shard, whose geometry places its whole

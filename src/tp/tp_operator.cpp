@@ -125,16 +125,8 @@ void decide(const std::vector<RankHeader>& hs) {
   }
   DETLOGP_CHECK(errors.tellp() == 0,
                 "tensor-parallel linear_logp refused on every rank (nothing was written):" << errors.str());
-  for (int r = 0; r < ranks; ++r) {
-    DETLOGP_CHECK(hs[r].rank == r && hs[r].size == ranks, "communicator slot "
-                                                              << r << " holds rank " << hs[r].rank << " of "
-                                                              << hs[r].size << ": the all-gather is not in rank order");
-  }
-  const auto field = [&](auto get) {
-    std::vector<int64_t> values;
-    for (const RankHeader& h : hs) values.push_back(static_cast<int64_t>(get(h)));
-    return values;
-  };
+  check_headers_in_rank_order(hs);
+  const auto field = [&](auto get) { return header_field(hs, get); };
   check_ranks_agree(field([](const RankHeader& h) { return h.rows; }), "N (hidden rows)");
   check_ranks_agree(field([](const RankHeader& h) { return h.dim; }), "D (hidden size)");
   check_ranks_agree(field([](const RankHeader& h) { return h.serving; }), "the entry (serving: logits requested)");

@@ -258,15 +258,8 @@ void decide(const std::vector<SampleHeader>& hs, bool replay) {
     if (hs[r].error != 0) errors << "\n  rank " << r << ": " << hs[r].message;
   }
   DETLOGP_CHECK(errors.tellp() == 0, refusal(replay) << " (nothing was written):" << errors.str());
-  for (int r = 0; r < ranks; ++r)
-    DETLOGP_CHECK(hs[r].rank == r && hs[r].size == ranks, "communicator slot "
-                                                              << r << " holds rank " << hs[r].rank << " of "
-                                                              << hs[r].size << ": the all-gather is not in rank order");
-  const auto field = [&](auto get) {
-    std::vector<int64_t> values;
-    for (const SampleHeader& h : hs) values.push_back(static_cast<int64_t>(get(h)));
-    return values;
-  };
+  check_headers_in_rank_order(hs);
+  const auto field = [&](auto get) { return header_field(hs, get); };
   check_ranks_agree(field([](const SampleHeader& h) { return h.replay; }),
                     "the entry (1: linear_logp replaying a program, 0: sample)");
   check_ranks_agree(field([](const SampleHeader& h) { return h.rows; }), "N (hidden rows)");
