@@ -7,6 +7,7 @@
 
 #include "detlogp/config.hpp"
 #include "detlogp/fpops.hpp"
+#include "detlogp/rank.hpp"
 
 namespace detlogp {
 
@@ -26,6 +27,13 @@ DETLOGP_HD bool topk_before(TopkEntry a, TopkEntry b) {
   if (an || bn) return an && bn ? a.id < b.id : an;
   if (a.y != b.y) return a.y > b.y;
   return a.id < b.id;
+}
+
+// The 64-bit key of an entry (global id < 2^32): topk_key(a) > topk_key(b) exactly when
+// topk_before(a, b). A number's key is its rank_key (the same order: larger y, then lower id); every
+// NaN takes the largest image, above +inf's, so NaNs come first, by id.
+DETLOGP_HD uint64_t topk_key(float y, int64_t id) {
+  return fp::is_nan(y) ? (uint64_t{0xFFFFFFFFu} << 32) | (0xFFFFFFFFull - static_cast<uint64_t>(id)) : rank_key(y, id);
 }
 
 // Offers e to the list `list` of `count` entries (sorted by topk_before) of at most k: kept, in

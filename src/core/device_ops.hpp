@@ -34,6 +34,20 @@ void device_merge(const std::vector<DeviceMergeRank>& ranks_in_order, int64_t ro
                   bool targets_i64, int64_t ignore_index, float* logp, float* lse, int device, void* stream,
                   float* entropy = nullptr, const StraddlePlan* straddles = nullptr, int64_t targets_per_row = 1);
 
+// One rank's top-k list of a row chunk in device memory (docs/contract.md §12.4): [rows][k] logits
+// and global ids, id -1 past the rank's real lanes.
+struct DeviceTopkList {
+  const float* logit = nullptr;
+  const int64_t* ids = nullptr;
+};
+
+// The top-k merge on the device, enqueued on `stream` after device_merge wrote lse: per row the
+// ranks' lists offered in rank order (topk_offer) to one list of k, each entry finalized with the
+// merged lse (target_logp), into ids and logp [rows][k]. A row whose lists hold fewer than k ids
+// cannot occur for checked layouts (the shards cover real_vocab >= k).
+void device_merge_topk(const std::vector<DeviceTopkList>& ranks_in_order, int64_t rows, int64_t k, const float* lse,
+                       int64_t* ids, float* logp, int device, void* stream);
+
 // Owning device allocation (cudaMalloc on `device`); throws naming `what` on failure.
 class DeviceAllocation {
  public:

@@ -28,9 +28,9 @@ const Backend& select_backend(const CallOptions& opt, Memory memory, bool partia
     std::string why;
     const Backend& sm90 = sm90_contract_backend();
     // Host tensors go to the SM90 backend only for what it computes from host memory: the sampling
-    // program (CUDA tensors only there) and the top-k output (not on the SM90 backend) run on the CPU
-    // backend.
-    const bool host_served = !sampling && (topk == 0 || sm90.supports_topk());
+    // program (CUDA tensors only there) runs on the CPU backend, and so does the top-k output, so
+    // that a host-tensor rollout's sample and its top-k logprobs come from the same logits.
+    const bool host_served = !sampling && topk == 0;
     if (sm90.available(&why) && (memory == Memory::cuda || host_served)) {
       chosen = &sm90;
     } else {

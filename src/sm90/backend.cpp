@@ -20,6 +20,7 @@
 #include "cuda/lane_backend.hpp"
 #include "cuda/status.hpp"
 #include "detlogp/config.hpp"
+#include "detlogp/topk.hpp"
 #include "sm90/backend.hpp"
 #include "sm90/combine.hpp"
 #include "sm90/device/tile_schedule.hpp"
@@ -27,6 +28,7 @@
 #include "sm90/launch_table.hpp"
 #include "sm90/sample.hpp"
 #include "sm90/tma.hpp"
+#include "sm90/topk.hpp"
 #include "sm90/workspace.hpp"
 
 namespace detlogp::sm90 {
@@ -44,11 +46,14 @@ class Sm90Backend final : public detail::CudaLaneBackend {
   // [N, K] targets: the fused kernels' kMulti forms pick each row's K target logits in the tile
   // epilogue and the combine (or the merge) finalizes each one as a single target.
   bool supports_multi_targets() const override { return true; }
+  // The top-k output: the serving entry's z per row chunk, then the top-k row kernel over it.
+  bool supports_topk() const override { return true; }
   void run(const detail::LogpProblem& p) const override;
   void run_from_host(const detail::LogpProblem& p) const override;
   SamplingReport run_sample(const detail::SampleProblem& p) const override;
 
  private:
+  void run_topk(const detail::LogpProblem& p) const;
   void probe() {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
@@ -142,6 +147,7 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   DETLOGP_CHECK(available(nullptr), "SM90 backend unavailable: " << reason());
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
   if (p.rows == 0) return;
+  if (p.topk > 0) return run_topk(p);
   DeviceGuard guard(p.device);
   check_sm90_device(p.device);
   // What TMA and the kernels need beyond the API's checks.
@@ -341,7 +347,13 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
         cudaMemcpy(temps.get(), hp.temperature_rows, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
     p.temperature_rows = static_cast<float*>(temps.get());
   }
-  DeviceAllocation logp, lse, logits, summaries, target_logit, owned, usums, entropy, edge;
+  DeviceAllocation logp, lse, logits, summaries, target_logit, owned, usums, entropy, edge, topk_ids, topk_values;
+  if (hp.topk > 0) {
+    topk_ids = DeviceAllocation(static_cast<size_t>(n * hp.topk) * 8, device, "topk_ids");
+    topk_values = DeviceAllocation(static_cast<size_t>(n * hp.topk) * 4, device, "topk values");
+    p.topk_ids = static_cast<int64_t*>(topk_ids.get());
+    (hp.partial_mode() ? p.topk_logit : p.topk_logp) = static_cast<float*>(topk_values.get());
+  }
   if (hp.partial_mode()) {
     const ShardGeometry g = hp.geometry();
     tiles = g.tiles;
@@ -380,6 +392,12 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
     }
   }
   run(p);
+  if (hp.topk > 0) {
+    DETLOGP_CUDA_CHECK(
+        cudaMemcpy(hp.topk_ids, p.topk_ids, static_cast<size_t>(n * hp.topk) * 8, cudaMemcpyDeviceToHost));
+    DETLOGP_CUDA_CHECK(cudaMemcpy(hp.partial_mode() ? hp.topk_logit : hp.topk_logp, topk_values.get(),
+                                  static_cast<size_t>(n * hp.topk) * 4, cudaMemcpyDeviceToHost));
+  }
   if (hp.partial_mode()) {
     if (tiles > 0)
       DETLOGP_CUDA_CHECK(cudaMemcpy(hp.summaries, p.summaries, static_cast<size_t>(n * tiles) * sizeof(TileSummary),
@@ -520,6 +538,86 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     }
   }
   return report;
+}
+
+// The top-k output on CUDA tensors (docs/contract.md §12): per row chunk, run() computes every
+// output the call asks for and the chunk's z (into the caller's logits when asked for; the
+// workspace budget bounds a chunk otherwise), then the top-k row kernel (topk.cu) reads z. The
+// targets and row temperatures are read back and checked on the host first (one copy and a wait),
+// so a bad value writes nothing in any chunk, and the chunks need no further wait.
+void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
+  DeviceGuard guard(p.device);
+  check_sm90_device(p.device);
+  DETLOGP_CHECK(p.topk >= 1 && p.topk <= kMaxTopk, "topk=" << p.topk << " must be in [1, " << kMaxTopk << "]");
+  DETLOGP_CHECK(p.real_vocab <= int64_t{0xFFFFFFFF},
+                "the top-k output takes real_vocab below 2^32 (its keys hold 32-bit ids); real_vocab=" << p.real_vocab);
+  check_alignment(p.topk_ids, 8, "topk_ids");
+  const bool partial = p.partial_mode();
+  check_alignment(partial ? p.topk_logit : p.topk_logp, 4, partial ? "topk_logit" : "topk_logp");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  {
+    const std::vector<uint8_t> targets =
+        read_back(p.targets, p.rows * p.targets_per_row, p.targets_i64 ? 8 : 4, stream);
+    const std::vector<uint8_t> temps = read_back(p.temperature_rows, p.rows, 4, stream);
+    detail::HeadOperands host = p;
+    host.memory = Memory::host;
+    host.targets = targets.data();
+    host.temperature_rows = p.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
+    detail::check_host_values(host);
+  }
+
+  const int64_t v = p.vocab_local;
+  const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
+  const int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(budget / (v * 4), 1, p.rows);
+  StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "top-k logits",
+                      "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
+  const ShardGeometry g = partial ? p.geometry() : ShardGeometry{};
+  const int64_t per_row = p.targets_per_row;
+  const size_t target_bytes = p.targets_i64 ? 8 : 4;
+  for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
+    const int64_t rows = std::min(chunk, p.rows - row0);
+    detail::LogpProblem q = p;
+    q.rows = rows;
+    q.hidden = p.hidden + row0 * p.hidden_stride;
+    q.targets = static_cast<const uint8_t*>(p.targets) + static_cast<size_t>(row0 * per_row) * target_bytes;
+    if (p.temperature_rows) q.temperature_rows = p.temperature_rows + row0;
+    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
+    q.topk = 0;
+    q.topk_ids = nullptr;
+    q.topk_logp = nullptr;
+    q.topk_logit = nullptr;
+    q.defer_errors = true;  // checked on the host above: the device validation passes
+    if (partial) {
+      if (p.summaries) q.summaries = p.summaries + row0 * g.tiles;
+      if (p.usums) q.usums = p.usums + row0 * g.tiles;
+      if (p.edge_logits) q.edge_logits = p.edge_logits + row0 * g.edge_lanes();
+      q.target_logit = p.target_logit + row0 * per_row;
+      q.target_owned = p.target_owned + row0 * per_row;
+    } else {
+      q.logp = p.logp + row0 * per_row;
+      q.lse = p.lse + row0;
+      if (p.entropy) q.entropy = p.entropy + row0;
+    }
+    run(q);
+    TopkRowsParams t;
+    t.logits = q.logits;
+    t.logits_stride = v;
+    t.rows = rows;
+    t.row_begin = row0;
+    t.lanes = std::clamp<int64_t>(p.real_vocab - p.vocab_start, 0, v);
+    t.vocab_start = p.vocab_start;
+    t.inv_temperature = inverse_temperature(p.temperature);
+    t.temperature_rows = p.temperature_rows;
+    t.k = static_cast<int32_t>(p.topk);
+    t.ids = p.topk_ids;
+    if (partial) {
+      t.logit = p.topk_logit;
+    } else {
+      t.lse = p.lse;
+      t.logp = p.topk_logp;
+    }
+    launch_topk_rows(t, stream);
+  }
 }
 
 }  // namespace

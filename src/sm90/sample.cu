@@ -28,48 +28,21 @@
 
 #include "cuda/check.hpp"
 #include "detlogp/sample.hpp"
+#include "sm90/device/block_select.cuh"
 #include "sm90/sample.hpp"
 
 namespace detlogp::sm90 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kDigitBits = 4;
-constexpr int kDigits = 1 << kDigitBits;
 // The candidate path's capacity: rank-ordered lanes gathered in shared memory.
 constexpr int kCandidates = 2048;
 static_assert((kCandidates & (kCandidates - 1)) == 0 && kCandidates >= kThreads, "a power-of-two sort size");
 static_assert(kThreads % 32 == 0 && (kThreads & (kThreads - 1)) == 0, "whole warps, a power-of-two sort");
 
-// The y of lane v of the row (the same fl(z * inv_t) every pass).
-__device__ __forceinline__ float lane_y(const float* z, int64_t v, float inv_t) { return scale_logit(z[v], inv_t); }
-
-// Tile g's scaled logits into y[0, real) (real lanes of the tile), returns real. A whole tile at a
-// 16-byte aligned address is read as float4s.
-__device__ __forceinline__ int load_tile(const float* z, int64_t g, int64_t lanes, float inv_t, float* y) {
-  const int64_t first = g * kVocabTile;
-  const int real = lanes - first < kVocabTile ? static_cast<int>(lanes - first) : kVocabTile;
-  const float* src = z + first;
-  if (real == kVocabTile && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-#pragma unroll
-    for (int c = 0; c < kVocabTile; c += 4) {
-      const float4 q = __ldg(reinterpret_cast<const float4*>(src + c));
-      y[c] = scale_logit(q.x, inv_t);
-      y[c + 1] = scale_logit(q.y, inv_t);
-      y[c + 2] = scale_logit(q.z, inv_t);
-      y[c + 3] = scale_logit(q.w, inv_t);
-    }
-    return real;
-  }
-  for (int c = 0; c < real; ++c) y[c] = lane_y(z, first + c, inv_t);
-  return real;
-}
-
-__device__ __forceinline__ int64_t key_id(uint64_t key) { return rank_key_id(key); }
-
 struct Shared {
   union {
-    unsigned long long hist[kDigits][kThreads];  // the radix path: each thread's digit histogram
+    RadixScratch<kThreads> radix;  // the radix path
     struct {
       uint64_t key[kCandidates];  // the candidates' rank keys; then the support's lanes by id
       union {
@@ -81,8 +54,6 @@ struct Shared {
       };
     } cand;
   };
-  unsigned long long prefix;  // the selected key's digits so far
-  unsigned long long need;    // what remains to select inside the current prefix
   float max;
   float sum;
   float best_score[kThreads];
@@ -94,69 +65,6 @@ struct Shared {
   int gathered;
   int cut_index;
 };
-
-// Sums every thread's row of the histograms into row 0 (hist[d][0]) by a tree of integer adds.
-__device__ void sum_histograms(Shared& sh) {
-  for (int stride = kThreads / 2; stride >= 1; stride /= 2) {
-    if (threadIdx.x < stride)
-      for (int d = 0; d < kDigits; ++d) sh.hist[d][threadIdx.x] += sh.hist[d][threadIdx.x + stride];
-    __syncthreads();
-  }
-}
-
-// The block's sum of one integer per thread; every thread returns it.
-__device__ unsigned long long block_sum(Shared& sh, unsigned long long mine) {
-  for (int d = 0; d < kDigits; ++d) sh.hist[d][threadIdx.x] = d == 0 ? mine : 0;
-  __syncthreads();
-  sum_histograms(sh);
-  const unsigned long long total = sh.hist[0][0];
-  __syncthreads();
-  return total;
-}
-
-// A warp's sum of one integer per lane (exact in any order); every lane returns it.
-__device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
-#pragma unroll
-  for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-  return v;
-}
-
-// The block's sum of one integer per thread without the histogram rows (free for the candidate
-// path's buffers): warp sums, then the warps' sums; every thread returns it.
-__device__ unsigned long long block_sum_small(Shared& sh, unsigned long long mine) {
-  const unsigned long long w = warp_sum(mine);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.warp_total[threadIdx.x / 32] = w;
-  __syncthreads();
-  unsigned long long total = 0;
-  for (int i = 0; i < kThreads / 32; ++i) total += sh.warp_total[i];
-  __syncthreads();
-  return total;
-}
-
-// Sorts key[0, n) descending (n a power of two, n >= 2) by a bitonic network: keys are distinct
-// or, where equal, interchangeable, so the result is one array whatever the network.
-__device__ void sort_descending(uint64_t* key, int n) {
-  for (int k = 2; k <= n; k <<= 1)
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n; i += kThreads) {
-        const int l = i ^ j;
-        if (l <= i) continue;
-        const uint64_t a = key[i], b = key[l];
-        if ((i & k) == 0 ? a < b : a > b) {
-          key[i] = b;
-          key[l] = a;
-        }
-      }
-      __syncthreads();
-    }
-}
-
-__device__ __forceinline__ int pow2_at_least(int n) {
-  int p = 2;
-  while (p < n) p <<= 1;
-  return p;
-}
 
 // The chain S over n (s_g, factor_g) in ascending g by one warp: 32 tiles per coalesced load, then
 // every lane runs the same serial fma chain over them (so every lane returns the same S). Past n the
@@ -174,58 +82,30 @@ __device__ float warp_chain(const TileSummary* tiles, const float* factors, int6
   return s;
 }
 
-// The key of the lane that ends the prefix: among the lanes with key >= floor (and, with by_mass, a
-// positive mass), the one where the running count (or mass) from the largest key first reaches need.
-// Exact: the histograms are integer sums. Every thread returns the same key.
-__device__ uint64_t radix_select(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max, uint64_t floor,
-                                 bool by_mass, unsigned long long need) {
-  if (threadIdx.x == 0) {
-    sh.prefix = 0;
-    sh.need = need;
-  }
-  uint64_t mask = 0;
-  for (int shift = 64 - kDigitBits; shift >= 0; shift -= kDigitBits) {
-    for (int d = 0; d < kDigits; ++d) sh.hist[d][threadIdx.x] = 0;
-    __syncthreads();
-    const uint64_t prefix = sh.prefix;
-    for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
-      const float y = lane_y(z, v, inv_t);
-      const uint64_t key = rank_key(y, v);
-      if ((key & mask) != prefix || key < floor) continue;
-      sh.hist[(key >> shift) & (kDigits - 1)][threadIdx.x] += by_mass ? top_p_mass(relative_weight(y, row_max)) : 1u;
-    }
-    __syncthreads();
-    sum_histograms(sh);
-    if (threadIdx.x == 0) {
-      unsigned long long above = 0;
-      for (int d = kDigits - 1; d >= 0; --d) {
-        if (above + sh.hist[d][0] >= sh.need) {
-          sh.prefix |= static_cast<uint64_t>(d) << shift;
-          sh.need -= above;
-          break;
-        }
-        above += sh.hist[d][0];
-      }
-    }
-    mask |= uint64_t{kDigits - 1} << shift;
-    __syncthreads();
-  }
-  return sh.prefix;
+// The key of the lane that ends the prefix (radix_select): among the lanes with key >= floor, the
+// one where the running count (or, with by_mass, top-p mass) from the largest key first reaches need.
+__device__ uint64_t radix_select_lanes(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max,
+                                       uint64_t floor, bool by_mass, unsigned long long need) {
+  const auto lane = [&](int64_t v) {
+    const float y = lane_y(z, v, inv_t);
+    return KeyWeight{rank_key(y, v), by_mass ? top_p_mass(relative_weight(y, row_max)) : 1u};
+  };
+  return radix_select<kThreads>(sh.radix, lanes, lane, floor, need);
 }
 
 // The radix path's cut key (§11.4-§11.5).
 __device__ uint64_t radix_cut(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max,
                               const SampleRowParams& r) {
   uint64_t kth = 0;  // every key passes
-  if (r.keep < lanes) kth = radix_select(sh, z, lanes, inv_t, row_max, 0, false, static_cast<uint64_t>(r.keep));
+  if (r.keep < lanes) kth = radix_select_lanes(sh, z, lanes, inv_t, row_max, 0, false, static_cast<uint64_t>(r.keep));
   if (r.top_p == 1.0f) return kth;
   unsigned long long mine = 0;
   for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
     const float yv = lane_y(z, v, inv_t);
     if (rank_key(yv, v) >= kth) mine += top_p_mass(relative_weight(yv, row_max));
   }
-  const unsigned long long total = block_sum(sh, mine);
-  return radix_select(sh, z, lanes, inv_t, row_max, kth, true, top_p_threshold(total, r.top_p));
+  const unsigned long long total = block_sum<kThreads>(sh.warp_total, mine);
+  return radix_select_lanes(sh, z, lanes, inv_t, row_max, kth, true, top_p_threshold(total, r.top_p));
 }
 
 // Gathers the lanes with y >= bound into sh.cand.key, sorted descending (rank order), padded with 0
@@ -242,21 +122,8 @@ __device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, floa
       if (mass) q += top_p_mass(relative_weight(y, row_max));
     }
   }
-  __syncthreads();
-  sh.offset[threadIdx.x] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int running = 0;
-    for (int t = 0; t < kThreads; ++t) {
-      const int c = sh.offset[t];
-      sh.offset[t] = running;
-      running += c;
-    }
-    sh.gathered = running;
-  }
-  __syncthreads();
-  const int count = sh.gathered;
-  if (mass) *mass = block_sum_small(sh, q);
+  const int count = block_offsets<kThreads>(sh.offset, &sh.gathered, mine);
+  if (mass) *mass = block_sum<kThreads>(sh.warp_total, q);
   if (count > kCandidates) return -1;
   int slot = sh.offset[threadIdx.x];
   for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
@@ -266,7 +133,7 @@ __device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, floa
   const int size = pow2_at_least(count);
   for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
   __syncthreads();
-  sort_descending(sh.cand.key, size);
+  sort_descending<kThreads>(sh.cand.key, size);
   return count;
 }
 
@@ -279,7 +146,7 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
   if (top_k && r.keep > kThreads) return false;
   sh.thread_max[threadIdx.x] = rank_key(my_max, threadIdx.x);
   __syncthreads();
-  sort_descending(sh.thread_max, kThreads);
+  sort_descending<kThreads>(sh.thread_max, kThreads);
   int count = -1;
   uint64_t total = 0;  // Q of §11.5 without top-k: the mass of every lane
   if (top_k) {
@@ -288,7 +155,7 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
     unsigned long long mine = 0;
     for (int64_t v = threadIdx.x; v < lanes; v += kThreads)
       mine += top_p_mass(relative_weight(lane_y(z, v, inv_t), row_max));
-    total = block_sum_small(sh, mine);
+    total = block_sum<kThreads>(sh.warp_total, mine);
     const uint64_t tau = top_p_threshold(total, r.top_p);
     const int ranks[2] = {kThreads / 4, kThreads};  // a tighter bound first
     for (int rank : ranks) {
@@ -313,7 +180,7 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
   if (top_k) {
     unsigned long long mine = 0;
     for (int j = threadIdx.x; j < keep; j += kThreads) mine += sh.cand.mass[j];
-    total = block_sum_small(sh, mine);
+    total = block_sum<kThreads>(sh.warp_total, mine);
   }
   if (threadIdx.x == 0) {
     const uint64_t tau = top_p_threshold(total, r.top_p);
@@ -341,7 +208,7 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
   uint64_t kept[kCandidates / kThreads];
   int slots = 0;
   for (int j = threadIdx.x; j < c; j += kThreads, ++slots) {
-    const int64_t id = key_id(sh.cand.key[j]);
+    const int64_t id = rank_key_id(sh.cand.key[j]);
     const float yv = lane_y(z, id, inv_t);
     kept[slots] = 0;
     if (!in_support(yv, id, support)) continue;
@@ -363,18 +230,18 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
   sh.best_score[threadIdx.x] = best;
   sh.best_id[threadIdx.x] = best_id;
   sh.best_y[threadIdx.x] = best_y;
-  const int support_size = static_cast<int>(block_sum_small(sh, static_cast<unsigned long long>(count)));
-  sort_descending(sh.cand.key, size);
+  const int support_size = static_cast<int>(block_sum<kThreads>(sh.warp_total, static_cast<unsigned long long>(count)));
+  sort_descending<kThreads>(sh.cand.key, size);
   // Each run of support lanes in one tile: its first entry forms the tile's masked summary.
   for (int j = threadIdx.x; j < support_size; j += kThreads) {
-    const int64_t id = key_id(sh.cand.key[j]);
+    const int64_t id = rank_key_id(sh.cand.key[j]);
     const int64_t g = id / kVocabTile;
     sh.cand.run.sum[j] = 0.0f;
     sh.cand.run.factor[j] = 0.0f;
-    if (j > 0 && key_id(sh.cand.key[j - 1]) / kVocabTile == g) continue;
+    if (j > 0 && rank_key_id(sh.cand.key[j - 1]) / kVocabTile == g) continue;
     uint64_t mask = 0;
     for (int i = j; i < support_size; ++i) {
-      const int64_t lane = key_id(sh.cand.key[i]);
+      const int64_t lane = rank_key_id(sh.cand.key[i]);
       if (lane / kVocabTile != g) break;
       mask |= uint64_t{1} << (lane - g * kVocabTile);
     }
@@ -427,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   if (cut) {
     candidates = !p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, r);
     const uint64_t key = candidates ? sh.cand.key[sh.cut_index] : radix_cut(sh, z, lanes, inv_t, row_max, r);
-    const int64_t id = key_id(key);
+    const int64_t id = rank_key_id(key);
     support.cut = {lane_y(z, id, inv_t), id};
   }
 
@@ -477,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
       tiles[g] = tile_summary_masked(y, mask);
       factors[g] = chain_factor_or_skip(tiles[g], row_max);
     }
-    pass.size = static_cast<int64_t>(block_sum(sh, static_cast<unsigned long long>(count)));
+    pass.size = static_cast<int64_t>(block_sum<kThreads>(sh.warp_total, static_cast<unsigned long long>(count)));
     sh.best_score[threadIdx.x] = best;
     sh.best_id[threadIdx.x] = best_id;
     sh.best_y[threadIdx.x] = best_y;

@@ -32,7 +32,7 @@ target_sources(detlogp PRIVATE
   ${DETLOGP_SM90_ROOT}/src/cuda/status.cpp
   ${DETLOGP_SM90_ROOT}/src/cuda/validate.cu)
 # The SM90 backend: host side (.cpp) and the kernels (.cu: launch table, combine, logit gradient, the
-# sampling program's row kernel).
+# sampling program's and the top-k output's row kernels).
 target_sources(detlogp PRIVATE
   ${DETLOGP_SM90_DIR}/backend.cpp
   ${DETLOGP_SM90_DIR}/heuristics.cpp
@@ -41,7 +41,8 @@ target_sources(detlogp PRIVATE
   ${DETLOGP_SM90_DIR}/launch_table.cu
   ${DETLOGP_SM90_DIR}/combine.cu
   ${DETLOGP_SM90_DIR}/grad_logits.cu
-  ${DETLOGP_SM90_DIR}/sample.cu)
+  ${DETLOGP_SM90_DIR}/sample.cu
+  ${DETLOGP_SM90_DIR}/topk.cu)
 
 # Bit-relevant: --fmad=false keeps every multiply and add separately rounded unless the contract
 # code asks for an fma explicitly (the _rn intrinsics of fpops.hpp are never contracted anyway).

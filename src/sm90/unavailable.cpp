@@ -24,6 +24,7 @@ class Sm90Unavailable final : public CudaLaneBackend {
   }
   // The same capability flag as the built backend: the id takes [N, K] targets wherever it runs.
   bool supports_multi_targets() const override { return true; }
+  bool supports_topk() const override { return true; }
   void run(const LogpProblem&) const override { DETLOGP_FAIL("SM90 backend unavailable: " << kNoCudaReason); }
 };
 
@@ -31,6 +32,11 @@ class Sm90Unavailable final : public CudaLaneBackend {
 
 void device_merge(const std::vector<DeviceMergeRank>&, int64_t, const void*, bool, int64_t, float*, float*, int, void*,
                   float*, const StraddlePlan*, int64_t) {
+  DETLOGP_FAIL("CUDA-memory merge unavailable: " << kNoCudaReason);
+}
+
+void device_merge_topk(const std::vector<DeviceTopkList>&, int64_t, int64_t, const float*, int64_t*, float*, int,
+                       void*) {
   DETLOGP_FAIL("CUDA-memory merge unavailable: " << kNoCudaReason);
 }
 

@@ -93,8 +93,6 @@ void check_operands(const std::vector<ShardPartials>& ranks, const TensorView& t
       DETLOGP_CHECK(ranks[r].topk == k && (rows == 0 || (ranks[r].topk_logit && ranks[r].topk_ids)),
                     "rank " << r << " partials carry topk=" << ranks[r].topk << " lists"
                             << (ranks[r].topk == k ? " with a null buffer" : "") << ", rank 0 has topk=" << k);
-    DETLOGP_CHECK(memory == Memory::host,
-                  "the device merge has no top-k output; merge partials with top-k on the host");
     DETLOGP_CHECK(topk_ids.cols == k,
                   "topk_ids has K=" << topk_ids.cols << " columns but the partials carry topk=" << k);
     detail::check_topk_outputs(topk_ids, topk_logp, rows, k, memory, device);
@@ -138,6 +136,13 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     detail::device_merge(views, rows, targets.data, i64, ignore_index, static_cast<float*>(logp.mutable_data()),
                          static_cast<float*>(lse.mutable_data()), ranks.front().device, stream, entropy_out,
                          &device_plan, ranks.front().targets_per_row);
+    if (topk_ids.present()) {
+      std::vector<detail::DeviceTopkList> lists;
+      for (const ShardPartials& r : ranks) lists.push_back({r.topk_logit, r.topk_ids});
+      detail::device_merge_topk(lists, rows, ranks.front().topk, static_cast<const float*>(lse.mutable_data()),
+                                static_cast<int64_t*>(topk_ids.mutable_data()),
+                                static_cast<float*>(topk_logp.mutable_data()), ranks.front().device, stream);
+    }
     return;
   }
   auto target_of = [&](int64_t n) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -228,4 +229,35 @@ TEST(Topk, BadRequestsAreRefusedWithNothingWritten) {
         << "rank " << r << ": " << runs[r].error;
     EXPECT_TRUE(runs[r].untouched()) << "rank " << r;
   }
+}
+
+// topk_key, the integer image the GPU kernel sorts, orders entries exactly as topk_before does:
+// every pair of special and ordinary values (NaNs of both signs and payloads, infinities, zeros
+// of both signs, subnormals, equal values at different ids).
+TEST(Topk, TheIntegerKeyOrdersEntriesAsTopkBefore) {
+  const float values[] = {detlogp::fp::from_bits(0x7FC00000u),
+                          detlogp::fp::from_bits(0xFFC00001u),
+                          detlogp::fp::from_bits(0x7F800001u),
+                          INFINITY,
+                          -INFINITY,
+                          0.0f,
+                          -0.0f,
+                          1e-45f,
+                          -1e-45f,
+                          1.0f,
+                          -1.0f,
+                          3.5f,
+                          -3.5f,
+                          1e30f};
+  const int64_t ids[] = {0, 1, 63, 64, 151935, 0xFFFFFFFEll};
+  std::vector<detlogp::TopkEntry> entries;
+  for (float y : values)
+    for (int64_t id : ids) entries.push_back({y, id});
+  for (const auto& a : entries)
+    for (const auto& b : entries) {
+      if (a.id == b.id) continue;  // the order is over distinct ids
+      ASSERT_EQ(detlogp::topk_key(a.y, a.id) > detlogp::topk_key(b.y, b.id), detlogp::topk_before(a, b))
+          << "y " << a.y << " id " << a.id << " against y " << b.y << " id " << b.id;
+    }
+  EXPECT_GT(detlogp::topk_key(-INFINITY, 0xFFFFFFFEll), uint64_t{0}) << "key 0 must stay below every entry";
 }

@@ -119,7 +119,7 @@ def test_topk_is_a_full_sort_of_the_contract_logits(k):
         part = ids[:, j : j + 64].contiguous()
         single, lse1 = dt.linear_logp(h, w, part, bias=b, temperature=temp, real_vocab=real, backend=CPU)
         assert same(topk_logp[:, j : j + 64], single) and same(lse, lse1)
-    plain = dt.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=real, return_entropy=True)
+    plain = dt.linear_logp(h, w, t, bias=b, temperature=temp, real_vocab=real, return_entropy=True, backend=CPU)
     for a, c in zip(plain, (logp, lse, entropy)):
         assert same(a, c)  # the top-k output changes no other bit
 
@@ -196,10 +196,11 @@ def test_cuda_tensors_raise_not_implemented_yet(monkeypatch):
 
     cuda_like = types.SimpleNamespace(is_cuda=True)
     face._refuse_unserved_cuda(cuda_like, "", 4, False)  # the SM90 backend takes [N, K] targets
+    face._refuse_unserved_cuda(cuda_like, "", 4, True)  # and computes the top-k output
     with pytest.raises(detlogp.NotImplementedYetError) as e:
-        face._refuse_unserved_cuda(cuda_like, "", 4, True)
+        face._refuse_unserved_cuda(cuda_like, "cuda-cublas-materialized", None, True)
     assert isinstance(e.value, NotImplementedError)
-    assert "the top-k output (topk=) on CUDA tensors: not implemented yet by backend 'cuda-fused-linear-logp-sm90" in str(
+    assert "the top-k output (topk=) on CUDA tensors: not implemented yet by backend 'cuda-cublas-materialized'" in str(
         e.value
     )
     with pytest.raises(detlogp.NotImplementedYetError, match=r"\[N, K\] targets \(K=2\) and the top-k output"):
@@ -214,7 +215,7 @@ def test_cuda_tensors_raise_not_implemented_yet(monkeypatch):
     monkeypatch.setattr(face._ext, "list_backends", lambda: served)
     face._refuse_unserved_cuda(cuda_like, "", 4, True)  # a CUDA backend that serves them: no refusal
     caps = {b["id"]: (b["multi_targets"], b["topk"]) for b in listed}
-    assert caps[CPU] == (True, True) and caps["cuda-fused-linear-logp-sm90-contract-v1"] == (True, False)
+    assert caps[CPU] == (True, True) and caps["cuda-fused-linear-logp-sm90-contract-v1"] == (True, True)
     assert caps["cuda-cublas-materialized"] == (False, False)
 
 

@@ -362,6 +362,29 @@ def _detlogp_multi(h, w, t):
     return (_dt().linear_logp(h, w, _multi_targets(t, w.shape[0]))[0],)  # logp [N, MULTI_IDS]
 
 
+TOPK = 20  # the top-k method's K (an engine's logprobs=20)
+
+
+def _detlogp_topk(h, w, t):
+    logp, _, _, topk_logp = _dt().linear_logp(h, w, t, topk=TOPK)
+    return logp, topk_logp
+
+
+def detlogp_topk_unavailable(ctx: Context) -> Optional[str]:
+    """Why the top-k output cannot run here (None when it can): a small call with topk=TOPK fails
+    (its backend does not compute it), in the library's words."""
+    why = _detlogp_available(ctx)
+    if why:
+        return why
+    try:
+        h = torch.full((2, 128), 0.5, dtype=torch.bfloat16, device=ctx.device)
+        w = torch.full((1024, 128), 0.01, dtype=torch.bfloat16, device=ctx.device)
+        _dt().linear_logp(h, w, torch.zeros(2, dtype=torch.long, device=ctx.device), topk=TOPK)
+    except Exception as e:  # noqa: BLE001 - the backend's refusal, in its words
+        return f"linear_logp with topk={TOPK} failed: {_first_sentence(e)}"
+    return None
+
+
 def _multi_target_logp(out):
     return out[0][:, 0].contiguous()  # the row's own target's entry
 
@@ -470,6 +493,13 @@ def _register_builtins() -> None:
         ratio_ref="detlogp-trainer", kind="detlogp", graphable=False,
         notes=f"{MULTI_IDS} logprobs a row (the target's first) from one pass over the vocabulary; the ratio divides "
         "by the single-target trainer entry",
+    ))  # fmt: skip
+    register_method(Method(
+        f"detlogp-topk{TOPK}", f"detlogp.torch.linear_logp(..., topk={TOPK})", (DECODE, TRAINER),
+        forward=_detlogp_topk, logp_of=lambda out: out[0], available=detlogp_topk_unavailable,
+        ratio_ref="detlogp-trainer", kind="detlogp", graphable=False,
+        notes=f"the target's logp plus the top-{TOPK} ids and logprobs a row (an engine's logprobs={TOPK}); the ratio "
+        "divides by the trainer entry without them",
     ))  # fmt: skip
 
 

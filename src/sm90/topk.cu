@@ -1,0 +1,215 @@
+// The top-k output on the GPU (docs/contract.md §12): one CTA per row over a chunk of the serving
+// logits, the K first real ids of the row in the order of topk_before, through their integer keys
+// (topk_key: key order is that order, and every key is distinct):
+//   1. one pass over the row (64-lane tiles as float4s): each thread keeps its kListed largest keys
+//      in registers; the lists are sorted together in shared memory. Their K-th key is at most the
+//      row's K-th largest key (they are distinct lanes of the row), so every top-K lane is at or
+//      above it;
+//   2. if no thread's last listed key reaches that bound, no unlisted lane does, and the first K of
+//      the sorted lists are the output (the common case: one pass). Otherwise a second pass gathers
+//      the lanes at or above the bound (at most kCandidates; past that the K-th key itself is found
+//      by radix selection and only the K lanes at or above it are gathered) and sorts them. With
+//      fewer than K real lanes (a tensor-parallel shard), all of them, then id -1;
+//   3. each one's logp is target_logp with the row's lse (full mode), the single-target bits; a
+//      shard's list keeps y for the merge.
+// The block only orders exact comparisons of distinct keys, so the ids do not depend on how lanes
+// meet threads or in which order the gather fills its slots.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "core/device_ops.hpp"
+#include "cuda/check.hpp"
+#include "cuda/device.hpp"
+#include "detlogp/reduce.hpp"
+#include "detlogp/topk.hpp"
+#include "sm90/device/block_select.cuh"
+#include "sm90/params.hpp"
+#include "sm90/topk.hpp"
+
+namespace detlogp::sm90 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kListed = 8;  // keys each thread keeps in its first pass
+constexpr int kCandidates = kThreads * kListed;
+static_assert(kMaxTopk <= kCandidates, "the bound is the K-th of the listed keys: K <= kCandidates");
+static_assert((kCandidates & (kCandidates - 1)) == 0, "a power-of-two sort size");
+
+struct TopkShared {
+  union {
+    RadixScratch<kThreads> radix;  // a row with more than kCandidates lanes above the bound
+    uint64_t key[kCandidates];     // the gathered keys, then sorted descending
+  };
+  int total;      // lanes gathered so far
+  int uncertain;  // some thread may hold more lanes at or above the bound than it listed
+};
+
+// Offers tile g's lanes at or above `floor` to the gathered list: a slot from a shared counter
+// (the slots' order does not matter: the list is sorted next, and the keys are distinct), stored
+// while the list has room; the counter ends at the number of such lanes.
+__device__ __forceinline__ void gather_tile(TopkShared& sh, const TopkRowsParams& p, const float* z, int64_t g,
+                                            float inv_t, uint64_t floor) {
+  const int64_t first_id = p.vocab_start + g * kVocabTile;
+  visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
+    const uint64_t key = topk_key(y, first_id + c);
+    if (key < floor) return;
+    const int slot = atomicAdd(&sh.total, 1);
+    if (slot < kCandidates) sh.key[slot] = key;
+  });
+}
+
+__global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParams p) {
+  __shared__ TopkShared sh;
+  const int64_t row = p.row_begin + blockIdx.x;
+  const float* z = p.logits + int64_t{blockIdx.x} * p.logits_stride;
+  const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
+  const int64_t tiles = (p.lanes + kVocabTile - 1) / kVocabTile;
+  const int k = p.k;
+
+  // 1. Each thread's kListed largest keys over its tiles, in registers (descending; key 0, below
+  //    every lane's key since no y maps to ordinal 0, fills a list of fewer lanes).
+  uint64_t best[kListed];
+#pragma unroll
+  for (int i = 0; i < kListed; ++i) best[i] = 0;
+  for (int64_t g = threadIdx.x; g < tiles; g += kThreads) {
+    const int64_t first_id = p.vocab_start + g * kVocabTile;
+    visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
+      const uint64_t key = topk_key(y, first_id + c);
+      if (key <= best[kListed - 1]) return;
+      best[kListed - 1] = key;
+#pragma unroll
+      for (int i = kListed - 1; i > 0; --i)
+        if (best[i] > best[i - 1]) {
+          const uint64_t t = best[i];
+          best[i] = best[i - 1];
+          best[i - 1] = t;
+        }
+    });
+  }
+#pragma unroll
+  for (int i = 0; i < kListed; ++i) sh.key[threadIdx.x * kListed + i] = best[i];
+  if (threadIdx.x == 0) {
+    sh.total = 0;
+    sh.uncertain = 0;
+  }
+  __syncthreads();
+  sort_descending<kThreads>(sh.key, kCandidates);
+
+  // 2. The bound: the K-th largest listed key is at most the row's K-th largest key (the lists are
+  //    distinct lanes of the row). A thread whose last listed key is below it has no other lane at
+  //    or above it; if every thread is so, the listed keys hold every lane at or above the bound,
+  //    so the first K of the sorted lists are the top K (key 0 past the row's real lanes).
+  //    Otherwise the lanes at or above the bound are gathered in a second pass; past kCandidates of
+  //    them, the K-th key itself by radix selection, then exactly the K lanes at or above it.
+  uint64_t floor = sh.key[k - 1];
+  if (best[kListed - 1] != 0 && best[kListed - 1] >= floor) sh.uncertain = 1;
+  __syncthreads();
+  int count = kCandidates;
+  if (sh.uncertain) {
+    for (int64_t g = threadIdx.x; g < tiles; g += kThreads) gather_tile(sh, p, z, g, inv_t, floor);
+    __syncthreads();
+    count = sh.total;
+    if (count > kCandidates) {
+      const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(z, c, inv_t), p.vocab_start + c), 1u}; };
+      floor = radix_select<kThreads>(sh.radix, p.lanes, lane, floor, static_cast<unsigned long long>(k));
+      if (threadIdx.x == 0) sh.total = 0;
+      __syncthreads();
+      for (int64_t g = threadIdx.x; g < tiles; g += kThreads) gather_tile(sh, p, z, g, inv_t, floor);
+      __syncthreads();
+      count = sh.total;  // exactly K: the keys are distinct
+    }
+    const int size = pow2_at_least(count);
+    for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;
+    __syncthreads();
+    sort_descending<kThreads>(sh.key, size);
+  }
+
+  // 3. The outputs.
+  for (int j = threadIdx.x; j < k; j += kThreads) {
+    const int64_t out = row * k + j;
+    const uint64_t key = j < count ? sh.key[j] : 0;
+    if (key == 0) {  // fewer real lanes than K (a tensor-parallel shard)
+      p.ids[out] = -1;
+      if (p.logit) p.logit[out] = fp::neg_inf();
+      continue;
+    }
+    const int64_t id = rank_key_id(key);
+    const float yj = lane_y(z, id - p.vocab_start, inv_t);
+    p.ids[out] = id;
+    if (p.lse)
+      p.logp[out] = target_logp(yj, p.lse[row]);
+    else
+      p.logit[out] = yj;
+  }
+}
+
+struct DeviceTopkListView {
+  const float* logit;
+  const int64_t* ids;
+};
+
+struct TopkMergeParams {
+  DeviceTopkListView lists[kMaxMergeSegments];
+  int32_t ranks = 0;
+  int32_t k = 0;
+  int64_t rows = 0;
+  const float* lse = nullptr;
+  int64_t* ids = nullptr;
+  float* logp = nullptr;
+};
+
+// One thread a row: the ranks' lists offered in rank order, as the host merge does.
+__global__ void topk_merge_kernel(const TopkMergeParams p) {
+  const int64_t n = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (n >= p.rows) return;
+  TopkEntry list[kMaxTopk];
+  int count = 0;
+  for (int r = 0; r < p.ranks; ++r)
+    for (int j = 0; j < p.k; ++j) {
+      const int64_t i = n * p.k + j;
+      const int64_t id = p.lists[r].ids[i];
+      if (id >= 0) topk_offer(list, p.k, count, {p.lists[r].logit[i], id});
+    }
+  const float lse = p.lse[n];
+  for (int j = 0; j < p.k; ++j) {
+    p.ids[n * p.k + j] = j < count ? list[j].id : -1;
+    p.logp[n * p.k + j] = j < count ? target_logp(list[j].y, lse) : fp::neg_inf();
+  }
+}
+
+}  // namespace
+
+void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  topk_rows_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detlogp::sm90
+
+namespace detlogp::detail {
+
+void device_merge_topk(const std::vector<DeviceTopkList>& ranks, int64_t rows, int64_t k, const float* lse,
+                       int64_t* ids, float* logp, int device, void* stream) {
+  DETLOGP_CHECK(k >= 1 && k <= kMaxTopk, "the device top-k merge takes 1.." << kMaxTopk << " entries, got " << k);
+  DETLOGP_CHECK(!ranks.empty() && ranks.size() <= static_cast<size_t>(sm90::kMaxMergeSegments),
+                "the device top-k merge takes 1.." << sm90::kMaxMergeSegments << " ranks, got " << ranks.size());
+  if (rows == 0) return;
+  cuda::DeviceGuard guard(device);
+  sm90::TopkMergeParams p{};
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    DETLOGP_CHECK(ranks[r].logit && ranks[r].ids, "rank " << r << " carries no top-k list");
+    p.lists[r] = {ranks[r].logit, ranks[r].ids};
+  }
+  p.ranks = static_cast<int32_t>(ranks.size());
+  p.k = static_cast<int32_t>(k);
+  p.rows = rows;
+  p.lse = lse;
+  p.ids = ids;
+  p.logp = logp;
+  sm90::topk_merge_kernel<<<static_cast<unsigned>((rows + 127) / 128), 128, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace detlogp::detail
