@@ -263,6 +263,29 @@ int main(int argc, char** argv) {
     inputs.push_back(in);
   }
   CK(cudaDeviceSynchronize());
+  // What the inputs look like, from rows 0 (peaked in the realistic kind) and 1: their RMS, their
+  // target's logit, and the head's spread (realistic: RMS 1, logit 9-45 for row 0, head std 0.02).
+  for (const auto& in : inputs) {
+    const int64_t rows_checked = std::min<int64_t>(2, nmax);
+    std::vector<uint16_t> hh(static_cast<size_t>(rows_checked * d)), wt(static_cast<size_t>(d)),
+        w0(static_cast<size_t>(d));
+    CK(cudaMemcpy(hh.data(), in.h, hh.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(w0.data(), in.w, w0.size() * 2, cudaMemcpyDeviceToHost));
+    double wsq = 0;
+    for (auto b : w0) wsq += double(detlogp::fp::bf16_to_float(b)) * detlogp::fp::bf16_to_float(b);
+    std::printf("data %s: head std %.4f (first row)", in.kind.c_str(), std::sqrt(wsq / d));
+    for (int64_t r = 0; r < rows_checked; ++r) {
+      CK(cudaMemcpy(wt.data(), in.w + static_cast<int64_t>(ht[r]) * d, wt.size() * 2, cudaMemcpyDeviceToHost));
+      double sq = 0, dot = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        const double x = detlogp::fp::bf16_to_float(hh[r * d + c]);
+        sq += x * x;
+        dot += x * detlogp::fp::bf16_to_float(wt[c]);
+      }
+      std::printf("; row %lld: RMS %.3f, target logit %.2f", (long long)r, std::sqrt(sq / d), dot);
+    }
+    std::printf("\n");
+  }
   uint16_t* w = inputs[0].w;
   uint16_t* h = inputs[0].h;
   std::printf("data: %s%s\n", data_arg.c_str(),

@@ -12,11 +12,23 @@
 # Logs and CSVs go to "$OUT" (else ./out), the lines that answer the question to "$OUT/summary.txt".
 #   BENCH_BIN=path/to/bench_sm90 (default build-gpu/bench/bench_sm90, built when missing),
 #   PYTHON (python3), PROBE_NS (1024,4096,16384), PROBE_REPS (15), PROBE_BUDGET_S (210: a step
-#   that would start later is skipped and says so), PROBE_STEPS (time,bench,ncu,logs).
+#   that would start later is skipped and says so), PROBE_STEPS (time,bench,ncu,logs),
+#   PROBE_PACK=1 ("$OUT" gets only summary.txt, the timing CSVs and logs.tgz with every log, also
+#   when the probe is killed: for a device tool that returns few files).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
+if [[ "${PROBE_PACK:-0}" == 1 ]]; then
+  FINAL_OUT="$OUT"
+  OUT="$(mktemp -d)"
+  pack() {
+    cp -f "$OUT"/summary.txt "$OUT"/*.csv "$FINAL_OUT"/ 2>/dev/null
+    tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2>/dev/null
+    rm -rf "$OUT"
+  }
+  trap pack EXIT
+fi
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
@@ -37,6 +49,12 @@ has() {
   fi
 }
 
+# A binary carried from another machine is rebuilt here when its libraries do not resolve.
+if [[ -x "$BENCH" ]] && ldd "$BENCH" 2>&1 | grep -q "not found"; then
+  say "bench_sm90: $BENCH does not load here ($(ldd "$BENCH" 2>&1 | grep -m1 'not found' | xargs)), rebuilding"
+  BENCH="$ROOT/build-gpu/bench/bench_sm90"
+  rm -f "$BENCH"
+fi
 if [[ ! -x "$BENCH" ]]; then
   GEN=()
   command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
@@ -121,10 +139,10 @@ if has ncu; then
         say "ncu $name: skipped (${SECONDS} s elapsed, budget ${BUDGET} s)"
         return
       fi
-      "$NCU" --csv --log-file "$OUT/ncu_$name.csv" --clock-control base --kernel-name "$KERNELS" --metrics "$METRICS" \
+      "$NCU" --csv --log-file "$OUT/ncu_$name.log" --clock-control base --kernel-name "$KERNELS" --metrics "$METRICS" \
         "$@" >"$OUT/ncu_$name.out" 2>&1
-      say "ncu $name: rc=$? (ncu_$name.csv)"
-      "$PY" "$PROBE" --ncu-summary "$OUT/ncu_$name.csv" --labels "$labs" 2>&1 | sed 's/^/  /' | tee -a "$SUMMARY"
+      say "ncu $name: rc=$? (ncu_$name.log, ncu's CSV)"
+      "$PY" "$PROBE" --ncu-summary "$OUT/ncu_$name.log" --labels "$labs" 2>&1 | sed 's/^/  /' | tee -a "$SUMMARY"
     }
     tl=""
     for n in ${NS//,/ }; do tl+="${tl:+,}torch F.linear N=$n,torch-process bench-legacy N=$n"; done
