@@ -19,15 +19,16 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${OUT:-$ROOT/out}"
 mkdir -p "$OUT"
+pack() { :; }
 if [[ "${PROBE_PACK:-0}" == 1 ]]; then
   FINAL_OUT="$OUT"
   OUT="$(mktemp -d)"
+  # Refreshed after every step, so a probe cut short still leaves what it measured.
   pack() {
     cp -f "$OUT"/summary.txt "$OUT"/*.csv "$FINAL_OUT"/ 2>/dev/null
-    tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2>/dev/null
-    rm -rf "$OUT"
+    tar czf "$FINAL_OUT/logs.tgz.part" -C "$OUT" . 2>/dev/null && mv -f "$FINAL_OUT/logs.tgz.part" "$FINAL_OUT/logs.tgz"
   }
-  trap pack EXIT
+  trap 'pack; rm -rf "$OUT"' EXIT
 fi
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -81,6 +82,7 @@ if has time; then
     tee -a "$SUMMARY"
   grep -E "^torch N=" "$OUT/torch_time.log" | sed 's/^/  /' >>"$SUMMARY"
   TORCH_CUBLAS_DIR="$(sed -n 's/^torch cuBLAS dir: //p' "$OUT/torch_time.log")"
+  pack
 fi
 if [[ -z "$TORCH_CUBLAS_DIR" ]]; then  # the time step was skipped or failed: ask torch alone
   TORCH_CUBLAS_DIR="$("$PY" - <<'EOF' 2>/dev/null
@@ -111,8 +113,9 @@ bench_ref() {  # bench_ref LABEL CSV [env...]
   (cd "$OUT" && env "$@" "$BENCH" --reference-only --data random,realistic --n "$NS" --reps "$REPS" --csv "$csv") \
     >"$OUT/bench_$label.log" 2>&1
   say "bench_sm90 --reference-only ($label): rc=$? (bench_$label.log, $csv)"
-  grep -E "^(cuBLAS|reference N|data N|SKIP)" "$OUT/bench_$label.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+  grep -E "^(cuBLAS|data |reference N|SKIP)" "$OUT/bench_$label.log" | sed 's/^/  /' | tee -a "$SUMMARY"
   grep -E "^[0-9]+ +cublas" "$OUT/bench_$label.log" | sed 's/^/  /' >>"$SUMMARY"
+  pack
 }
 if has bench; then
   bench_ref toolkit bench_ref_toolkit.csv
@@ -139,10 +142,19 @@ if has ncu; then
         say "ncu $name: skipped (${SECONDS} s elapsed, budget ${BUDGET} s)"
         return
       fi
+      local clocks=base rc
       "$NCU" --csv --log-file "$OUT/ncu_$name.log" --clock-control base --kernel-name "$KERNELS" --metrics "$METRICS" \
         "$@" >"$OUT/ncu_$name.out" 2>&1
-      say "ncu $name: rc=$? (ncu_$name.log, ncu's CSV)"
+      rc=$?
+      if ! grep -q '^"ID"' "$OUT/ncu_$name.log" 2>/dev/null; then  # no launch profiled: try without locking clocks
+        clocks=none
+        "$NCU" --csv --log-file "$OUT/ncu_$name.log" --clock-control none --kernel-name "$KERNELS" \
+          --metrics "$METRICS" "$@" >>"$OUT/ncu_$name.out" 2>&1
+        rc=$?
+      fi
+      say "ncu $name: rc=$rc, clocks $clocks (ncu_$name.log, ncu's CSV; ncu_$name.out)"
       "$PY" "$PROBE" --ncu-summary "$OUT/ncu_$name.log" --labels "$labs" 2>&1 | sed 's/^/  /' | tee -a "$SUMMARY"
+      pack
     }
     tl=""
     for n in ${NS//,/ }; do tl+="${tl:+,}torch F.linear N=$n,torch-process bench-legacy N=$n"; done
