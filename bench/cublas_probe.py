@@ -5,6 +5,7 @@ both data kinds of bench_sm90 (docs/perf.md, "Method" and the 2026-12-02 entry o
     python bench/cublas_probe.py --time [--n 1024,4096,16384] [--reps 15] [--csv torch_time.csv]
     python bench/cublas_probe.py --ncu-pass [--n ...]      # one call of each, for ncu / cuBLAS logs
     python bench/cublas_probe.py --ncu-summary NCU.csv --labels a,b,...
+    python bench/cublas_probe.py --log-summary CUBLAS.log   # a cuBLAS or cuBLASLt log
 
 Two calls, on the same inputs, in one shuffled round-robin per repetition (CUDA events, a 256 MiB
 memset before every timed call, medians and paired ratios, the SM clock and board power sampled
@@ -304,18 +305,63 @@ def run_ncu_summary(args):
         print(f"ncu {lab}: {e['name']} grid {e['grid']} block {e['block']}  {m}")
 
 
+def run_log_summary(args):
+    """cuBLAS's API log (CUBLAS_LOGINFO_DBG): how often each function was called and the arguments
+    of the first GEMM call; cuBLASLt's log (CUBLASLT_LOG_MASK): each [level][function] tag's count
+    and first line."""
+    import re
+
+    try:
+        text = open(args.log_summary, errors="replace").read().splitlines()
+    except OSError as e:
+        print(f"{args.log_summary}: {e}")
+        return 0
+    calls = [(i, m.group(1)) for i, ln in enumerate(text) if (m := re.search(r"function .*?(cublas\w+)\(", ln))]
+    if calls:
+        counts = {}
+        for _, name in calls:
+            counts[name] = counts.get(name, 0) + 1
+        print("calls: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+        for want in ("cublasGemmEx", "cublasLtMatmul"):
+            first = next((i for i, name in calls if name.startswith(want)), None)
+            if first is None:
+                continue
+            block = []
+            for ln in text[first + 1:]:
+                if re.search(r"function .*?cublas\w+\(", ln):
+                    break
+                block.append(ln.strip()[:160])
+            print(f"first {want}: " + " | ".join(block[:24]))
+        return 0
+    tags = {}
+    for ln in text:
+        m = re.search(r"\[(Error|Trace|Hints|Info|Api\w*)\]\[(\w+)\]", ln)
+        if m:
+            key = f"{m.group(1)}/{m.group(2)}"
+            n, first = tags.get(key, (0, ln))
+            tags[key] = (n + 1, first)
+    for key, (n, first) in tags.items():
+        print(f"{key} x{n}: {first.strip()[:400]}")
+    if not tags:
+        print(f"{args.log_summary}: {len(text)} lines, none recognized")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--time", action="store_true", help="time both calls on both data kinds")
     ap.add_argument("--ncu-pass", action="store_true", help="one call of each per N (for ncu and cuBLAS logs)")
     ap.add_argument("--ncu-summary", metavar="NCU_CSV", help="summarize an ncu --csv log")
     ap.add_argument("--labels", default="", help="with --ncu-summary: a label per launch, in order")
+    ap.add_argument("--log-summary", metavar="LOG", help="summarize a cuBLAS or cuBLASLt log")
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--csv", default="")
     args = ap.parse_args(argv)
     if args.ncu_summary:
         return run_ncu_summary(args)
+    if args.log_summary:
+        return run_log_summary(args)
     import torch
 
     if not torch.cuda.is_available():

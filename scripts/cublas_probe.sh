@@ -184,9 +184,8 @@ if has logs; then
   say "cuBLAS logs, bench_sm90: rc=$? (cublaslt_bench.log, cublas_bench.log)"
   for f in cublas_torch cublas_bench cublaslt_torch cublaslt_bench; do
     [[ -f "$OUT/$f.log" ]] || { say "  $f.log: none written"; continue; }
-    say "  $f.log: $(wc -l <"$OUT/$f.log") lines; the first GEMM entries:"
-    grep -iE "gemmex|matmul|algo|nvjet" "$OUT/$f.log" | cut -c1-400 | head -12 | sed 's/^/    /' |
-      tee -a "$SUMMARY"
+    say "  $f.log: $(wc -l <"$OUT/$f.log") lines"
+    "$PY" "$PROBE" --log-summary "$OUT/$f.log" 2>&1 | head -20 | sed 's/^/    /' | tee -a "$SUMMARY"
   done
 fi
 say "probe: ${SECONDS} s"
