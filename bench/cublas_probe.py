@@ -333,15 +333,15 @@ def run_log_summary(args):
                 block.append(ln.strip()[:160])
             print(f"first {want}: " + " | ".join(block[:24]))
         return 0
-    tags = {}
+    tags = {}  # tag -> lines; every traced matmul is shown (one per GEMM call), else the first line
     for ln in text:
         m = re.search(r"\[(Error|Trace|Hints|Info|Api\w*)\]\[(\w+)\]", ln)
         if m:
-            key = f"{m.group(1)}/{m.group(2)}"
-            n, first = tags.get(key, (0, ln))
-            tags[key] = (n + 1, first)
-    for key, (n, first) in tags.items():
-        print(f"{key} x{n}: {first.strip()[:400]}")
+            tags.setdefault(f"{m.group(1)}/{m.group(2)}", []).append(ln.strip())
+    for key, lines in tags.items():
+        shown = lines[:8] if key.startswith("Trace/") and "Matmul" in key else lines[:1]
+        for ln in shown:
+            print(f"{key} (x{len(lines)}): {ln[:400]}")
     if not tags:
         print(f"{args.log_summary}: {len(text)} lines, none recognized")
     return 0

@@ -185,7 +185,7 @@ if has logs; then
   for f in cublas_torch cublas_bench cublaslt_torch cublaslt_bench; do
     [[ -f "$OUT/$f.log" ]] || { say "  $f.log: none written"; continue; }
     say "  $f.log: $(wc -l <"$OUT/$f.log") lines"
-    "$PY" "$PROBE" --log-summary "$OUT/$f.log" 2>&1 | head -20 | sed 's/^/    /' | tee -a "$SUMMARY"
+    "$PY" "$PROBE" --log-summary "$OUT/$f.log" 2>&1 | head -24 | sed 's/^/    /' | tee -a "$SUMMARY"
   done
 fi
 say "probe: ${SECONDS} s"
