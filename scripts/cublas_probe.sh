@@ -39,6 +39,7 @@ REPS="${PROBE_REPS:-15}"
 BUDGET="${PROBE_BUDGET_S:-210}"
 STEPS="${PROBE_STEPS:-time,bench,ncu,logs}"
 BENCH="${BENCH_BIN:-$ROOT/build-gpu/bench/bench_sm90}"
+[[ "$BENCH" == /* ]] || BENCH="$PWD/$BENCH"  # the bench runs from inside "$OUT"
 PROBE="$ROOT/bench/cublas_probe.py"
 KERNELS='regex:nvjet|gemm|xmma|cutlass'
 METRICS='gpu__time_duration.sum,sm__cycles_active.avg,sm__cycles_elapsed.max,smsp__cycles_elapsed.avg.per_second'
