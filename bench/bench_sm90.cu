@@ -1,9 +1,20 @@
 // SM90 benchmark: detlogp trainer and serving entries against cuBLAS bf16 GEMM alone (fp32 and
 // bf16 output) and cuBLAS GEMM + an fp32 log-softmax kernel (the materializing path), in one run.
-// CUDA-event timing, median of many, L2 flushed before every timed launch, random data; at each N
-// all methods are timed round-robin in a shuffled order per repetition. Ratios to cuBLAS bf16-out:
-// of the medians, and ("paired") the median of each repetition's own ratio, in which drifts of
-// clock and temperature slower than one round cancel.
+// The cuBLAS paths make the call torch makes for F.linear (TorchStyleGemm, bench_common.cuh);
+// "cublas_gemm_bf16out_legacy" is the call this bench made before (a bare handle, cuBLAS's own
+// workspace, CUBLAS_GEMM_DEFAULT), kept as a column to compare with.
+// CUDA-event timing, median of many, L2 flushed before every timed launch; at each N all methods
+// are timed round-robin in a shuffled order per repetition. Ratios to cuBLAS bf16-out: of the
+// medians, and ("paired") the median of each repetition's own ratio, in which drifts of clock and
+// temperature slower than one round cancel.
+// Data (--data): "realistic" (default), the inputs of python/detlogp/bench/data.py (RMS-normalized
+// hidden rows, an N(0, 0.02) head, every third row peaked on its target), or "random" (uniform
+// hidden in [-1, 1), uniform head in +-9 / sqrt(D)). Under the 700 W cap the clock depends on the
+// data, so every path of a run uses the same inputs.
+// --reference-only: only the cuBLAS bf16-out calls (--methods picks among cublas_gemm_bf16out,
+// cublas_gemm_bf16out_legacy, cublas_gemm_f32out), and --data may then list both kinds
+// ("random,realistic"): every call on every kind in one round-robin, the data's effect on the
+// clock measured apart from the call's (bench/cublas_probe.sh).
 // Writes CSV rows (GPU, versions, date, reproduce command) and prints a summary table.
 // The trainer with the entropy output (docs/contract.md §10), "detlogp_trainer_entropy", is timed
 // at N = 1024, 4096 and 16384 beside the trainer without it and reported as the ratio of the two
@@ -15,7 +26,7 @@
 //
 //   bench_sm90 [--n 1,8,64,1024,4096,16384] [--d 4096] [--v 151936] [--csv out.csv] [--reps K]
 //              [--buckets all|none|name,name]  (the forced launch buckets also timed; default all)
-//              [--tp R]
+//              [--tp R] [--data realistic|random] [--reference-only [--methods a,b]]
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -69,7 +80,7 @@ __global__ void log_softmax_rows(const float* z, int64_t v, const int32_t* targe
 
 struct Row {
   int64_t n;
-  std::string method;
+  std::string method, data;
   double ms, tflops, gbps;
   int64_t extra_bytes;
   double ratio_bf16, ratio_f32;
@@ -87,6 +98,9 @@ int main(int argc, char** argv) {
   int reps_override = 0;
   std::string buckets = "all";  // forced buckets timed at N <= 64, 1024, 4096, 16384: all, none, or a list
   int tp = 0;                   // --tp R: rank 1's partials of an R-way split, aligned and not
+  std::string data_arg = "realistic";
+  bool reference_only = false;
+  std::string ref_methods = "cublas_gemm_bf16out,cublas_gemm_bf16out_legacy";
   std::string command;
   // Reproduce command without machine-specific paths: program and file names only.
   auto base = [](const char* a) {
@@ -112,6 +126,12 @@ int main(int argc, char** argv) {
       buckets = next();
     else if (a == "--tp")
       tp = std::atoi(next());
+    else if (a == "--data")
+      data_arg = next();
+    else if (a == "--reference-only")
+      reference_only = true;
+    else if (a == "--methods")
+      ref_methods = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -131,9 +151,58 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // The data kinds of this run, each checked.
+  std::vector<std::string> kinds;
+  {
+    std::string rest = data_arg + ",";
+    for (size_t at = 0, comma; (comma = rest.find(',', at)) != std::string::npos; at = comma + 1) {
+      const std::string k = rest.substr(at, comma - at);
+      if (k != "random" && k != "realistic") {
+        std::fprintf(stderr, "--data: '%s' is not a data kind (realistic, random)\n", k.c_str());
+        return 2;
+      }
+      if (std::find(kinds.begin(), kinds.end(), k) == kinds.end()) kinds.push_back(k);
+    }
+  }
+  if (reference_only && tp != 0) {
+    std::fprintf(stderr, "--tp %d: the partials are detlogp paths, not timed with --reference-only\n", tp);
+    return 2;
+  }
+  if (kinds.size() > 1 && !reference_only) {
+    std::fprintf(stderr, "--data %s: several kinds need --reference-only (every path of a full run uses one kind)\n",
+                 data_arg.c_str());
+    return 2;
+  }
+  const std::vector<std::string> known_refs = {"cublas_gemm_bf16out", "cublas_gemm_bf16out_legacy",
+                                               "cublas_gemm_f32out"};
+  std::vector<std::string> refs;
+  {
+    std::string rest = ref_methods + ",";
+    for (size_t at = 0, comma; (comma = rest.find(',', at)) != std::string::npos; at = comma + 1) {
+      const std::string m = rest.substr(at, comma - at);
+      if (std::find(known_refs.begin(), known_refs.end(), m) == known_refs.end()) {
+        std::fprintf(stderr,
+                     "--methods: '%s' is not a reference method (cublas_gemm_bf16out, cublas_gemm_bf16out_legacy, "
+                     "cublas_gemm_f32out)\n",
+                     m.c_str());
+        return 2;
+      }
+      if (std::find(refs.begin(), refs.end(), m) == refs.end()) refs.push_back(m);
+    }
+  }
+  if (std::find(kinds.begin(), kinds.end(), "realistic") != kinds.end() && d > 8192) {
+    std::fprintf(stderr, "--data realistic: --d %lld is over the generator's 8192\n", (long long)d);
+    return 2;
+  }
   const auto& backend = detlogp::detail::sm90_contract_backend();
   std::string why;
-  if (!backend.available(&why)) {
+  if (reference_only) {  // only cuBLAS runs: any CUDA GPU will do
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      std::printf("SKIP bench_sm90: --reference-only needs a CUDA device (none found)\n");
+      return 0;
+    }
+  } else if (!backend.available(&why)) {
     std::printf("SKIP bench_sm90: %s\n", why.c_str());
     return 0;
   }
@@ -168,17 +237,59 @@ int main(int argc, char** argv) {
   std::printf("device-to-device copy: %.0f GB/s (read+write); HBM floor for the weight (%.3f GB): %.4f ms\n", copy_gbps,
               weight_bytes / 1e9, floor_ms);
 
-  uint16_t *w, *h;
-  CK(cudaMalloc(&w, static_cast<size_t>(v * d) * 2));
-  CK(cudaMalloc(&h, static_cast<size_t>(nmax * d) * 2));
-  fill_bf16<<<2048, 256>>>(w, v * d, 1, static_cast<float>(9.0 / std::sqrt(double(d))));
-  fill_bf16<<<2048, 256>>>(h, nmax * d, 2, 1.0f);
-  CK(cudaGetLastError());
   std::vector<int32_t> ht(static_cast<size_t>(nmax));
   for (int64_t i = 0; i < nmax; ++i) ht[i] = static_cast<int32_t>((i * 7919 + 13) % v);
   int32_t* targets;
   CK(cudaMalloc(&targets, ht.size() * 4));
   CK(cudaMemcpy(targets, ht.data(), ht.size() * 4, cudaMemcpyHostToDevice));
+  // One weight and hidden pair per data kind (the first is the run's for every detlogp path).
+  struct Inputs {
+    std::string kind;
+    uint16_t *w, *h;
+  };
+  std::vector<Inputs> inputs;
+  for (const auto& kind : kinds) {
+    Inputs in{kind, nullptr, nullptr};
+    CK(cudaMalloc(&in.w, static_cast<size_t>(v * d) * 2));
+    CK(cudaMalloc(&in.h, static_cast<size_t>(nmax * d) * 2));
+    if (kind == "random") {
+      fill_bf16<<<2048, 256>>>(in.w, v * d, 1, static_cast<float>(9.0 / std::sqrt(double(d))));
+      fill_bf16<<<2048, 256>>>(in.h, nmax * d, 2, 1.0f);
+    } else {
+      fill_normal_bf16<<<2048, 256>>>(in.w, v * d, 3, 0.02f);
+      realistic_hidden<<<static_cast<unsigned>(nmax), 256>>>(in.h, in.w, targets, d, 4);
+    }
+    CK(cudaGetLastError());
+    inputs.push_back(in);
+  }
+  CK(cudaDeviceSynchronize());
+  // What the inputs look like, from rows 0 (peaked in the realistic kind) and 1: their RMS, their
+  // target's logit, and the head's spread (realistic: RMS 1, logit 9-45 for row 0, head std 0.02).
+  for (const auto& in : inputs) {
+    const int64_t rows_checked = std::min<int64_t>(2, nmax);
+    std::vector<uint16_t> hh(static_cast<size_t>(rows_checked * d)), wt(static_cast<size_t>(d)),
+        w0(static_cast<size_t>(d));
+    CK(cudaMemcpy(hh.data(), in.h, hh.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(w0.data(), in.w, w0.size() * 2, cudaMemcpyDeviceToHost));
+    double wsq = 0;
+    for (auto b : w0) wsq += double(detlogp::fp::bf16_to_float(b)) * detlogp::fp::bf16_to_float(b);
+    std::printf("data %s: head std %.4f (first row)", in.kind.c_str(), std::sqrt(wsq / d));
+    for (int64_t r = 0; r < rows_checked; ++r) {
+      CK(cudaMemcpy(wt.data(), in.w + static_cast<int64_t>(ht[r]) * d, wt.size() * 2, cudaMemcpyDeviceToHost));
+      double sq = 0, dot = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        const double x = detlogp::fp::bf16_to_float(hh[r * d + c]);
+        sq += x * x;
+        dot += x * detlogp::fp::bf16_to_float(wt[c]);
+      }
+      std::printf("; row %lld: RMS %.3f, target logit %.2f", (long long)r, std::sqrt(sq / d), dot);
+    }
+    std::printf("\n");
+  }
+  uint16_t* w = inputs[0].w;
+  uint16_t* h = inputs[0].h;
+  std::printf("data: %s%s\n", data_arg.c_str(),
+              reference_only ? " (reference only: the cuBLAS calls alone)" : " (every path of the run)");
   // [N, kMultiIds] targets: the row's target, then ids spread over the vocabulary (the multi-id case).
   constexpr int64_t kMultiIds = 8;
   std::vector<int32_t> hm(static_cast<size_t>(nmax * kMultiIds));
@@ -196,13 +307,23 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&entropy, nmax * 4));
   CK(cudaMalloc(&logits, static_cast<size_t>(nmax * v) * 4));
   CK(cudaMalloc(&logits_bf16, static_cast<size_t>(nmax * v) * 2));
+  // The reference: the call torch makes (its own handle and workspace); the legacy column: a bare
+  // handle on the default stream, cuBLAS's own workspace pool.
+  TorchStyleGemm torch_gemm;
   cublasHandle_t cublas;
   CB(cublasCreate(&cublas));
-  // cuBLAS may use a workspace; give it the default stream like every other launch here.
+  std::printf(
+      "cuBLAS %d (linked), torch-style workspace %zu bytes (CUBLAS_WORKSPACE_CONFIG %s)\n",
+      [&] {
+        int ver = 0;
+        CB(cublasGetVersion(cublas, &ver));
+        return ver;
+      }(),
+      torch_gemm.workspace_size(), std::getenv("CUBLAS_WORKSPACE_CONFIG") ? "set" : "unset");
 
   // The entropy case needs a backend that computes the output; one that does not says so once.
-  const bool entropy_served = backend.supports_entropy();
-  if (!entropy_served)
+  const bool entropy_served = !reference_only && backend.supports_entropy();
+  if (!entropy_served && !reference_only)
     std::printf("entropy: %s serves no entropy output (no entropy_id): detlogp_trainer_entropy not timed\n",
                 backend.id().c_str());
   constexpr double kEntropyGoal = 1.03;  // docs/perf.md: the trainer with entropy over the trainer
@@ -211,8 +332,14 @@ int main(int argc, char** argv) {
     double ratio, paired;
   };
   std::vector<EntropyRatio> entropy_ratios, shard_ratios, multi_ratios;
-  const bool multi_served = backend.supports_multi_targets();
+  const bool multi_served = !reference_only && backend.supports_multi_targets();
   std::vector<Row> rows;
+  std::vector<std::string> call_lines;  // the reference and data comparisons, printed at the end
+  auto fmt = [](const char* f, auto... args) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, f, args...);
+    return std::string(buf);
+  };
   // Rank 1's shard of a tp-way split: 64-aligned, and V / tp rows (engines' split).
   struct ShardSpec {
     int64_t start, count;
@@ -251,12 +378,15 @@ int main(int argc, char** argv) {
     p.memory = detlogp::Memory::cuda;
     p.logp = logp;
     p.lse = lse;
-    auto gemm = [&](void* c, cudaDataType ct) {
+    // The cuBLAS calls on one data kind's inputs: torch's call, and the legacy one.
+    auto gemm_on = [&](const Inputs& in, void* c, cudaDataType ct) { torch_gemm(in.w, in.h, c, ct, v, n, d); };
+    auto legacy_on = [&](const Inputs& in, void* c, cudaDataType ct) {
       const float alpha = 1.0f, beta = 0.0f;
       CB(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(v), static_cast<int>(n), static_cast<int>(d),
-                      &alpha, w, CUDA_R_16BF, static_cast<int>(d), h, CUDA_R_16BF, static_cast<int>(d), &beta, c, ct,
-                      static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                      &alpha, in.w, CUDA_R_16BF, static_cast<int>(d), in.h, CUDA_R_16BF, static_cast<int>(d), &beta, c,
+                      ct, static_cast<int>(v), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
+    auto gemm = [&](void* c, cudaDataType ct) { gemm_on(inputs[0], c, ct); };
     detlogp::detail::LogpProblem ps = p;
     ps.logits = logits;
     const int64_t ws = detlogp::sm90::workspace_bytes(p);
@@ -266,23 +396,48 @@ int main(int argc, char** argv) {
       std::function<void()> fn;
       double bytes;
       int64_t extra;
+      std::string data;  // the data kind it runs on
     };
-    std::vector<Method> methods = {
-        {"cublas_gemm_bf16out", [&] { gemm(logits_bf16, CUDA_R_16BF); }, in_bytes + 2.0 * n * v,
-         static_cast<int64_t>(2.0 * n * v)},
-        {"cublas_gemm_f32out", [&] { gemm(logits, CUDA_R_32F); }, in_bytes + logit_bytes,
-         static_cast<int64_t>(logit_bytes)},
-        {"cublas_f32+log_softmax",
-         [&] {
-           gemm(logits, CUDA_R_32F);
-           log_softmax_rows<<<static_cast<unsigned>(n), 512>>>(logits, v, targets, logp, lse);
-         },
-         in_bytes + 2 * logit_bytes + 8.0 * n, static_cast<int64_t>(logit_bytes)},
-        {"detlogp_trainer", [&] { backend.run(p); }, in_bytes + 8.0 * n, ws},
-        {"detlogp_serving", [&] { backend.run(ps); }, in_bytes + logit_bytes + 8.0 * n, ws},
+    std::vector<Method> methods;
+    if (reference_only) {
+      for (const auto& in : inputs)
+        for (const auto& m : refs) {
+          if (m == "cublas_gemm_bf16out")
+            methods.push_back({m, [&, in] { gemm_on(in, logits_bf16, CUDA_R_16BF); }, in_bytes + 2.0 * n * v,
+                               static_cast<int64_t>(2.0 * n * v), in.kind});
+          else if (m == "cublas_gemm_bf16out_legacy")
+            methods.push_back({m, [&, in] { legacy_on(in, logits_bf16, CUDA_R_16BF); }, in_bytes + 2.0 * n * v,
+                               static_cast<int64_t>(2.0 * n * v), in.kind});
+          else
+            methods.push_back({m, [&, in] { gemm_on(in, logits, CUDA_R_32F); }, in_bytes + logit_bytes,
+                               static_cast<int64_t>(logit_bytes), in.kind});
+        }
+    } else
+      methods = {
+          {"cublas_gemm_bf16out", [&] { gemm(logits_bf16, CUDA_R_16BF); }, in_bytes + 2.0 * n * v,
+           static_cast<int64_t>(2.0 * n * v)},
+          {"cublas_gemm_f32out", [&] { gemm(logits, CUDA_R_32F); }, in_bytes + logit_bytes,
+           static_cast<int64_t>(logit_bytes)},
+          {"cublas_f32+log_softmax",
+           [&] {
+             gemm(logits, CUDA_R_32F);
+             log_softmax_rows<<<static_cast<unsigned>(n), 512>>>(logits, v, targets, logp, lse);
+           },
+           in_bytes + 2 * logit_bytes + 8.0 * n, static_cast<int64_t>(logit_bytes)},
+          {"detlogp_trainer", [&] { backend.run(p); }, in_bytes + 8.0 * n, ws},
+          {"detlogp_serving", [&] { backend.run(ps); }, in_bytes + logit_bytes + 8.0 * n, ws},
+          {"cublas_gemm_bf16out_legacy", [&] { legacy_on(inputs[0], logits_bf16, CUDA_R_16BF); },
+           in_bytes + 2.0 * n * v, static_cast<int64_t>(2.0 * n * v)},
+      };
+    for (auto& m : methods)
+      if (m.data.empty()) m.data = inputs[0].kind;
+    // A method's index by name and data kind (methods.size() when not timed).
+    auto index_of = [&](const std::string& name, const std::string& kind) {
+      size_t i = 0;
+      while (i < methods.size() && !(methods[i].name == name && methods[i].data == kind)) ++i;
+      return i;
     };
-    size_t trainer_method = 0;  // detlogp_trainer: the entropy case's reference
-    while (methods[trainer_method].name != "detlogp_trainer") ++trainer_method;
+    const size_t trainer_method = index_of("detlogp_trainer", inputs[0].kind);  // the entropy case's reference
     detlogp::detail::LogpProblem pe = p;
     pe.entropy = entropy;
     const bool time_entropy = entropy_served && (n == 1024 || n == 4096 || n == 16384);
@@ -338,11 +493,19 @@ int main(int argc, char** argv) {
                            in_bytes + 8.0 * n, ws});
       }
     }
+    if (reference_only) {  // none of the detlogp paths
+      std::vector<Method> kept;
+      for (auto& m : methods)
+        if (m.name.rfind("cublas_", 0) == 0) kept.push_back(m);
+      methods = kept;
+    }
     std::vector<std::function<void()>> fns;
     for (const auto& m : methods) fns.push_back(m.fn);
     const std::vector<double> med = timer.interleaved_medians(fns, reps);
     CK(cudaGetLastError());
-    const double t_bf16 = med[0], t_f32 = med[1];
+    const size_t methods_count = methods.size();
+    // Ratios are to the reference of the same data kind (NaN when it was not timed).
+    auto med_of = [&](size_t i) { return i < methods_count ? med[i] : std::nan(""); };
     if (time_entropy)
       entropy_ratios.push_back(
           {n, med[entropy_method] / med[trainer_method], timer.paired_ratio_median(entropy_method, trainer_method)});
@@ -354,10 +517,34 @@ int main(int argc, char** argv) {
                               timer.paired_ratio_median(aligned_method + 1, aligned_method)});
     for (size_t i = 0; i < methods.size(); ++i) {
       const double ms = med[i];
-      rows.push_back({n, methods[i].name, ms, flops / (ms * 1e-3) / 1e12, methods[i].bytes / (ms * 1e-3) / 1e9,
-                      methods[i].extra, ms / t_bf16, ms / t_f32, timer.mhz[i], timer.watts[i], timer.reasons[i],
-                      timer.paired_ratio_median(i, 0)});
+      const size_t ref = index_of("cublas_gemm_bf16out", methods[i].data);
+      const double t_bf16 = med_of(ref), t_f32 = med_of(index_of("cublas_gemm_f32out", methods[i].data));
+      rows.push_back({n, methods[i].name, methods[i].data, ms, flops / (ms * 1e-3) / 1e12,
+                      methods[i].bytes / (ms * 1e-3) / 1e9, methods[i].extra, ms / t_bf16, ms / t_f32, timer.mhz[i],
+                      timer.watts[i], timer.reasons[i],
+                      ref < methods_count ? timer.paired_ratio_median(i, ref) : std::nan("")});
     }
+    // The legacy call over torch's, per data kind; with two kinds, each call on realistic data over
+    // the same call on random data (paired: the two ran in the same rounds).
+    for (const auto& in : inputs) {
+      const size_t a = index_of("cublas_gemm_bf16out_legacy", in.kind), b = index_of("cublas_gemm_bf16out", in.kind);
+      if (a < methods_count && b < methods_count)
+        call_lines.push_back(
+            fmt("reference N=%lld data=%s: cublas_gemm_bf16out_legacy / cublas_gemm_bf16out = %.3fx "
+                "(paired %.3fx); SM MHz %.0f / %.0f, W %.0f / %.0f",
+                (long long)n, in.kind.c_str(), med[a] / med[b], timer.paired_ratio_median(a, b), timer.mhz[a],
+                timer.mhz[b], timer.watts[a], timer.watts[b]));
+    }
+    if (inputs.size() > 1)
+      for (const auto& m : refs) {
+        const size_t a = index_of(m, "realistic"), b = index_of(m, "random");
+        if (a < methods_count && b < methods_count)
+          call_lines.push_back(
+              fmt("data N=%lld %s: realistic / random = %.3fx (paired %.3fx); SM MHz %.0f / %.0f, "
+                  "W %.0f / %.0f, reasons 0x%llx / 0x%llx",
+                  (long long)n, m.c_str(), med[a] / med[b], timer.paired_ratio_median(a, b), timer.mhz[a], timer.mhz[b],
+                  timer.watts[a], timer.watts[b], timer.reasons[a], timer.reasons[b]));
+      }
     std::printf("N=%lld done\n", (long long)n);
     std::fflush(stdout);
   }
@@ -368,22 +555,24 @@ int main(int argc, char** argv) {
         f,
         "gpu,cuda_runtime,driver,git_sha,date,command,N,D,V,method,ms_median,tflops,gbps,extra_bytes,ratio_vs_"
         "cublas_bf16out,ratio_vs_cublas_f32out,copy_gbps,hbm_floor_ms,sm_mhz_mean,power_w_mean,clock_event_reasons,"
-        "ratio_vs_cublas_bf16out_paired\n");
+        "ratio_vs_cublas_bf16out_paired,data\n");
     for (const auto& r : rows)
       std::fprintf(
           f,
-          "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx,%.4f\n",
+          "\"%s\",%d,%d,%s,%s,\"%s\",%lld,%lld,%lld,%s,%.5f,%.2f,%.1f,%lld,%.3f,%.3f,%.0f,%.5f,%.0f,%.0f,0x%llx,%.4f,"
+          "%s\n",
           prop.name, rt, drv, DETLOGP_GIT_SHA, date, command.c_str(), (long long)r.n, (long long)d, (long long)v,
           r.method.c_str(), r.ms, r.tflops, r.gbps, (long long)r.extra_bytes, r.ratio_bf16, r.ratio_f32, copy_gbps,
-          floor_ms, r.sm_mhz, r.watts, r.clock_reasons, r.paired_bf16);
+          floor_ms, r.sm_mhz, r.watts, r.clock_reasons, r.paired_bf16, r.data.c_str());
     std::fclose(f);
   }
-  std::printf("\n%-7s %-36s %10s %9s %9s %12s %10s %10s %10s %7s %6s %8s\n", "N", "method", "ms", "TFLOP/s", "GB/s",
-              "extra_MB", "vs_bf16", "paired", "vs_f32", "SM_MHz", "W", "reasons");
+  std::printf("\n%-7s %-36s %-9s %10s %9s %9s %12s %10s %10s %10s %7s %6s %8s\n", "N", "method", "data", "ms",
+              "TFLOP/s", "GB/s", "extra_MB", "vs_bf16", "paired", "vs_f32", "SM_MHz", "W", "reasons");
   for (const auto& r : rows)
-    std::printf("%-7lld %-36s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f %10.3f %7.0f %6.0f %8llx\n", (long long)r.n,
-                r.method.c_str(), r.ms, r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16, r.paired_bf16,
-                r.ratio_f32, r.sm_mhz, r.watts, r.clock_reasons);
+    std::printf("%-7lld %-36s %-9s %10.4f %9.1f %9.0f %12.1f %10.3f %10.3f %10.3f %7.0f %6.0f %8llx\n", (long long)r.n,
+                r.method.c_str(), r.data.c_str(), r.ms, r.tflops, r.gbps, r.extra_bytes / 1048576.0, r.ratio_bf16,
+                r.paired_bf16, r.ratio_f32, r.sm_mhz, r.watts, r.clock_reasons);
+  for (const auto& line : call_lines) std::printf("%s\n", line.c_str());
   for (const auto& r : rows)
     if (r.n == 1 && r.method == "detlogp_trainer")
       std::printf("N=1 trainer vs HBM floor (%.4f ms at %.0f GB/s copy): %.3fx\n", floor_ms, copy_gbps,

@@ -31,6 +31,12 @@ def main(argv=None):
     rows = load(args.csv)
     if not rows:
         sys.exit(f"{args.csv}: no rows")
+    # A --reference-only run may time several data kinds (the data column, absent in older CSVs):
+    # one kind is drawn, the first.
+    kinds = list(dict.fromkeys(r.get("data") or "" for r in rows))
+    if len(kinds) > 1:
+        print(f"{args.csv}: data kinds {', '.join(kinds)}; drawing {kinds[0]}", file=sys.stderr)
+        rows = [r for r in rows if (r.get("data") or "") == kinds[0]]
     ns = sorted({int(r["N"]) for r in rows})
     ms = {(r["method"], int(r["N"])): float(r["ms_median"]) for r in rows}
     floor = float(rows[0]["hbm_floor_ms"])

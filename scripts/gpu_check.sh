@@ -154,6 +154,8 @@ if has bench; then
     # The trainer with the entropy output over the trainer, per N, with its goal (or why not timed).
     grep -E "^entropy" "$OUT/bench.log" | sed 's/^/  bench_sm90 /' | tee -a "$SUMMARY" >/dev/null
     grep -qE "^entropy" "$OUT/bench.log" || say "  bench_sm90 entropy: no entropy line (N = 1024, 4096, 16384 not in BENCH_ARGS?)"
+    # The bench's former cuBLAS call over torch's (the reference), per N.
+    grep -E "^reference N" "$OUT/bench.log" | sed 's/^/  bench_sm90 /' | tee -a "$SUMMARY" >/dev/null
   fi
   # Forward + backward with an entropy term in the loss over the same without it (torch level,
   # N = 4096 on the Qwen3-8B head), when this build has the Python module.
