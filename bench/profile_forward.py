@@ -1,10 +1,10 @@
 """Where a forward call's time goes, under the same power and clock state as the benchmark: the
 cuBLAS bf16 GEMM (F.linear, the reference of docs/perf.md's ratios) and detlogp's trainer forward
-(detlogp.torch.linear_logp, no logits), timed round-robin in a fresh shuffled order per
+(detlogp.torch.linear_logp, no logits; with --topk K also the call with the top-k output), timed round-robin in a fresh shuffled order per
 repetition, each call after an L2 flush, with CUDA events around every call and the torch
 profiler (CUPTI) recording every kernel of every call.
 
-    PYTHONPATH=build/python python3 bench/profile_forward.py [--rows 1024,4096] [--iters 20]
+    PYTHONPATH=build/python python3 bench/profile_forward.py [--rows 1024,4096] [--iters 20] [--topk 20]
 
 For each N and case it prints the medians of: the events' time of the call ("event ms"), the span
 from the call's first kernel start to its last kernel end ("span ms"), the sum of its kernels'
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--topk", type=int, default=0, help="also profile linear_logp(..., topk=K) (0: not)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_forward: skipped, no CUDA device")
@@ -59,6 +60,8 @@ def main():
             "cublas F.linear bf16": lambda: F.linear(h, w),
             "detlogp trainer forward": lambda: dt.linear_logp(h, w, t),
         }
+        if args.topk:
+            cases[f"detlogp topk={args.topk}"] = lambda: dt.linear_logp(h, w, t, topk=args.topk)
         with torch.no_grad():
             for fn in cases.values():
                 for _ in range(args.warmup):

@@ -209,6 +209,17 @@ def linear_logp(
     return out
 
 
+_CAPABILITIES: list = [None, None]  # [the list_backends function read, its result]
+
+
+def _backend_capabilities() -> list:
+    """The registry's backend list, read once per process (the capabilities of a build do not
+    change; a replaced _ext.list_backends is read again)."""
+    if _CAPABILITIES[0] is not _ext.list_backends:
+        _CAPABILITIES[:] = [_ext.list_backends, _ext.list_backends()]
+    return _CAPABILITIES[1]
+
+
 def _refuse_unserved_cuda(hidden: Tensor, backend: str, per_row: Optional[int], topk: bool) -> None:
     """[N, K] targets (K > 1) and the top-k output on CUDA tensors: NotImplementedYetError, naming
     what is missing, unless the backend that would serve the call (the requested one; auto: SM90)
@@ -217,14 +228,14 @@ def _refuse_unserved_cuda(hidden: Tensor, backend: str, per_row: Optional[int], 
     if not hidden.is_cuda or not (multi or topk) or backend == TORCH_BACKEND_ID:
         return
     wanted = backend or SM90_BACKEND_ID
-    for b in _ext.list_backends():
+    for b in _backend_capabilities():
         if b["id"] != wanted or b["memory"] != "cuda":
             continue
         missing = ([f"[N, K] targets (K={per_row})"] if multi and not b["multi_targets"] else []) + (
             ["the top-k output (topk=)"] if topk and not b["topk"] else []
         )
         if missing:
-            cpu = next(x["id"] for x in _ext.list_backends() if x["memory"] == "host" and x["topk"])
+            cpu = next(x["id"] for x in _backend_capabilities() if x["memory"] == "host" and x["topk"])
             raise NotImplementedYetError(
                 f"{' and '.join(missing)} on CUDA tensors: not implemented yet by backend '{wanted}' "
                 f"(docs/contract.md §12); '{cpu}' computes them on CPU tensors (move hidden, weight, targets "

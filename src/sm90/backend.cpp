@@ -566,9 +566,14 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     detail::check_host_values(host);
   }
 
+  // Rows per chunk: the workspace budget over the chunk's fp32 logits. Each chunk streams the whole
+  // weight again, so without DETLOGP_SM90_WORKSPACE_MB set a chunk takes at least kTopkChunkRows
+  // rows (622 MB of logits at V = 151936): below that the weight's re-reads, not the logits,
+  // bound the call (441-row chunks at the default budget measured ~2x the trainer at N = 4096).
   const int64_t v = p.vocab_local;
   const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
-  const int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(budget / (v * 4), 1, p.rows);
+  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kTopkChunkRows;
+  const int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(std::max(budget / (v * 4), fewest), 1, p.rows);
   StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "top-k logits",
                       "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   const ShardGeometry g = partial ? p.geometry() : ShardGeometry{};

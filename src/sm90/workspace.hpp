@@ -12,6 +12,8 @@ namespace detlogp::sm90 {
 
 inline constexpr const char* kWorkspaceEnv = "DETLOGP_SM90_WORKSPACE_MB";  // free axis: N chunking
 inline constexpr int64_t kDefaultWorkspaceMiB = 256;
+// The top-k output's fewest rows a chunk of its logits takes when the budget is not set.
+inline constexpr int64_t kTopkChunkRows = 1024;
 
 struct WorkspaceLayout {
   int64_t chunk = 0;  // rows per launch chunk (0 in partial mode: no chunking)
