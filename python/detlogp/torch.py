@@ -31,7 +31,9 @@ from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
 from ._torch.op import check_errors, last_report, set_deferred_errors
+from ._torch.op import eager_operands as _eager_operands
 from ._torch.op import linear_logp_op as _linear_logp_op
+from ._torch.op import run_op as _run_op
 from ._torch.sampling import linear_logp_sampled as _linear_logp_sampled
 from ._torch.sampling import sample
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
@@ -182,10 +184,16 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + v_local}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        logp, lse, logits, entropy, topk_ids, topk_logp = _linear_logp_op(
-            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on,
-            bool(return_entropy), k,
-        )  # fmt: skip
+        rest = (ignore_index, bool(return_logits), rv, backend, strict_on, bool(return_entropy), k)
+        # Eager, with nothing for autograd, tracing or capture to record: the op's body itself, without
+        # the dispatcher's per-call cost (the same function on the same tensors: the same bits and errors).
+        plain = _eager_operands((h2, weight, t1, bias, temp_rows))
+        if plain is not None:
+            h_, w_, t_, b_, tr_ = plain
+            outs = _run_op(h_, w_, t_, b_, temp, tr_, *rest)
+        else:
+            outs = _linear_logp_op(h2, weight, t1, bias, temp, temp_rows, *rest)
+        logp, lse, logits, entropy, topk_ids, topk_logp = outs
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
