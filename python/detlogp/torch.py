@@ -156,8 +156,14 @@ def linear_logp(
                 f"[...] for one id a row, [..., K] beside hidden's dims for K ids a row), got {list(hidden.shape)}"
             )
         n = math.prod(batch_shape)
-        t1 = targets.reshape(n) if per_row is None else targets.reshape(n, per_row)
-    h2 = hidden.reshape(n, hidden.shape[-1])  # n, not -1: D = 0 reaches the library's own check
+        if targets.dim() == 1:  # already [N]
+            t1 = targets
+        else:
+            t1 = targets.reshape(n) if per_row is None else targets.reshape(n, per_row)
+    # Past the checks above a 2-D hidden is [N, D] with every output in the library's shape already:
+    # no reshapes in or out. Else n, not -1: D = 0 reaches the library's own check.
+    flat = hidden.dim() == 2
+    h2 = hidden if flat else hidden.reshape(n, hidden.shape[-1])
     k = _topk_arg(topk)
     _refuse_unserved_cuda(hidden, backend, per_row, topk is not None)
     contract = backend != TORCH_BACKEND_ID
@@ -207,13 +213,16 @@ def linear_logp(
         entropy = outs.pop(2) if return_entropy else None
         topk_ids, topk_logp = (outs.pop(2), outs.pop(2)) if k else (None, None)
         logits = outs[2]
-    out = (logp.reshape(tuple(batch_shape) + (() if per_row is None else (per_row,))), lse.reshape(batch_shape))
+    def shaped(x, tail=()):
+        return x if flat else x.reshape(tuple(batch_shape) + tail)
+
+    out = (shaped(logp, () if per_row is None else (per_row,)), shaped(lse))
     if return_entropy:
-        out += (entropy.reshape(batch_shape),)
+        out += (shaped(entropy),)
     if k:
-        out += (topk_ids.reshape(tuple(batch_shape) + (k,)), topk_logp.reshape(tuple(batch_shape) + (k,)))
+        out += (shaped(topk_ids, (k,)), shaped(topk_logp, (k,)))
     if return_logits:
-        out += (logits.reshape(tuple(batch_shape) + (v_local,)),)
+        out += (shaped(logits, (v_local,)),)
     return out
 
 

@@ -63,7 +63,7 @@ def check_devices(named) -> None:
     """Every tensor argument lives on the CPU or a CUDA device (meta and other devices have no
     memory the library can read)."""
     for name, t in named:
-        if t is not None and t.device.type not in ("cpu", "cuda"):
+        if t is not None and not (t.is_cpu or t.is_cuda):
             raise InputError(f"{name} is on {t.device}; detlogp.torch takes CPU and CUDA tensors")
 
 
