@@ -110,7 +110,8 @@ def test_eager_path_same_errors_as_dispatcher(device):
     h, w, t, _ = _problem(device)
     bad = t.clone()
     bad[2] = w.shape[0] + 7
-    dt.check_errors()
+    if device == "cuda":
+        dt.check_errors()  # no earlier test's deferred error is raised here
     previous = dt.set_deferred_errors(False)  # raised by the call itself on either device
     try:
         with pytest.raises(Exception) as fast:
