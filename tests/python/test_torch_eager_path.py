@@ -134,8 +134,22 @@ def test_last_report_keeps_the_last_successful_call():
     assert dt.last_report()["backend_id"] == "cpu-linear-logp-contract-v1"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+SM90 = "cuda-fused-linear-logp-sm90-contract-v1"
+
+
+def _need_sm90():
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    import detlogp
+
+    sm90 = next(b for b in detlogp.backends() if b["id"] == SM90)
+    if not sm90["available"]:
+        pytest.skip(f"SM90 backend unavailable: {sm90['detail']}")
+
+
+@pytest.mark.gpu
 def test_capture_takes_the_dispatcher(route):
+    _need_sm90()
     h, w, t, _ = _problem("cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -159,3 +173,33 @@ def test_eager_operands_detaches_only_under_no_grad():
         out = op_mod.eager_operands((h, p, t, None, None))
     assert out[0] is h and out[2] is t and out[3] is None and out[4] is None
     assert not out[1].requires_grad and out[1].data_ptr() == p.data_ptr()
+
+
+@pytest.mark.gpu
+def test_cached_tensor_maps_follow_buffers_and_shapes():
+    """The SM90 backend keeps the last 16 tensor maps: calls that cycle through more (pointer,
+    shape) pairs than that, in both orders (hits where a pair is still cached, misses where it was
+    evicted), each give the bits of the same values in fresh copies (a map of another buffer or
+    shape would read other values)."""
+    _need_sm90()
+    g = torch.Generator().manual_seed(3)
+    d, v = 136, 1000
+    weights = [(torch.randn(v, d, generator=g) * 0.1).to(torch.bfloat16).cuda() for _ in range(2)]
+    cases = []
+    for i, n in enumerate((1, 8, 64, 3, 1, 8, 5, 64, 2, 1, 8, 64)):
+        h = torch.randn(n, d, generator=g).to(torch.bfloat16).cuda()
+        t = torch.randint(0, v, (n,), generator=g).cuda()
+        cases.append((h, weights[i % 2], t))
+    want = []
+    for h, w, t in cases:
+        logp, lse = dt.linear_logp(h.clone(), w.clone(), t.clone())
+        want.append((logp.clone(), lse.clone()))
+    order = list(range(len(cases)))
+    for idx in order + order[::-1] + order:
+        h, w, t = cases[idx]
+        logp, lse = dt.linear_logp(h, w, t)
+        assert dt.last_report()["backend_id"] == SM90
+        assert torch.equal(logp.view(torch.int32), want[idx][0].view(torch.int32)), idx
+        assert torch.equal(lse.view(torch.int32), want[idx][1].view(torch.int32)), idx
+    assert not torch.equal(want[0][1], want[4][1])  # same shape, other values: other bits
+    dt.check_errors()
