@@ -31,10 +31,6 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-}  // namespace
-
-namespace {
-
 // A tensor map is a pure function of its arguments (the device does not enter: it encodes a virtual
 // address), so the last few encodings are kept: a decode loop calls the same head with the same
 // buffers, and the driver's encoder then runs only when a pointer, extent, stride or box changes.
