@@ -2,6 +2,7 @@
 against F.linear at N = 1 / 8 / 64, at a given head.
 
     PYTHONPATH=build/python python3 bench/host_overhead.py [--dim 4096 --vocab 151936] [--iters 200]
+    PYTHONPATH=build/python python3 bench/host_overhead.py --breakdown-only   # the layers of one call
 
 Three figures per case, each a median:
   host us     the call's host time alone: the wall time of `iters` back-to-back calls with the GPU
@@ -58,33 +59,47 @@ def host_time_ahead(fn, calls: int = 10, reps: int = 20) -> float:
 
 
 def breakdown(w, h, t) -> None:
-    """The host time of one trainer call, peeled layer by layer: the public function, the custom
-    op through torch's dispatcher, the op's Python body alone, the extension call alone (its
-    problem tuple built once), and the extension call waiting for the verdict."""
+    """The host time of one trainer call, peeled layer by layer: the public function (its eager path,
+    no dispatcher), the custom op through torch's dispatcher (the path of autograd, torch.compile and
+    capture), the op's body alone (run_op), the eager path's check of its operands, the problem tuple,
+    the extension call alone (its problem tuple built once; the report kept as the library's
+    CallReport, then as a dict), the extension call waiting for the verdict, and last_report()'s read
+    of a call's lazy report. Then the layers as differences of those medians."""
     from detlogp import _detlogp as ext
     from detlogp._torch import op as op_mod
     from detlogp._torch.tensors import library_problem, stream_of
 
     n, v = h.shape[0], w.shape[0]
-    body = getattr(op_mod.linear_logp_op, "_init_fn", None)
     logp = torch.empty(n, device=h.device)
     lse = torch.empty(n, device=h.device)
     problem = library_problem(h, w, t, None, 1.0, None, v, 0, -100)
     stream = stream_of(h)
+    run_op = getattr(op_mod, "run_op", None)
+    eager_operands = getattr(op_mod, "eager_operands", None)
+
+    def public_then_report():
+        dt.linear_logp(h, w, t)
+        dt.last_report()
+
     cases = {
         "F.linear": lambda: F.linear(h, w),
         "torch.empty x4": lambda: [torch.empty(n, device=h.device) for _ in range(4)],
         "dt.linear_logp": lambda: dt.linear_logp(h, w, t),
+        "dt.linear_logp + last_report()": public_then_report,
         "torch.ops.detlogp.linear_logp": lambda: torch.ops.detlogp.linear_logp(
             h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0),
-        "op body (no dispatcher)": (lambda: body(h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0))
-        if body else None,
+        "op body (run_op)": (lambda: run_op(h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0))
+        if run_op else None,
+        "eager_operands": (lambda: eager_operands((h, w, t, None, None))) if eager_operands else None,
         "library_problem": lambda: library_problem(h, w, t, None, 1.0, None, v, 0, -100),
-        "_ext.linear_logp deferred": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
-                                                             defer_errors=True),
+        "_ext.linear_logp deferred, lazy": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+                                                                   defer_errors=True, lazy_report=True),
+        "_ext.linear_logp deferred, dict": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+                                                                   defer_errors=True),
         "_ext.linear_logp waiting": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream),
     }
     print(f"host time per call, N = {n}, calls enqueued ahead of a busy GPU (median us):")
+    got = {}
     for name, fn in cases.items():
         if fn is None:
             print(f"  {name:<34} n/a")
@@ -92,9 +107,23 @@ def breakdown(w, h, t) -> None:
         try:
             fn()
             torch.cuda.synchronize()
-            print(f"  {name:<34} {host_time_ahead(fn):>9.1f}", flush=True)
+            got[name] = host_time_ahead(fn)
+            print(f"  {name:<34} {got[name]:>9.1f}", flush=True)
         except Exception as e:  # a signature this build does not have: say so, measure the rest
             print(f"  {name:<34} failed: {type(e).__name__}: {e}")
+    layers = [
+        ("public wrapper (args, eager check)", "dt.linear_logp", "op body (run_op)"),
+        ("dispatcher over the op body", "torch.ops.detlogp.linear_logp", "op body (run_op)"),
+        ("op body outside the extension", "op body (run_op)", "_ext.linear_logp deferred, lazy"),
+        ("report as a dict, in the call", "_ext.linear_logp deferred, dict", "_ext.linear_logp deferred, lazy"),
+        ("last_report() after a call", "dt.linear_logp + last_report()", "dt.linear_logp"),
+    ]
+    print("layers (differences of the medians above, us):")
+    for label, a, b in layers:
+        if a in got and b in got:
+            print(f"  {label:<34} {got[a] - got[b]:>9.1f}")
+    if "_ext.linear_logp deferred, lazy" in got:
+        print(f"  {'library call (extension, deferred)':<34} {got['_ext.linear_logp deferred, lazy']:>9.1f}")
 
 
 def eager_time(fn, flush, iters: int) -> float:

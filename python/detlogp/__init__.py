@@ -314,6 +314,8 @@ def _int_arg(value, name: str) -> int:
     __index__ (numpy integers, 0-d integer arrays and tensors), not bool, within int64. The extension
     checks the same in the same words; the torch face's custom ops would refuse an int beyond int64
     in torch's words before the extension sees it, hence the range check here too."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # the common case, with nothing to convert
+        return value
     dtype = getattr(value, "dtype", None)
     if isinstance(value, (bool, np.bool_)) or (dtype is not None and _dtype_facts(dtype)[0] == "bool"):
         raise InputError(f"{name} must be an integer, got {_what(value)}")
@@ -350,6 +352,8 @@ def _split_temperature(temperature, rows: int, shape=None, tensor_type=None, row
       rows_any_float): per_row, with no broadcast (a [1] array for N != 1 is refused) and no cast;
       the torch face takes only tensor_type there;
     - anything else is refused, naming what was given."""
+    if type(temperature) is float:  # the common case: the Python float itself
+        return temperature, None
     shape = [rows] if shape is None else list(shape)
     forms = f"a float, a 0-d floating array or a float32 array of shape {shape}"
     if isinstance(temperature, (bool, np.bool_)):

@@ -31,7 +31,9 @@ from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
 from ._torch.op import check_errors, last_report, set_deferred_errors
+from ._torch.op import eager_operands as _eager_operands
 from ._torch.op import linear_logp_op as _linear_logp_op
+from ._torch.op import run_op as _run_op
 from ._torch.sampling import linear_logp_sampled as _linear_logp_sampled
 from ._torch.sampling import sample
 from ._torch.tensor_parallel import TensorParallelLinearLogp as _TensorParallelLinearLogp
@@ -154,8 +156,14 @@ def linear_logp(
                 f"[...] for one id a row, [..., K] beside hidden's dims for K ids a row), got {list(hidden.shape)}"
             )
         n = math.prod(batch_shape)
-        t1 = targets.reshape(n) if per_row is None else targets.reshape(n, per_row)
-    h2 = hidden.reshape(n, hidden.shape[-1])  # n, not -1: D = 0 reaches the library's own check
+        if targets.dim() == 1:  # already [N]
+            t1 = targets
+        else:
+            t1 = targets.reshape(n) if per_row is None else targets.reshape(n, per_row)
+    # Past the checks above a 2-D hidden is [N, D] with every output in the library's shape already:
+    # no reshapes in or out. Else n, not -1: D = 0 reaches the library's own check.
+    flat = hidden.dim() == 2
+    h2 = hidden if flat else hidden.reshape(n, hidden.shape[-1])
     k = _topk_arg(topk)
     _refuse_unserved_cuda(hidden, backend, per_row, topk is not None)
     contract = backend != TORCH_BACKEND_ID
@@ -182,10 +190,16 @@ def linear_logp(
                 f"weight covers vocabulary [{vocab_start}, {vocab_start + v_local}) of real_vocab={rv}: "
                 "a vocabulary shard needs tp_group"
             )
-        logp, lse, logits, entropy, topk_ids, topk_logp = _linear_logp_op(
-            h2, weight, t1, bias, temp, temp_rows, ignore_index, bool(return_logits), rv, backend, strict_on,
-            bool(return_entropy), k,
-        )  # fmt: skip
+        rest = (ignore_index, bool(return_logits), rv, backend, strict_on, bool(return_entropy), k)
+        # Eager, with nothing for autograd, tracing or capture to record: the op's body itself, without
+        # the dispatcher's per-call cost (the same function on the same tensors: the same bits and errors).
+        plain = _eager_operands((h2, weight, t1, bias, temp_rows))
+        if plain is not None:
+            h_, w_, t_, b_, tr_ = plain
+            outs = _run_op(h_, w_, t_, b_, temp, tr_, *rest)
+        else:
+            outs = _linear_logp_op(h2, weight, t1, bias, temp, temp_rows, *rest)
+        logp, lse, logits, entropy, topk_ids, topk_logp = outs
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
@@ -199,13 +213,16 @@ def linear_logp(
         entropy = outs.pop(2) if return_entropy else None
         topk_ids, topk_logp = (outs.pop(2), outs.pop(2)) if k else (None, None)
         logits = outs[2]
-    out = (logp.reshape(tuple(batch_shape) + (() if per_row is None else (per_row,))), lse.reshape(batch_shape))
+    def shaped(x, tail=()):
+        return x if flat else x.reshape(tuple(batch_shape) + tail)
+
+    out = (shaped(logp, () if per_row is None else (per_row,)), shaped(lse))
     if return_entropy:
-        out += (entropy.reshape(batch_shape),)
+        out += (shaped(entropy),)
     if k:
-        out += (topk_ids.reshape(tuple(batch_shape) + (k,)), topk_logp.reshape(tuple(batch_shape) + (k,)))
+        out += (shaped(topk_ids, (k,)), shaped(topk_logp, (k,)))
     if return_logits:
-        out += (logits.reshape(tuple(batch_shape) + (v_local,)),)
+        out += (shaped(logits, (v_local,)),)
     return out
 
 

@@ -308,13 +308,14 @@ detlogp::MutableTensorView opt_out_view(const std::optional<A>& a, const char* n
 
 // Runs one library call without the GIL and returns its report.
 template <class Call>
+detlogp::CallReport run_released(Call&& call) {
+  nb::gil_scoped_release release;
+  return call();
+}
+
+template <class Call>
 nb::dict reported(Call&& call) {
-  detlogp::CallReport r;
-  {
-    nb::gil_scoped_release release;
-    r = call();
-  }
-  return report_dict(r);
+  return report_dict(run_released(call));
 }
 
 // One shard's partials over three arrays: summaries [N, tiles, 2] f32, target_logit [N] f32,
@@ -586,6 +587,11 @@ NB_MODULE(_detlogp, m) {
                     {"max_topk", nb::cast(detlogp::kMaxTopk)}});
   });
 
+  // A call's report held as the library returned it; as_dict() gives the dict every entry returns.
+  nb::class_<detlogp::CallReport>(m, "CallReport").def("as_dict", [](const detlogp::CallReport& r) {
+    return report_dict(r);
+  });
+
   m.def("list_backends", [] {
     nb::list out;
     for (const detlogp::BackendInfo& b : detlogp::list_backends())
@@ -604,7 +610,8 @@ NB_MODULE(_detlogp, m) {
       "linear_logp",
       [](const Problem& problem, const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits,
          const std::string& backend, bool strict, uintptr_t stream, const std::optional<OutArray>& entropy,
-         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp, bool defer_errors) {
+         const std::optional<OutArray>& topk_ids, const std::optional<OutArray>& topk_logp, bool defer_errors,
+         bool lazy_report) -> nb::object {
         const detlogp::LinearLogpInputs in = inputs(problem);
         detlogp::LinearLogpOutputs out = outputs(logp, lse, logits);
         if (entropy) out.entropy = out_view(*entropy, "entropy", 1);
@@ -612,11 +619,14 @@ NB_MODULE(_detlogp, m) {
         if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         detlogp::CallOptions opt = options(backend, strict, stream);
         opt.defer_errors = defer_errors;
-        return reported([&] { return detlogp::linear_logp(in, out, opt); });
+        detlogp::CallReport r = run_released([&] { return detlogp::linear_logp(in, out, opt); });
+        // lazy_report: the report as a CallReport, whose dict is built only when it is read
+        // (detlogp.torch.last_report()): building it is a good part of a decode call's host time.
+        return lazy_report ? nb::cast(std::move(r)) : nb::object(report_dict(r));
       },
       "problem"_a, "logp"_a, "lse"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a,
       "entropy"_a.none() = nb::none(), "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none(),
-      "defer_errors"_a = false);
+      "defer_errors"_a = false, "lazy_report"_a = false);
 
   // Partials of one vocabulary shard: summaries [N, tiles, 2] f32 (max, sum), target_logit [N] f32,
   // target_owned [N] u8, optional logits [N, V_local] f32 (the serving entry), optional usums

@@ -4,6 +4,8 @@
 // No atomics anywhere.
 #include <algorithm>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/device_ops.hpp"
 #include "cuda/check.hpp"
@@ -128,30 +130,59 @@ __global__ void partial_owner_kernel(const PartialOwnerParams p) {
 
 namespace {
 
-// The dynamic shared memory that lets at most `per_sm` CTAs of `kernel` share a multiprocessor
-// (0 where its own footprint already does). A programmatic dependent's CTAs become resident as the
-// fused kernel's CTAs leave their multiprocessors, and without a cap the first multiprocessors the
-// fused kernel's tail frees take as many combine CTAs as fit (nine of the 40-register lanes CTA):
-// the combine then runs on a fraction of the GPU.
-size_t spread_dynamic_smem(const void* kernel, int64_t grid) {
-  int device = 0, sms = 0, smem_per_sm = 0, reserved = 0, smem_optin = 0;
-  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
+// What spread_dynamic_smem reads of a (kernel, device): the device's multiprocessors and shared
+// memory limits, the kernel's static shared memory, and the dynamic size last set on it. Queried
+// once per pair (cudaFuncGetAttributes alone cost ~3 us a call), under a lock: launches from several
+// threads share them.
+struct SpreadFacts {
+  const void* kernel = nullptr;
+  int device = -1;
+  int64_t sms = 0, smem_per_sm = 0, reserved = 0, smem_optin = 0, static_smem = 0;
+  int set_bytes = -1;  // the cudaFuncAttributeMaxDynamicSharedMemorySize this library last set (-1: none)
+};
+std::mutex spread_mutex;
+std::vector<SpreadFacts> spread_facts;
+
+SpreadFacts& spread_facts_of(const void* kernel, int device) {
+  for (SpreadFacts& f : spread_facts)
+    if (f.kernel == kernel && f.device == device) return f;
+  int sms = 0, smem_per_sm = 0, reserved = 0, smem_optin = 0;
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attrs{};
   DETLOGP_CUDA_CHECK(cudaFuncGetAttributes(&attrs, kernel));
-  const int64_t per_sm = (grid + sms - 1) / sms;
-  const int64_t own = static_cast<int64_t>(attrs.sharedSizeBytes) + reserved;
-  if ((per_sm + 1) * own > smem_per_sm) return 0;                  // its own footprint caps it already
-  const int64_t footprint = (smem_per_sm / per_sm) / 1024 * 1024;  // (per_sm + 1) of them do not fit
-  const int64_t limit = smem_optin - static_cast<int64_t>(attrs.sharedSizeBytes);
+  spread_facts.push_back(SpreadFacts{kernel, device, sms, smem_per_sm, reserved, smem_optin,
+                                     static_cast<int64_t>(attrs.sharedSizeBytes), -1});
+  return spread_facts.back();
+}
+
+// The dynamic shared memory that lets at most `per_sm` CTAs of `kernel` share a multiprocessor
+// (0 where its own footprint already does). A programmatic dependent's CTAs become resident as the
+// fused kernel's CTAs leave their multiprocessors, and without a cap the first multiprocessors the
+// fused kernel's tail frees take as many combine CTAs as fit (nine of the 40-register lanes CTA):
+// the combine then runs on a fraction of the GPU.
+size_t spread_dynamic_smem(const void* kernel, int64_t grid) {
+  int device = 0;
+  DETLOGP_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(spread_mutex);
+  SpreadFacts& f = spread_facts_of(kernel, device);
+  const int64_t per_sm = (grid + f.sms - 1) / f.sms;
+  const int64_t own = f.static_smem + f.reserved;
+  if ((per_sm + 1) * own > f.smem_per_sm) return 0;                  // its own footprint caps it already
+  const int64_t footprint = (f.smem_per_sm / per_sm) / 1024 * 1024;  // (per_sm + 1) of them do not fit
+  const int64_t limit = f.smem_optin - f.static_smem;
   const int64_t dynamic = footprint - own < limit ? footprint - own : limit;
   if (dynamic <= 0) return 0;
   const size_t bytes = static_cast<size_t>(dynamic);
-  DETLOGP_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  // The attribute is set to exactly the launch's size, as on every call before; only an unchanged
+  // value is not set again.
+  if (f.set_bytes != static_cast<int>(bytes)) {
+    DETLOGP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    f.set_bytes = static_cast<int>(bytes);
+  }
   return bytes;
 }
 

@@ -4,6 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+
 #include "cuda/check.hpp"
 
 namespace detlogp::sm90 {
@@ -26,9 +31,26 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-}  // namespace
+// A tensor map is a pure function of its arguments (the device does not enter: it encodes a virtual
+// address), so the last few encodings are kept: a decode loop calls the same head with the same
+// buffers, and the driver's encoder then runs only when a pointer, extent, stride or box changes.
+// A hit returns the bytes the encoder returned for the same arguments.
+struct MapKey {
+  const uint16_t* base;
+  int64_t rows, cols, stride;
+  int box_rows, promotion;
+  bool operator==(const MapKey&) const = default;
+};
+struct MapEntry {
+  MapKey key;
+  CUtensorMap map;
+};
+constexpr size_t kMapCacheEntries = 16;
+std::mutex map_mutex;
+std::array<MapEntry, kMapCacheEntries> map_cache;
+size_t map_count = 0, map_next = 0;
 
-CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, int64_t stride, int box_rows,
+CUtensorMap encode_uncached(const uint16_t* base, int64_t rows, int64_t cols, int64_t stride, int box_rows,
                             const char* name, int promotion) {
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
@@ -44,6 +66,24 @@ CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, in
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   DETLOGP_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed for " << name << " [" << rows << ", " << cols
                                                                         << "] stride " << stride << ": CUresult " << r);
+  return map;
+}
+
+}  // namespace
+
+CUtensorMap encode_bf16_map(const uint16_t* base, int64_t rows, int64_t cols, int64_t stride, int box_rows,
+                            const char* name, int promotion) {
+  const MapKey key{base, rows, cols, stride, box_rows, promotion};
+  {
+    const std::lock_guard<std::mutex> lock(map_mutex);
+    for (size_t i = 0; i < map_count; ++i)
+      if (map_cache[i].key == key) return map_cache[i].map;
+  }
+  const CUtensorMap map = encode_uncached(base, rows, cols, stride, box_rows, name, promotion);  // throws: not kept
+  const std::lock_guard<std::mutex> lock(map_mutex);
+  map_cache[map_next] = MapEntry{key, map};
+  map_next = (map_next + 1) % kMapCacheEntries;
+  map_count = std::max(map_count, map_next == 0 ? kMapCacheEntries : map_next);
   return map;
 }
 
@@ -78,12 +118,17 @@ void check_head_operands(const uint16_t* hidden, int64_t hidden_stride, const ui
 }
 
 void check_sm90_device(int device) {
-  // Attribute queries are cheap; cudaGetDeviceProperties is not (it showed in N=1 latency).
+  // Attribute queries are cheap; cudaGetDeviceProperties is not (it showed in N=1 latency). A device
+  // found to be 9.0 stays so: later calls skip the queries (a refused one is queried again, to say why).
+  static std::atomic<uint64_t> checked{0};
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (checked.load(std::memory_order_acquire) & bit) != 0) return;
   int major = 0, minor = 0;
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   DETLOGP_CHECK(major == 9 && minor == 0, "CUDA device " << device << " has compute capability " << major << "."
                                                          << minor << "; the SM90 backend needs 9.0");
+  checked.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 }  // namespace detlogp::sm90

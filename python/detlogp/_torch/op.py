@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from .._errors import InputError
 from . import backward
-from .tensors import aligned_operands, library_problem, out_dtype, rows_of, stream_of, vector_copies
+from .tensors import aligned_operands, library_problem, out_dtype, rows_of, stream_of, traced_now, vector_copies
 
 _tls = threading.local()
 _deferred = {"enabled": True}
@@ -43,11 +43,18 @@ def check_errors() -> None:
 def last_report() -> Optional[dict]:
     """The report of this thread's last eager detlogp.torch call: which backend served it and its
     provenance. (A replayed CUDA graph runs no Python, so it reports nothing new.)"""
+    pending = getattr(_tls, "pending", None)
+    if pending is not None:  # built here, on first read, not on every call
+        report, copies = pending
+        report = report if isinstance(report, dict) else report.as_dict()  # the extension's CallReport
+        _tls.report, _tls.pending = report if copies is None else dict(report, copies=copies), None
     return getattr(_tls, "report", None)
 
 
-def set_report(report: dict) -> None:
-    _tls.report = report
+def set_report(report, copies: Optional[list] = None) -> None:
+    """Records the thread's last report: the library's dict (or its CallReport, turned into one when
+    read), or the lane's, and where given its "copies" entry, which last_report() joins to it."""
+    _tls.pending = (report, copies)
 
 
 def check_lane_values(targets: Tensor, temperature: float, temperature_rows: Optional[Tensor], real_vocab: int,
@@ -105,6 +112,100 @@ def _torch_lane(hidden, weight, targets, bias, temperature, temperature_rows, ig
     return logp, lse, logits, entropy, topk_ids, topk_logp
 
 
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_function_modes = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
+def eager_operands(tensors) -> Optional[list]:
+    """The tensors (None kept) as run_op may take them when the call needs nothing of torch's
+    dispatcher, else None: no torch.compile tracing, no autograd (grad mode off or no tensor that
+    requires grad), no tensor subclass (fake, functional, wrapped), no dispatch or function mode, no
+    functorch transform, no CUDA-graph capture. A tensor that requires grad under grad mode off is
+    detached, as the op's own dispatch hands it over."""
+    if traced_now() or (_dispatch_modes is not None and _dispatch_modes() > 0):
+        return None
+    if (_function_modes is not None and _function_modes()) or (_functorch_active is not None and _functorch_active()):
+        return None
+    grad = torch.is_grad_enabled()
+    out = []
+    cuda = False
+    for t in tensors:
+        if t is not None:
+            if type(t) not in _PLAIN_TYPES:
+                return None
+            if t.requires_grad:
+                if grad:
+                    return None
+                t = t.detach()
+            cuda = cuda or t.is_cuda
+        out.append(t)
+    if cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    return out
+
+
+def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
+           backend, strict, return_entropy, topk):  # fmt: skip
+    """The body of ``detlogp::linear_logp`` on real tensors, for the op and for detlogp.torch's eager
+    path that needs no dispatcher (no autograd, no tracing, no capture): the same outputs, except that
+    an output the call does not ask for (logits, entropy, the top-k pair) is None here, which the op
+    replaces by its (0,) placeholder."""
+    if backend == TORCH_BACKEND_ID:
+        _ext.check_environment()  # the C++ lanes check it in the library; this lane here
+        check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
+        if topk > real_vocab:  # the library's check of the top-k output, in its words
+            raise InputError(f"topk={topk} exceeds real_vocab={real_vocab}: a row has only {real_vocab} real ids")
+        out = _torch_lane(
+            hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
+            return_entropy, topk,
+        )  # fmt: skip
+        set_report(
+            {
+                "requested_backend": backend,
+                "strict": False,
+                "fallback": False,
+                "fallback_reason": "",
+                "backend_id": TORCH_BACKEND_ID,
+                "contract": False,
+                "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
+            },
+            [],
+        )
+        return out
+    n, v = rows_of(hidden), rows_of(weight)
+    # A deferred call (CUDA, not capturing) that meets a bad input writes nothing: its logp (and
+    # entropy) rows stay NaN, so a loss built on them shows it before the error is raised.
+    defer = _deferred["enabled"] and hidden.is_cuda and not torch.cuda.is_current_stream_capturing()
+    new_row = (lambda shape: hidden.new_full(shape, float("nan"), dtype=torch.float32)) if defer else (
+        lambda shape: hidden.new_empty(shape, dtype=torch.float32))  # fmt: skip
+    logp = new_row(per_target_shape(targets, n))
+    lse = hidden.new_empty((n,), dtype=torch.float32)
+    logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
+    entropy = new_row((n,)) if return_entropy else None
+    topk_ids = hidden.new_empty((n, topk), dtype=torch.int64) if topk else None
+    topk_logp = hidden.new_empty((n, topk), dtype=torch.float32) if topk else None
+    # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
+    # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
+    hidden, weight, copies = aligned_operands(hidden, weight, backend)
+    copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)))
+    if temperature_rows is not None and temperature_rows.dim() == 0:
+        # One temperature for every row (a 0-d tensor). A host value is also handed over as the scalar,
+        # which the library checks first (as `temperature`, at N = 0 too); a CUDA one stays on the device
+        # (no sync, capturable), where the library's validation sees it as the rows it is expanded to.
+        if not temperature_rows.is_cuda:
+            temperature = temperature_rows.item()
+        temperature_rows = temperature_rows.expand(n)
+    problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
+    report = _ext.linear_logp(
+        problem, logp, lse, logits, backend, strict, stream_of(hidden), entropy, topk_ids, topk_logp,
+        defer_errors=defer, lazy_report=True,
+    )  # fmt: skip
+    set_report(report, copies)
+    return logp, lse, logits, entropy, topk_ids, topk_logp
+
+
 @torch.library.custom_op("detlogp::linear_logp", mutates_args=())
 def linear_logp_op(
     hidden: Tensor,
@@ -124,59 +225,15 @@ def linear_logp_op(
     """(logp, lse, logits, entropy, topk_ids, topk_logp); logp shaped like targets ([N] or [N, K]),
     logits [N, V_local] with return_logits, entropy [N] with return_entropy (docs/contract.md §10),
     topk_ids int64 and topk_logp [N, topk] with topk > 0 (§12), each of shape (0,) otherwise."""
-    if backend == TORCH_BACKEND_ID:
-        _ext.check_environment()  # the C++ lanes check it in the library; this lane here
-        check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
-        if topk > real_vocab:  # the library's check of the top-k output, in its words
-            raise InputError(f"topk={topk} exceeds real_vocab={real_vocab}: a row has only {real_vocab} real ids")
-        out = _torch_lane(
-            hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
-            return_entropy, topk,
-        )  # fmt: skip
-        set_report(
-            {
-                "requested_backend": backend,
-                "strict": False,
-                "fallback": False,
-                "fallback_reason": "",
-                "backend_id": TORCH_BACKEND_ID,
-                "contract": False,
-                "provenance": _noncontract_provenance(TORCH_BACKEND_ID),
-                "copies": [],
-            }
-        )
-        return out
-    n, v = rows_of(hidden), rows_of(weight)
-    # A deferred call (CUDA, not capturing) that meets a bad input writes nothing: its logp (and
-    # entropy) rows stay NaN, so a loss built on them shows it before the error is raised.
-    defer = _deferred["enabled"] and hidden.is_cuda and not torch.cuda.is_current_stream_capturing()
-    new_row = (lambda shape: hidden.new_full(shape, float("nan"), dtype=torch.float32)) if defer else (
-        lambda shape: hidden.new_empty(shape, dtype=torch.float32))  # fmt: skip
-    logp = new_row(per_target_shape(targets, n))
-    lse = hidden.new_empty((n,), dtype=torch.float32)
-    logits = hidden.new_empty((n, v) if return_logits else (0,), dtype=torch.float32)
-    entropy = new_row((n,) if return_entropy else (0,))
-    topk_ids = hidden.new_empty((n, topk) if topk else (0,), dtype=torch.int64)
-    topk_logp = hidden.new_empty((n, topk) if topk else (0,), dtype=torch.float32)
-    # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
-    # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
-    hidden, weight, copies = aligned_operands(hidden, weight, backend)
-    copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)))
-    if temperature_rows is not None and temperature_rows.dim() == 0:
-        # One temperature for every row (a 0-d tensor). A host value is also handed over as the scalar,
-        # which the library checks first (as `temperature`, at N = 0 too); a CUDA one stays on the device
-        # (no sync, capturable), where the library's validation sees it as the rows it is expanded to.
-        if not temperature_rows.is_cuda:
-            temperature = temperature_rows.item()
-        temperature_rows = temperature_rows.expand(n)
-    problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
-    report = _ext.linear_logp(
-        problem, logp, lse, logits if return_logits else None, backend, strict, stream_of(hidden),
-        entropy if return_entropy else None, topk_ids if topk else None, topk_logp if topk else None,
-        defer_errors=defer,
+    outs = run_op(
+        hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab, backend,
+        strict, return_entropy, topk,
     )  # fmt: skip
-    set_report(dict(report, copies=copies))
-    return logp, lse, logits, entropy, topk_ids, topk_logp
+    if all(o is not None for o in outs):
+        return outs
+    # The op's schema returns six tensors: (0,) placeholders, each its own (outputs may not alias).
+    empty = {2: torch.float32, 3: torch.float32, 4: torch.int64, 5: torch.float32}
+    return tuple(o if o is not None else hidden.new_empty((0,), dtype=empty[i]) for i, o in enumerate(outs))
 
 
 @linear_logp_op.register_fake

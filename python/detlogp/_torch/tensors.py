@@ -15,9 +15,16 @@ from .._errors import InputError
 SM90_BACKEND_ID = "cuda-fused-linear-logp-sm90-contract-v1"
 
 
+# The raw handle of a device's current stream, without building a torch.cuda.Stream object (absent
+# from builds without CUDA, whose tensors are never CUDA ones).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_of(t: Tensor) -> int:
     """The caller's current CUDA stream on t's device (0 for host tensors): the library runs there."""
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+    if not t.is_cuda:
+        return 0
+    return _raw_stream(t.get_device()) if _raw_stream is not None else torch.cuda.current_stream(t.device).cuda_stream
 
 
 def out_dtype(hidden: Tensor) -> torch.dtype:
@@ -56,21 +63,27 @@ def check_devices(named) -> None:
     """Every tensor argument lives on the CPU or a CUDA device (meta and other devices have no
     memory the library can read)."""
     for name, t in named:
-        if t is not None and t.device.type not in ("cpu", "cuda"):
+        if t is not None and not (t.is_cpu or t.is_cuda):
             raise InputError(f"{name} is on {t.device}; detlogp.torch takes CPU and CUDA tensors")
+
+
+try:
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+except ImportError:  # pragma: no cover - older torch
+    _is_fake = None
+_is_compiling = getattr(torch.compiler, "is_compiling", None)
+
+
+def traced_now() -> bool:
+    """True while torch.compile traces (dynamo's frame evaluation or its export)."""
+    return _is_compiling is not None and _is_compiling()
 
 
 def traced(t: Tensor) -> bool:
     """True for a tensor being traced (torch.compile: fake or functional), which has no pointer."""
-    f = getattr(torch.compiler, "is_compiling", None)
-    if f is not None and f():
+    if traced_now():
         return True
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-
-        return bool(is_fake(t))
-    except ImportError:  # pragma: no cover - older torch
-        return False
+    return _is_fake is not None and bool(_is_fake(t))
 
 
 def library_row_stride(t: Tensor) -> int:
