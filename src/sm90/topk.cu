@@ -7,13 +7,14 @@
 //      above it;
 //   2. if no thread's last listed key reaches that bound, no unlisted lane does, and the first K of
 //      the sorted lists are the output (the common case: one pass). Otherwise a second pass gathers
-//      the lanes at or above the bound (at most kCandidates; past that the K-th key itself is found
-//      by radix selection and only the K lanes at or above it are gathered) and sorts them. With
+//      the lanes at or above the bound (a count pass and an exact prefix sum give each thread its
+//      slots: no atomics; at most kCandidates, past that the K-th key itself is found by radix
+//      selection and only the K lanes at or above it are gathered) and sorts them. With
 //      fewer than K real lanes (a tensor-parallel shard), all of them, then id -1;
 //   3. each one's logp is target_logp with the row's lse (full mode), the single-target bits; a
 //      shard's list keeps y for the merge.
 // The block only orders exact comparisons of distinct keys, so the ids do not depend on how lanes
-// meet threads or in which order the gather fills its slots.
+// meet threads.
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -41,22 +42,38 @@ struct TopkShared {
     RadixScratch<kThreads> radix;  // a row with more than kCandidates lanes above the bound
     uint64_t key[kCandidates];     // the gathered keys, then sorted descending
   };
-  int total;      // lanes gathered so far
-  int uncertain;  // some thread may hold more lanes at or above the bound than it listed
+  int offset[kThreads];  // each thread's first slot among the gathered lanes
+  int total;             // lanes gathered
+  int uncertain;         // some thread may hold more lanes at or above the bound than it listed
 };
 
-// Offers tile g's lanes at or above `floor` to the gathered list: a slot from a shared counter
-// (the slots' order does not matter: the list is sorted next, and the keys are distinct), stored
-// while the list has room; the counter ends at the number of such lanes.
-__device__ __forceinline__ void gather_tile(TopkShared& sh, const TopkRowsParams& p, const float* z, int64_t g,
-                                            float inv_t, uint64_t floor) {
-  const int64_t first_id = p.vocab_start + g * kVocabTile;
-  visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
-    const uint64_t key = topk_key(y, first_id + c);
-    if (key < floor) return;
-    const int slot = atomicAdd(&sh.total, 1);
-    if (slot < kCandidates) sh.key[slot] = key;
-  });
+// The lanes at or above `floor`: with `out` null, this thread's count of them; otherwise they are
+// stored from out[0] on (the slots the count gave, in the thread's lane order).
+__device__ __forceinline__ int lanes_at_or_above(const TopkRowsParams& p, const float* z, int64_t tiles, float inv_t,
+                                                 uint64_t floor, uint64_t* out) {
+  int n = 0;
+  for (int64_t g = threadIdx.x; g < tiles; g += kThreads) {
+    const int64_t first_id = p.vocab_start + g * kVocabTile;
+    visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
+      const uint64_t key = topk_key(y, first_id + c);
+      if (key < floor) return;
+      if (out) out[n] = key;
+      ++n;
+    });
+  }
+  return n;
+}
+
+// Gathers every lane at or above `floor` into sh.key when they are at most kCandidates (a count
+// pass, each thread's first slot by an exact prefix sum, then the stores: no atomics); returns how
+// many there are (more than kCandidates: nothing stored).
+__device__ int gather_at_or_above(TopkShared& sh, const TopkRowsParams& p, const float* z, int64_t tiles, float inv_t,
+                                  uint64_t floor) {
+  const int mine = lanes_at_or_above(p, z, tiles, inv_t, floor, nullptr);
+  const int count = block_offsets<kThreads>(sh.offset, &sh.total, mine);
+  if (count <= kCandidates) lanes_at_or_above(p, z, tiles, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
+  __syncthreads();
+  return count;
 }
 
 __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParams p) {
@@ -89,10 +106,7 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
   }
 #pragma unroll
   for (int i = 0; i < kListed; ++i) sh.key[threadIdx.x * kListed + i] = best[i];
-  if (threadIdx.x == 0) {
-    sh.total = 0;
-    sh.uncertain = 0;
-  }
+  if (threadIdx.x == 0) sh.uncertain = 0;
   __syncthreads();
   sort_descending<kThreads>(sh.key, kCandidates);
 
@@ -107,17 +121,11 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
   __syncthreads();
   int count = kCandidates;
   if (sh.uncertain) {
-    for (int64_t g = threadIdx.x; g < tiles; g += kThreads) gather_tile(sh, p, z, g, inv_t, floor);
-    __syncthreads();
-    count = sh.total;
+    count = gather_at_or_above(sh, p, z, tiles, inv_t, floor);
     if (count > kCandidates) {
       const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(z, c, inv_t), p.vocab_start + c), 1u}; };
       floor = radix_select<kThreads>(sh.radix, p.lanes, lane, floor, static_cast<unsigned long long>(k));
-      if (threadIdx.x == 0) sh.total = 0;
-      __syncthreads();
-      for (int64_t g = threadIdx.x; g < tiles; g += kThreads) gather_tile(sh, p, z, g, inv_t, floor);
-      __syncthreads();
-      count = sh.total;  // exactly K: the keys are distinct
+      count = gather_at_or_above(sh, p, z, tiles, inv_t, floor);  // exactly K: the keys are distinct
     }
     const int size = pow2_at_least(count);
     for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;
