@@ -126,7 +126,8 @@ def test_eager_path_same_errors_as_dispatcher(device):
 
 def test_last_report_keeps_the_last_successful_call():
     h, w, t, _ = _problem("cpu")
-    dt.linear_logp(h, w, t)
+    # The CPU backend pinned: auto may serve host tensors on the SM90 backend where a GPU is present.
+    dt.linear_logp(h, w, t, backend="cpu-linear-logp-contract-v1")
     before = dt.last_report()
     with pytest.raises(InputError):
         dt.linear_logp(h, w, t, temperature=-1.0)
