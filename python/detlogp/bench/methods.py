@@ -370,19 +370,24 @@ def _detlogp_topk(h, w, t):
     return logp, topk_logp
 
 
-def detlogp_topk_unavailable(ctx: Context) -> Optional[str]:
-    """Why the top-k output cannot run here (None when it can): a small call with topk=TOPK fails
-    (its backend does not compute it), in the library's words."""
+def _small_call_refusal(ctx: Context, what: str, target_shape: tuple, **kwargs) -> Optional[str]:
+    """Why a detlogp feature cannot run here (None when it can): a small call using it (targets of
+    `target_shape`, `kwargs`) fails, in the library's words, naming `what`."""
     why = _detlogp_available(ctx)
     if why:
         return why
     try:
         h = torch.full((2, 128), 0.5, dtype=torch.bfloat16, device=ctx.device)
         w = torch.full((1024, 128), 0.01, dtype=torch.bfloat16, device=ctx.device)
-        _dt().linear_logp(h, w, torch.zeros(2, dtype=torch.long, device=ctx.device), topk=TOPK)
+        _dt().linear_logp(h, w, torch.zeros(target_shape, dtype=torch.long, device=ctx.device), **kwargs)
     except Exception as e:  # noqa: BLE001 - the backend's refusal, in its words
-        return f"linear_logp with topk={TOPK} failed: {_first_sentence(e)}"
+        return f"linear_logp with {what} failed: {_first_sentence(e)}"
     return None
+
+
+def detlogp_topk_unavailable(ctx: Context) -> Optional[str]:
+    """Why the top-k output cannot run here (its backend does not compute it)."""
+    return _small_call_refusal(ctx, f"topk={TOPK}", (2,), topk=TOPK)
 
 
 def _multi_target_logp(out):
@@ -390,18 +395,8 @@ def _multi_target_logp(out):
 
 
 def detlogp_multi_unavailable(ctx: Context) -> Optional[str]:
-    """Why [N, K] targets cannot run here (None when they can): a small call with K = MULTI_IDS
-    fails (its backend takes one target a row), in the library's words."""
-    why = _detlogp_available(ctx)
-    if why:
-        return why
-    try:
-        h = torch.full((2, 128), 0.5, dtype=torch.bfloat16, device=ctx.device)
-        w = torch.full((1024, 128), 0.01, dtype=torch.bfloat16, device=ctx.device)
-        _dt().linear_logp(h, w, torch.zeros(2, MULTI_IDS, dtype=torch.long, device=ctx.device))
-    except Exception as e:  # noqa: BLE001 - the backend's refusal, in its words
-        return f"linear_logp with [N, {MULTI_IDS}] targets failed: {_first_sentence(e)}"
-    return None
+    """Why [N, K] targets cannot run here (their backend takes one target a row)."""
+    return _small_call_refusal(ctx, f"[N, {MULTI_IDS}] targets", (2, MULTI_IDS))
 
 
 def _first(out):
