@@ -473,10 +473,12 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   const int64_t v = p.vocab_local;
   const int64_t tiles = (p.real_vocab + kVocabTile - 1) / kVocabTile;
   // Rows per chunk: the logits (unless the caller's), the scratch summaries and factors, the fused
-  // entry's ignored targets and its logp/lse, within the workspace budget (a free axis).
+  // entry's ignored targets and its logp/lse, within the workspace budget (a free axis); without
+  // the budget set, at least kRowKernelChunkRows rows (as the top-k output).
   const int64_t row_bytes = (p.logits ? 0 : v * 4) + tiles * int64_t{sizeof(TileSummary) + 4} + 16;
   const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
-  const int64_t chunk = std::clamp<int64_t>(budget / row_bytes, 1, p.rows);
+  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kRowKernelChunkRows;
+  const int64_t chunk = std::clamp<int64_t>(std::max(budget / row_bytes, fewest), 1, p.rows);
   const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
   StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "sampling logits", hint);
   StreamBuffer summaries(static_cast<size_t>(chunk * tiles) * sizeof(TileSummary), stream, p.device,
@@ -567,12 +569,12 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   }
 
   // Rows per chunk: the workspace budget over the chunk's fp32 logits. Each chunk streams the whole
-  // weight again, so without DETLOGP_SM90_WORKSPACE_MB set a chunk takes at least kTopkChunkRows
+  // weight again, so without DETLOGP_SM90_WORKSPACE_MB set a chunk takes at least kRowKernelChunkRows
   // rows (622 MB of logits at V = 151936): below that the weight's re-reads, not the logits,
   // bound the call (441-row chunks at the default budget measured ~2x the trainer at N = 4096).
   const int64_t v = p.vocab_local;
   const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
-  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kTopkChunkRows;
+  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kRowKernelChunkRows;
   const int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(std::max(budget / (v * 4), fewest), 1, p.rows);
   StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "top-k logits",
                       "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");

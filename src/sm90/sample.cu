@@ -1,19 +1,22 @@
 // The sampling program on the GPU (docs/contract.md §11): one CTA per row over a chunk of the
 // serving logits (fp32 z in device memory, from the fused kernel), the same definitions as the CPU
 // row program (detlogp/sample.hpp, detlogp/reduce.hpp, SampleProblem::write_row):
-//   1. M by an exact max over the lanes; lse from the fused kernel, which ran at the row's
-//      temperature (the chain's bits over these logits, §5-§6);
-//   2. the cut (§11.4-§11.5). The candidate path: every lane of rank < k' has y >= the k'-th largest
-//      of the threads' maxima (each thread's maximum is a distinct lane), so the lanes with y at or
-//      above that bound hold the whole top-k, and they are a prefix of the rank order. They are
-//      gathered (at most kCandidates), sorted by rank key, and the cut is read off the sorted list:
-//      top-k by position, top-p by the exact integer prefix masses. Without top-k, top-p takes the
-//      same path when the gathered prefix already holds the threshold mass. Otherwise (a large k',
-//      a flat row) the radix selection over rank_key, 16 passes of 4-bit digits: top-k with digit
-//      histograms of counts, top-p with digit histograms of the integer mass q after the exact sum Q
-//      over the top-k lanes. Each thread fills its own row of the histograms, which a tree of integer
-//      adds then sums: exact in any order, and no atomics (the contract kernels have none). Both find
-//      the same lane: the cut is a selection by a total order;
+//   1. one pass over the row (coalesced, visit_row): M by an exact max over the lanes, and each
+//      thread's kListed largest rank keys in registers; lse from the fused kernel, which ran at the
+//      row's temperature (the chain's bits over these logits, §5-§6);
+//   2. the cut (§11.4-§11.5). The candidate path: with top-k, the k'-th largest listed key is at
+//      most the row's k'-th (the listed keys are distinct lanes), so every lane of rank < k' is at
+//      or above it; when no thread's last listed key reaches it the first k' listed keys are the
+//      top k' (no second pass), otherwise the lanes at or above it are gathered (at most
+//      kCandidates) and sorted by rank key. Without top-k, the bound is the k'-th largest of the
+//      threads' maxima and the lanes at or above it are gathered the same way. The cut is read off
+//      the sorted list: top-k by position, top-p by the exact integer prefix masses. Without top-k,
+//      top-p takes this path when the gathered prefix already holds the threshold mass. Otherwise (a
+//      large k', a flat row) the radix selection over rank_key, 16 passes of 4-bit digits: top-k
+//      with digit histograms of counts, top-p with digit histograms of the integer mass q after the
+//      exact sum Q over the top-k lanes. Each thread fills its own row of the histograms, which a
+//      tree of integer adds then sums: exact in any order, and no atomics (the contract kernels have
+//      none). Both find the same lane: the cut is a selection by a total order;
 //   3. the support: with a cut every support lane is among the sorted candidates, so the support's
 //      lanes are sorted by id, each tile that holds some gets its masked summary, and the chain runs
 //      over those tiles in ascending order (a tile without support lanes has s_g = 0, a step that
@@ -37,6 +40,9 @@ namespace {
 constexpr int kThreads = 256;
 // The candidate path's capacity: rank-ordered lanes gathered in shared memory.
 constexpr int kCandidates = 2048;
+// Keys each thread lists in its first pass: the listed keys fill the candidates' array.
+constexpr int kListed = kCandidates / kThreads;
+static_assert(kListed * kThreads == kCandidates, "every thread lists the same number of keys");
 static_assert((kCandidates & (kCandidates - 1)) == 0 && kCandidates >= kThreads, "a power-of-two sort size");
 static_assert(kThreads % 32 == 0 && (kThreads & (kThreads - 1)) == 0, "whole warps, a power-of-two sort");
 
@@ -64,6 +70,7 @@ struct Shared {
   int offset[kThreads];  // each thread's first slot among the gathered candidates
   int gathered;
   int cut_index;
+  int uncertain;  // some thread may hold more lanes at or above the listed bound than it listed
 };
 
 // The chain S over n (s_g, factor_g) in ascending g by one warp: 32 tiles per coalesced load, then
@@ -100,10 +107,9 @@ __device__ uint64_t radix_cut(Shared& sh, const float* z, int64_t lanes, float i
   if (r.keep < lanes) kth = radix_select_lanes(sh, z, lanes, inv_t, row_max, 0, false, static_cast<uint64_t>(r.keep));
   if (r.top_p == 1.0f) return kth;
   unsigned long long mine = 0;
-  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
-    const float yv = lane_y(z, v, inv_t);
+  visit_row<kThreads>(z, lanes, inv_t, [&](int64_t v, float yv) {
     if (rank_key(yv, v) >= kth) mine += top_p_mass(relative_weight(yv, row_max));
-  }
+  });
   const unsigned long long total = block_sum<kThreads>(sh.warp_total, mine);
   return radix_select_lanes(sh, z, lanes, inv_t, row_max, kth, true, top_p_threshold(total, r.top_p));
 }
@@ -115,21 +121,19 @@ __device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, floa
                                  unsigned long long* mass) {
   int mine = 0;
   unsigned long long q = 0;
-  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
-    const float y = lane_y(z, v, inv_t);
+  visit_row<kThreads>(z, lanes, inv_t, [&](int64_t, float y) {
     if (y >= bound) {
       ++mine;
       if (mass) q += top_p_mass(relative_weight(y, row_max));
     }
-  }
+  });
   const int count = block_offsets<kThreads>(sh.offset, &sh.gathered, mine);
   if (mass) *mass = block_sum<kThreads>(sh.warp_total, q);
   if (count > kCandidates) return -1;
-  int slot = sh.offset[threadIdx.x];
-  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) {
-    const float y = lane_y(z, v, inv_t);
+  int slot = sh.offset[threadIdx.x];  // the same visiting order as the count above
+  visit_row<kThreads>(z, lanes, inv_t, [&](int64_t v, float y) {
     if (y >= bound) sh.cand.key[slot++] = rank_key(y, v);
-  }
+  });
   const int size = pow2_at_least(count);
   for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
   __syncthreads();
@@ -137,24 +141,40 @@ __device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, floa
   return count;
 }
 
+// The top-k lanes from the threads' listed keys, sorted into sh.cand.key: their k'-th key is at
+// most the row's k'-th (they are distinct lanes), so every top-k lane is at or above it; when no
+// thread's last listed key reaches it, no unlisted lane does, and the first k' listed keys are the
+// top k' (one pass over the row). Otherwise the lanes at or above it are gathered (a second pass).
+// Returns how many rank-ordered candidates sh.cand.key holds, or -1 (none: the radix path).
+__device__ int listed_top_k(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max,
+                            const ListedKeys<kListed>& listed, int64_t keep) {
+  if (threadIdx.x == 0) sh.uncertain = 0;
+  sort_listed<kThreads>(sh.cand.key, sh.offset, &sh.gathered, listed, static_cast<int>(keep));
+  const uint64_t floor = sh.cand.key[keep - 1];
+  if (floor == 0) return -1;  // fewer listed lanes than k' (not for k' < the row's lanes; kept safe)
+  if (listed.last() != 0 && listed.last() >= floor) sh.uncertain = 1;
+  __syncthreads();
+  if (!sh.uncertain) return static_cast<int>(keep);
+  return gather_candidates(sh, z, lanes, inv_t, row_max, rank_key_logit(floor), nullptr);
+}
+
 // The candidate path's cut (see the top of the file): true with the rank-ordered candidates in
 // sh.cand.key[0, gathered) and the cut at sh.cut_index, or false (nothing decided) where the path
-// does not apply. `my_max`: this thread's maximum over its tiles (step 1).
+// does not apply. `my_max`: this thread's maximum over its lanes, `listed` its largest keys (step 1).
 __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float inv_t, float row_max, float my_max,
-                              const SampleRowParams& r) {
+                              const ListedKeys<kListed>& listed, const SampleRowParams& r) {
   const bool top_k = r.keep < lanes;
-  if (top_k && r.keep > kThreads) return false;
-  sh.thread_max[threadIdx.x] = rank_key(my_max, threadIdx.x);
-  __syncthreads();
-  sort_descending<kThreads>(sh.thread_max, kThreads);
+  if (top_k && r.keep > kCandidates) return false;
   int count = -1;
   uint64_t total = 0;  // Q of §11.5 without top-k: the mass of every lane
   if (top_k) {
-    count = gather_candidates(sh, z, lanes, inv_t, row_max, rank_key_logit(sh.thread_max[r.keep - 1]), nullptr);
+    count = listed_top_k(sh, z, lanes, inv_t, row_max, listed, r.keep);
   } else {
+    sh.thread_max[threadIdx.x] = rank_key(my_max, threadIdx.x);
+    __syncthreads();
+    sort_descending<kThreads>(sh.thread_max, kThreads);
     unsigned long long mine = 0;
-    for (int64_t v = threadIdx.x; v < lanes; v += kThreads)
-      mine += top_p_mass(relative_weight(lane_y(z, v, inv_t), row_max));
+    visit_row<kThreads>(z, lanes, inv_t, [&](int64_t, float y) { mine += top_p_mass(relative_weight(y, row_max)); });
     total = block_sum<kThreads>(sh.warp_total, mine);
     const uint64_t tau = top_p_threshold(total, r.top_p);
     const int ranks[2] = {kThreads / 4, kThreads};  // a tighter bound first
@@ -273,7 +293,13 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   //    bound below), lse from the fused kernel, which ran at the row's temperature (§5-§6: its bits
   //    are the chain's over these logits).
   float m = fp::neg_inf();
-  for (int64_t v = threadIdx.x; v < lanes; v += kThreads) m = chain_max(m, lane_y(z, v, inv_t));
+  ListedKeys<kListed> listed;  // for the top-k cut (a NaN row lists meaningless keys, unused: no cut)
+  if (r.keep < lanes && r.keep <= kCandidates)
+    list_largest<kThreads>(
+        listed, sh.thread_max, z, lanes, inv_t, static_cast<int>(r.keep),
+        [](float y, int64_t v) { return rank_key(y, v); }, [&](int64_t, float y) { m = chain_max(m, y); });
+  else
+    visit_row<kThreads>(z, lanes, inv_t, [&](int64_t, float y) { m = chain_max(m, y); });
   const float my_max = m;
   sh.best_score[threadIdx.x] = m;
   __syncthreads();
@@ -292,7 +318,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   const bool cut = samplable && has_cut(r, lanes);
   bool candidates = false;
   if (cut) {
-    candidates = !p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, r);
+    candidates = !p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, listed, r);
     const uint64_t key = candidates ? sh.cand.key[sh.cut_index] : radix_cut(sh, z, lanes, inv_t, row_max, r);
     const int64_t id = rank_key_id(key);
     support.cut = {lane_y(z, id, inv_t), id};
@@ -308,15 +334,15 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   } else if (samplable && whole_support(support)) {  // every lane; lse_Sigma is lse
     int64_t best_id = kNoToken;
     float best_y = 0.0f;
-    for (int64_t v = threadIdx.x; v < lanes && draw; v += kThreads) {
-      const float yv = lane_y(z, v, inv_t);
-      const float score = gumbel_score(yv, stream, v);
-      if (best_id == kNoToken || score_precedes(score, v, best, best_id)) {
-        best = score;
-        best_id = v;
-        best_y = yv;
-      }
-    }
+    if (draw)
+      visit_row<kThreads>(z, lanes, inv_t, [&](int64_t v, float yv) {
+        const float score = gumbel_score(yv, stream, v);
+        if (best_id == kNoToken || score_precedes(score, v, best, best_id)) {
+          best = score;
+          best_id = v;
+          best_y = yv;
+        }
+      });
     pass.size = lanes;
     sh.best_score[threadIdx.x] = best;
     sh.best_id[threadIdx.x] = best_id;

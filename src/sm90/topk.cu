@@ -1,10 +1,10 @@
 // The top-k output on the GPU (docs/contract.md §12): one CTA per row over a chunk of the serving
 // logits, the K first real ids of the row in the order of topk_before, through their integer keys
 // (topk_key: key order is that order, and every key is distinct):
-//   1. one pass over the row (64-lane tiles as float4s): each thread keeps its kListed largest keys
-//      in registers; the lists are sorted together in shared memory. Their K-th key is at most the
-//      row's K-th largest key (they are distinct lanes of the row), so every top-K lane is at or
-//      above it;
+//   1. one pass over the row (coalesced float4 rounds, visit_row): each thread keeps its kListed
+//      largest keys in registers; the lists are sorted together in shared memory. Their K-th key is
+//      at most the row's K-th largest key (they are distinct lanes of the row), so every top-K lane
+//      is at or above it;
 //   2. if no thread's last listed key reaches that bound, no unlisted lane does, and the first K of
 //      the sorted lists are the output (the common case: one pass). Otherwise a second pass gathers
 //      the lanes at or above the bound (a count pass and an exact prefix sum give each thread its
@@ -48,30 +48,31 @@ struct TopkShared {
 };
 
 // The lanes at or above `floor`: with `out` null, this thread's count of them; otherwise they are
-// stored from out[0] on (the slots the count gave, in the thread's lane order).
-__device__ __forceinline__ int lanes_at_or_above(const TopkRowsParams& p, const float* z, int64_t tiles, float inv_t,
-                                                 uint64_t floor, uint64_t* out) {
+// stored from out[0] on (the slots the count gave, in the thread's visiting order). A lane whose y
+// is below the floor's logit has a smaller key whatever its id, so the float test comes first (a NaN
+// y, or a NaN floor logit, fails it and takes the key test).
+__device__ __forceinline__ int lanes_at_or_above(const TopkRowsParams& p, const float* z, float inv_t, uint64_t floor,
+                                                 uint64_t* out) {
+  const float floor_y = rank_key_logit(floor);
   int n = 0;
-  for (int64_t g = threadIdx.x; g < tiles; g += kThreads) {
-    const int64_t first_id = p.vocab_start + g * kVocabTile;
-    visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
-      const uint64_t key = topk_key(y, first_id + c);
-      if (key < floor) return;
-      if (out) out[n] = key;
-      ++n;
-    });
-  }
+  visit_row<kThreads>(z, p.lanes, inv_t, [&](int64_t v, float y) {
+    if (y < floor_y) return;
+    const uint64_t key = topk_key(y, p.vocab_start + v);
+    if (key < floor) return;
+    if (out) out[n] = key;
+    ++n;
+  });
   return n;
 }
 
 // Gathers every lane at or above `floor` into sh.key when they are at most kCandidates (a count
 // pass, each thread's first slot by an exact prefix sum, then the stores: no atomics); returns how
 // many there are (more than kCandidates: nothing stored).
-__device__ int gather_at_or_above(TopkShared& sh, const TopkRowsParams& p, const float* z, int64_t tiles, float inv_t,
+__device__ int gather_at_or_above(TopkShared& sh, const TopkRowsParams& p, const float* z, float inv_t,
                                   uint64_t floor) {
-  const int mine = lanes_at_or_above(p, z, tiles, inv_t, floor, nullptr);
+  const int mine = lanes_at_or_above(p, z, inv_t, floor, nullptr);
   const int count = block_offsets<kThreads>(sh.offset, &sh.total, mine);
-  if (count <= kCandidates) lanes_at_or_above(p, z, tiles, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
+  if (count <= kCandidates) lanes_at_or_above(p, z, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
   __syncthreads();
   return count;
 }
@@ -81,51 +82,31 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
   const int64_t row = p.row_begin + blockIdx.x;
   const float* z = p.logits + int64_t{blockIdx.x} * p.logits_stride;
   const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
-  const int64_t tiles = (p.lanes + kVocabTile - 1) / kVocabTile;
   const int k = p.k;
 
-  // 1. Each thread's kListed largest keys over its tiles, in registers (descending; key 0, below
-  //    every lane's key since no y maps to ordinal 0, fills a list of fewer lanes).
-  uint64_t best[kListed];
-#pragma unroll
-  for (int i = 0; i < kListed; ++i) best[i] = 0;
-  for (int64_t g = threadIdx.x; g < tiles; g += kThreads) {
-    const int64_t first_id = p.vocab_start + g * kVocabTile;
-    visit_tile(z, g, p.lanes, inv_t, [&](int c, float y) {
-      const uint64_t key = topk_key(y, first_id + c);
-      if (key <= best[kListed - 1]) return;
-      best[kListed - 1] = key;
-#pragma unroll
-      for (int i = kListed - 1; i > 0; --i)
-        if (best[i] > best[i - 1]) {
-          const uint64_t t = best[i];
-          best[i] = best[i - 1];
-          best[i - 1] = t;
-        }
-    });
-  }
-#pragma unroll
-  for (int i = 0; i < kListed; ++i) sh.key[threadIdx.x * kListed + i] = best[i];
+  // 1. Each thread's kListed largest keys over its lanes, in registers.
+  ListedKeys<kListed> listed;
+  list_largest<kThreads>(
+      listed, sh.key, z, p.lanes, inv_t, k, [&](float y, int64_t v) { return topk_key(y, p.vocab_start + v); },
+      [](int64_t, float) {});
   if (threadIdx.x == 0) sh.uncertain = 0;
-  __syncthreads();
-  sort_descending<kThreads>(sh.key, kCandidates);
+  int count = sort_listed<kThreads>(sh.key, sh.offset, &sh.total, listed, k);
 
   // 2. The bound: the K-th largest listed key is at most the row's K-th largest key (the lists are
   //    distinct lanes of the row). A thread whose last listed key is below it has no other lane at
   //    or above it; if every thread is so, the listed keys hold every lane at or above the bound,
-  //    so the first K of the sorted lists are the top K (key 0 past the row's real lanes).
+  //    so the first K of the sorted ones are the top K (key 0 past the row's real lanes).
   //    Otherwise the lanes at or above the bound are gathered in a second pass; past kCandidates of
   //    them, the K-th key itself by radix selection, then exactly the K lanes at or above it.
   uint64_t floor = sh.key[k - 1];
-  if (best[kListed - 1] != 0 && best[kListed - 1] >= floor) sh.uncertain = 1;
+  if (listed.last() != 0 && listed.last() >= floor) sh.uncertain = 1;
   __syncthreads();
-  int count = kCandidates;
   if (sh.uncertain) {
-    count = gather_at_or_above(sh, p, z, tiles, inv_t, floor);
+    count = gather_at_or_above(sh, p, z, inv_t, floor);
     if (count > kCandidates) {
       const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(z, c, inv_t), p.vocab_start + c), 1u}; };
       floor = radix_select<kThreads>(sh.radix, p.lanes, lane, floor, static_cast<unsigned long long>(k));
-      count = gather_at_or_above(sh, p, z, tiles, inv_t, floor);  // exactly K: the keys are distinct
+      count = gather_at_or_above(sh, p, z, inv_t, floor);  // exactly K: the keys are distinct
     }
     const int size = pow2_at_least(count);
     for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;

@@ -12,8 +12,10 @@ namespace detlogp::sm90 {
 
 inline constexpr const char* kWorkspaceEnv = "DETLOGP_SM90_WORKSPACE_MB";  // free axis: N chunking
 inline constexpr int64_t kDefaultWorkspaceMiB = 256;
-// The top-k output's fewest rows a chunk of its logits takes when the budget is not set.
-inline constexpr int64_t kTopkChunkRows = 1024;
+// The fewest rows a chunk of serving logits takes in the row-kernel entries (top-k, sampling) when
+// the budget is not set: each chunk streams the whole weight again, so below this the weight's
+// re-reads, not the logits, bound the call.
+inline constexpr int64_t kRowKernelChunkRows = 1024;
 
 struct WorkspaceLayout {
   int64_t chunk = 0;  // rows per launch chunk (0 in partial mode: no chunking)

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "detlogp/config.hpp"
+#include "detlogp/rank.hpp"
 #include "detlogp/reduce.hpp"
 
 namespace detlogp::sm90 {
@@ -40,29 +41,78 @@ __device__ __forceinline__ int load_tile(const float* z, int64_t g, int64_t lane
 inline constexpr int kRadixDigitBits = 4;
 inline constexpr int kRadixDigits = 1 << kRadixDigitBits;
 
-// Calls lane(c, y) for each real lane c of tile g, y its scaled logit, without a lane array: a
-// whole tile at a 16-byte aligned address issues its sixteen float4 loads first, so they are in
-// flight together, then visits the lanes in order; otherwise lane by lane.
-template <class Lane>
-__device__ __forceinline__ void visit_tile(const float* z, int64_t g, int64_t lanes, float inv_t, const Lane& lane) {
-  const int64_t first = g * kVocabTile;
-  const int real = lanes - first < kVocabTile ? static_cast<int>(lanes - first) : kVocabTile;
-  const float* src = z + first;
-  if (real == kVocabTile && (reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-    float4 q[kVocabTile / 4];
+// Calls lane(v, y) for every lane v of a row of serving logits, y its scaled logit, each lane once,
+// in an order that suits the loads: thread t reads the float4 at 4t of each kThreads x 4-lane block,
+// kVectors blocks a round, so a warp's load is one coalesced 512-byte run and a thread has
+// kVectors loads in flight (a row read by one CTA is bound by the loads in flight, not by the bytes).
+// The lanes past the last whole round, and every lane of a row not 16-byte aligned, go lane by lane
+// with the same coalescing. Callers only make exact decisions per lane, so the visiting order does
+// not change their result.
+template <int kThreads, class Lane>
+__device__ __forceinline__ void visit_row(const float* z, int64_t lanes, float inv_t, const Lane& lane) {
+  constexpr int kVectors = 8;
+  constexpr int64_t kVectorRound = int64_t{4} * kVectors * kThreads;
+  constexpr int kScalars = 16;
+  constexpr int64_t kScalarRound = int64_t{kScalars} * kThreads;
+  int64_t v0 = 0;
+  if ((reinterpret_cast<uintptr_t>(z) & 15u) == 0)
+    for (; v0 + kVectorRound <= lanes; v0 += kVectorRound) {
+      const float4* src = reinterpret_cast<const float4*>(z + v0) + threadIdx.x;
+      float4 q[kVectors];
 #pragma unroll
-    for (int i = 0; i < kVocabTile / 4; ++i) q[i] = __ldg(reinterpret_cast<const float4*>(src) + i);
+      for (int i = 0; i < kVectors; ++i) q[i] = __ldg(src + i * kThreads);
 #pragma unroll
-    for (int i = 0; i < kVocabTile / 4; ++i) {
-      lane(4 * i, scale_logit(q[i].x, inv_t));
-      lane(4 * i + 1, scale_logit(q[i].y, inv_t));
-      lane(4 * i + 2, scale_logit(q[i].z, inv_t));
-      lane(4 * i + 3, scale_logit(q[i].w, inv_t));
+      for (int i = 0; i < kVectors; ++i) {
+        const int64_t v = v0 + 4 * (int64_t{i} * kThreads + threadIdx.x);
+        lane(v, scale_logit(q[i].x, inv_t));
+        lane(v + 1, scale_logit(q[i].y, inv_t));
+        lane(v + 2, scale_logit(q[i].z, inv_t));
+        lane(v + 3, scale_logit(q[i].w, inv_t));
+      }
     }
-    return;
+  for (; v0 + kScalarRound <= lanes; v0 += kScalarRound) {
+    float q[kScalars];
+#pragma unroll
+    for (int i = 0; i < kScalars; ++i) q[i] = __ldg(z + v0 + i * kThreads + threadIdx.x);
+#pragma unroll
+    for (int i = 0; i < kScalars; ++i) lane(v0 + i * kThreads + threadIdx.x, scale_logit(q[i], inv_t));
   }
-  for (int c = 0; c < real; ++c) lane(c, lane_y(z, first + c, inv_t));
+  for (int64_t v = v0 + threadIdx.x; v < lanes; v += kThreads) lane(v, lane_y(z, v, inv_t));
 }
+
+// A thread's kListed largest keys seen so far (descending; key 0, below every lane's key since no y
+// maps to ordinal 0, where it has seen fewer lanes), kept in registers while it visits its lanes.
+// `last_y`, the logit of the last listed key, lets most lanes leave on one float compare: a y below
+// it has a smaller key whatever its id (the keys order y first). Key 0 and a NaN key give a NaN
+// last_y, which no lane is below, so such lanes always take the key test.
+template <int kListed>
+struct ListedKeys {
+  static_assert(kListed >= 1 && kListed <= 16, "a short list kept in registers");
+  uint64_t key[kListed];
+  float last_y;
+
+  __device__ __forceinline__ ListedKeys() : last_y(rank_key_logit(0)) {
+#pragma unroll
+    for (int i = 0; i < kListed; ++i) key[i] = 0;
+  }
+  // Lists the lane whose logit is y, its key from key_of() (computed only past the float test).
+  template <class KeyOf>
+  __device__ __forceinline__ void offer(float y, const KeyOf& key_of) {
+    if (y < last_y) return;
+    const uint64_t k = key_of();
+    if (k <= key[kListed - 1]) return;
+    key[kListed - 1] = k;
+#pragma unroll
+    for (int i = kListed - 1; i > 0; --i)
+      if (key[i] > key[i - 1]) {
+        const uint64_t t = key[i];
+        key[i] = key[i - 1];
+        key[i - 1] = t;
+      }
+    last_y = rank_key_logit(key[kListed - 1]);
+  }
+  __device__ __forceinline__ uint64_t last() const { return key[kListed - 1]; }
+};
 
 // Sorts key[0, n) descending (n a power of two, n >= 2) by a bitonic network: keys are distinct
 // or, where equal, interchangeable, so the result is one array whatever the network.
@@ -83,6 +133,48 @@ __device__ void sort_descending(uint64_t* key, int n) {
     }
 }
 
+// The k-th largest (1 <= k <= kThreads) of the threads' keys, one a thread (distinct, or 0 and
+// interchangeable), sorted in scratch[kThreads] of shared memory; every thread returns it.
+template <int kThreads>
+__device__ uint64_t kth_largest_of_threads(uint64_t* scratch, uint64_t mine, int k) {
+  scratch[threadIdx.x] = mine;
+  __syncthreads();
+  sort_descending<kThreads>(scratch, kThreads);
+  const uint64_t kth = scratch[k - 1];
+  __syncthreads();  // every thread has read it before scratch is reused
+  return kth;
+}
+
+// Each thread's kListed largest keys (key_of(y, v)) over a row of serving logits, into `listed`,
+// for a selection of the k largest; also(v, y) sees every lane. Offering a lane costs a warp the
+// 64-bit insertion whenever one of its threads lists, which a thread's own last key leaves common
+// (a warp lists at most lane positions); so after the first round the k-th largest of the threads'
+// maxima (distinct lanes: at most the row's k-th largest key), when k <= kThreads, is a floor under
+// which a lane is not offered. A lane below it is no top-k lane, and a lane that was not offered
+// is below every listed bound that matters: the listed keys' k-th is at most the row's k-th, so
+// the certainty test (no thread's last listed key at or above that bound) keeps its proof.
+// `scratch`: kThreads keys of shared memory. Called by every thread of the block.
+template <int kThreads, int kListed, class KeyOf, class Also>
+__device__ void list_largest(ListedKeys<kListed>& listed, uint64_t* scratch, const float* z, int64_t lanes, float inv_t,
+                             int k, const KeyOf& key_of, const Also& also) {
+  constexpr int64_t kHead = int64_t{32} * kThreads;  // one round of visit_row's float4 loads
+  const int64_t head = lanes < kHead ? lanes : kHead;
+  visit_row<kThreads>(z, head, inv_t, [&](int64_t v, float y) {
+    also(v, y);
+    listed.offer(y, [&] { return key_of(y, v); });
+  });
+  if (head == lanes) return;
+  // A NaN floor (a key 0 or a NaN key among the maxima; k out of range) offers every lane.
+  const float floor_y = k >= 1 && k <= kThreads
+                            ? rank_key_logit(kth_largest_of_threads<kThreads>(scratch, listed.key[0], k))
+                            : rank_key_logit(0);
+  visit_row<kThreads>(z + head, lanes - head, inv_t, [&](int64_t u, float y) {
+    also(head + u, y);
+    if (y < floor_y) return;
+    listed.offer(y, [&] { return key_of(y, head + u); });
+  });
+}
+
 __device__ __forceinline__ int pow2_at_least(int n) {
   int p = 2;
   while (p < n) p <<= 1;
@@ -96,25 +188,60 @@ __device__ __forceinline__ unsigned long long warp_sum(unsigned long long v) {
   return v;
 }
 
-// Each thread's first slot when thread t contributes count[t] entries in thread order: count[] in
-// shared memory is replaced by the exclusive prefix sums (one thread, exact) and every thread
-// returns the total. Called by every thread of the block with its own count.
+// Each thread's first slot when thread t contributes `mine` entries in thread order: count[t] in
+// shared memory gets the exclusive prefix sum of thread t (warp scans by shuffles, then the warps'
+// totals; exact integer sums) and every thread returns the total. Called by every thread of the
+// block with its own count.
 template <int kThreads>
 __device__ int block_offsets(int* count, int* total, int mine) {
-  __syncthreads();
-  count[threadIdx.x] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int running = 0;
-    for (int t = 0; t < kThreads; ++t) {
-      const int c = count[t];
-      count[t] = running;
-      running += c;
-    }
-    *total = running;
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
+  __shared__ int warp_total[kThreads / 32];
+  const int lane = static_cast<int>(threadIdx.x & 31), warp = static_cast<int>(threadIdx.x / 32);
+  int inclusive = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int below = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
+    if (lane >= o) inclusive += below;
   }
+  __syncthreads();  // earlier readers of count[], warp_total and *total are done
+  if (lane == 31) warp_total[warp] = inclusive;
   __syncthreads();
-  return *total;
+  int before = 0, all = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    const int t = warp_total[w];
+    if (w < warp) before += t;
+    all += t;
+  }
+  count[threadIdx.x] = before + inclusive - mine;
+  if (threadIdx.x == 0) *total = all;
+  __syncthreads();
+  return all;
+}
+
+// Sorts into key[] (descending, 0-padded to a power of two >= k) the threads' listed keys that can
+// be among the k largest of the row, and returns how many there are (every thread the same): with
+// k <= kThreads only those at or above the k-th largest of the threads' maxima (distinct lanes, so
+// a bound at most the row's k-th key, and k listed keys reach it: the listed k-th is among them),
+// else every listed key. Compacting first keeps the sort to ~k keys instead of kThreads * kListed
+// (a single row's CTA waits on each of the network's stages). key[] holds kThreads * kListed
+// entries, offset[] kThreads ints; called by every thread of the block.
+template <int kThreads, int kListed>
+__device__ int sort_listed(uint64_t* key, int* offset, int* total, const ListedKeys<kListed>& listed, int k) {
+  uint64_t bound = k <= kThreads ? kth_largest_of_threads<kThreads>(key, listed.key[0], k) : 0;
+  if (bound == 0) bound = 1;  // every listed lane (key 0 marks an empty slot)
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kListed; ++i) mine += listed.key[i] >= bound ? 1 : 0;
+  const int count = block_offsets<kThreads>(offset, total, mine);
+  int slot = offset[threadIdx.x];
+#pragma unroll
+  for (int i = 0; i < kListed; ++i)
+    if (listed.key[i] >= bound) key[slot++] = listed.key[i];
+  const int size = pow2_at_least(count > k ? count : k);
+  for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) key[i] = 0;
+  __syncthreads();
+  sort_descending<kThreads>(key, size);
+  return count;
 }
 
 // The radix selection's shared state: each thread's digit histogram row, the selected key's digits
