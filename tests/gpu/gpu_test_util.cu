@@ -128,6 +128,24 @@ void DeviceModel::make(int64_t d, int64_t v, uint64_t seed, bool with_bias) {
   }
 }
 
+std::vector<DeviceShard> make_shards(const DeviceModel& m, const std::vector<int64_t>& bounds) {
+  std::vector<DeviceShard> shards(bounds.size() - 1);
+  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+    DeviceShard& s = shards[r];
+    s.start = bounds[r];
+    s.count = bounds[r + 1] - bounds[r];
+    s.weight = DevBuf<uint16_t>(static_cast<size_t>(s.count * m.dim));
+    GPU_CUDA(cudaMemcpy(s.weight.get(), m.weight.get() + s.start * m.dim, static_cast<size_t>(s.count * m.dim) * 2,
+                        cudaMemcpyDeviceToDevice));
+    if (m.bias.size()) {
+      s.bias = DevBuf<float>(static_cast<size_t>(s.count));
+      GPU_CUDA(
+          cudaMemcpy(s.bias.get(), m.bias.get() + s.start, static_cast<size_t>(s.count) * 4, cudaMemcpyDeviceToDevice));
+    }
+  }
+  return shards;
+}
+
 detlogp::detail::LogpProblem device_problem(const DeviceModel& m, const uint16_t* hidden, int64_t rows,
                                             const int32_t* targets, Outputs& out) {
   detlogp::detail::LogpProblem p;

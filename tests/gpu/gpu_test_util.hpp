@@ -117,6 +117,17 @@ struct DeviceModel {
   void make(int64_t d, int64_t v, uint64_t seed, bool with_bias);
 };
 
+// A vocabulary shard [start, start + count) of a DeviceModel's head with its own copy of the weight
+// rows (and bias), as a tensor-parallel rank holds them.
+struct DeviceShard {
+  DevBuf<uint16_t> weight;
+  DevBuf<float> bias;  // empty unless the model has one
+  int64_t start = 0, count = 0;
+};
+
+// The shards [bounds[r], bounds[r + 1]) of m's head.
+std::vector<DeviceShard> make_shards(const DeviceModel& m, const std::vector<int64_t>& bounds);
+
 struct Outputs {
   DevBuf<float> logp, lse, logits;
   void make(int64_t n, int64_t v, bool serving) {

@@ -297,32 +297,7 @@ TEST_F(Sm90MultiTargets, TheLogitGradientOfMultiTargetsIsRefused) {
 
 namespace {
 
-// The shards of a vocabulary: [bounds[r], bounds[r + 1]).
-struct Shard {
-  DevBuf<uint16_t> weight;
-  DevBuf<float> bias;
-  int64_t start = 0, count = 0;
-};
-
-std::vector<Shard> make_shards(const Head& h, const std::vector<int64_t>& bounds) {
-  std::vector<Shard> shards(bounds.size() - 1);
-  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-    Shard& s = shards[r];
-    s.start = bounds[r];
-    s.count = bounds[r + 1] - bounds[r];
-    s.weight = DevBuf<uint16_t>(static_cast<size_t>(s.count * h.d));
-    GPU_CUDA(cudaMemcpy(s.weight.get(), h.m.weight.get() + s.start * h.d, static_cast<size_t>(s.count * h.d) * 2,
-                        cudaMemcpyDeviceToDevice));
-    if (h.m.bias.size()) {
-      s.bias = DevBuf<float>(static_cast<size_t>(s.count));
-      GPU_CUDA(cudaMemcpy(s.bias.get(), h.m.bias.get() + s.start, static_cast<size_t>(s.count) * 4,
-                          cudaMemcpyDeviceToDevice));
-    }
-  }
-  return shards;
-}
-
-detlogp::LinearLogpInputs shard_inputs(const Head& h, const Shard& s, const DevTargets& t, int64_t k) {
+detlogp::LinearLogpInputs shard_inputs(const Head& h, const DeviceShard& s, const DevTargets& t, int64_t k) {
   detlogp::LinearLogpInputs in;
   in.hidden = detlogp::TensorView::matrix(h.hidden.get(), DType::bf16, h.n, h.d, Memory::cuda);
   in.weight = detlogp::TensorView::matrix(s.weight.get(), DType::bf16, s.count, h.d, Memory::cuda);
@@ -349,7 +324,7 @@ TEST_F(Sm90MultiTargets, TensorParallelRanksGiveTheTp1Bits) {
            {std::vector<int64_t>{0, 1024, 2053}, std::vector<int64_t>{0, 700, 1301, 2053},
             std::vector<int64_t>{0, 64, 1000, 1001, 2053}}) {
         const int tp = static_cast<int>(bounds.size()) - 1;
-        std::vector<Shard> shards = make_shards(h, bounds);
+        std::vector<DeviceShard> shards = make_shards(h.m, bounds);
         auto comms = detlogp::make_local_communicators(tp, Memory::cuda, 0);
         std::vector<DevBuf<float>> logp(tp), lse(tp), ent(tp);
         std::vector<std::string> errors(tp);
@@ -407,7 +382,7 @@ TEST_F(Sm90MultiTargets, PartialsAndTheDeviceMergeGiveTheTp1Bits) {
   const DevTargets t(ids, false);
   const Result ref = run(h, 0, h.n, t, k, false);
   const std::vector<int64_t> bounds{0, 333, 640, 1000};
-  std::vector<Shard> shards = make_shards(h, bounds);
+  std::vector<DeviceShard> shards = make_shards(h.m, bounds);
   struct Bufs {
     DevBuf<detlogp::TileSummary> sums;
     DevBuf<float> y, edge;

@@ -292,31 +292,7 @@ TEST_F(Sm90Topk, ABadTargetWritesNothing) {
 
 namespace {
 
-struct Shard {
-  DevBuf<uint16_t> weight;
-  DevBuf<float> bias;
-  int64_t start = 0, count = 0;
-};
-
-std::vector<Shard> make_shards(const Head& h, const std::vector<int64_t>& bounds) {
-  std::vector<Shard> shards(bounds.size() - 1);
-  for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-    Shard& s = shards[r];
-    s.start = bounds[r];
-    s.count = bounds[r + 1] - bounds[r];
-    s.weight = DevBuf<uint16_t>(static_cast<size_t>(s.count * h.d));
-    GPU_CUDA(cudaMemcpy(s.weight.get(), h.m.weight.get() + s.start * h.d, static_cast<size_t>(s.count * h.d) * 2,
-                        cudaMemcpyDeviceToDevice));
-    if (h.m.bias.size()) {
-      s.bias = DevBuf<float>(static_cast<size_t>(s.count));
-      GPU_CUDA(cudaMemcpy(s.bias.get(), h.m.bias.get() + s.start, static_cast<size_t>(s.count) * 4,
-                          cudaMemcpyDeviceToDevice));
-    }
-  }
-  return shards;
-}
-
-detlogp::LinearLogpInputs shard_inputs(const Head& h, const Shard& s, const int64_t* targets) {
+detlogp::LinearLogpInputs shard_inputs(const Head& h, const DeviceShard& s, const int64_t* targets) {
   detlogp::LinearLogpInputs in = inputs(h, 0, h.n, targets);
   in.weight = detlogp::TensorView::matrix(s.weight.get(), DType::bf16, s.count, h.d, Memory::cuda);
   in.bias = s.bias.size() ? detlogp::TensorView::vector(s.bias.get(), DType::f32, s.count, Memory::cuda)
@@ -339,7 +315,7 @@ TEST_F(Sm90Topk, TensorParallelRanksGiveTheTp1Bits) {
        {std::vector<int64_t>{0, 1024, 2112}, std::vector<int64_t>{0, 700, 1301, 2112},
         std::vector<int64_t>{0, 64, 1000, 1010, 2053, 2112}}) {
     const int tp = static_cast<int>(bounds.size()) - 1;
-    std::vector<Shard> shards = make_shards(h, bounds);
+    std::vector<DeviceShard> shards = make_shards(h.m, bounds);
     auto comms = detlogp::make_local_communicators(tp, Memory::cuda, 0);
     std::vector<DevBuf<float>> logp(tp), lse(tp), tl(tp);
     std::vector<DevBuf<int64_t>> ids(tp);
@@ -393,7 +369,7 @@ TEST_F(Sm90Topk, PartialsAndTheDeviceMergeGiveTheTp1Bits) {
   const DevBuf<int64_t> t = device_targets(some_targets(h));
   const Result ref = run(h, 0, h.n, t, k, false);
   const std::vector<int64_t> bounds{0, 333, 640, 1000};
-  std::vector<Shard> shards = make_shards(h, bounds);
+  std::vector<DeviceShard> shards = make_shards(h.m, bounds);
   struct Bufs {
     DevBuf<detlogp::TileSummary> sums;
     DevBuf<float> y, edge, topk_logit;
