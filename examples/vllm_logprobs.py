@@ -5,10 +5,12 @@ For each generated position an engine returns the sampled token's logprob plus t
 alternatives, each with its rank (vLLM's ``Logprob(logprob, rank, decoded_token)`` in a dict keyed
 by token id; ``SamplingParams(logprobs=k)``). Here, on the CPU with a tiny random head:
 
-1. ``detlogp.torch.sample`` draws each row's token inside the contract (temperature, top-k, top-p);
-2. one ``detlogp.torch.linear_logp(h, W, token, temperature=T, topk=k)`` call gives the token's
-   logprob and the top-k ids and logprobs from the same pass over the vocabulary (no [N, V]);
-3. ranks are 1-based positions in the contract's descending order of the scaled logits (equal
+1. one ``detlogp.torch.sample(..., topk=k)`` call draws each row's token inside the contract
+   (temperature, top-k, top-p) and gives, from the same pass over the vocabulary (no [N, V]), the
+   token's raw logprob (``logp_raw``) and the top-k ids and logprobs at the sampling temperature:
+   the ids and bits ``detlogp.torch.linear_logp(h, W, token, temperature=T, topk=k)`` gives (on one
+   GPU, where the SM90 backend does not compute the top-k beside the draw yet, that call is the way);
+2. ranks are 1-based positions in the contract's descending order of the scaled logits (equal
    logits by the lower id): the j-th top-k entry has rank j + 1; the sampled token's rank is its
    top-k position when it is there, else 1 + the number of ids that come before it, counted from
    the serving logits the sampler already holds (``return_logits=True``).
@@ -61,12 +63,12 @@ def logprobs_response(hidden, weight, params: detlogp.SamplingParams, seed: int,
     sampled token first, as vLLM lists a position's logprobs."""
     real_vocab = weight.shape[0]
     with torch.no_grad():
-        drawn = dt.sample(hidden, weight, params, seed=seed, key=key, return_logits=True)
-        token = drawn.token
-        logp, _lse, top_ids, top_logp = dt.linear_logp(hidden, weight, token, temperature=params.temperature,
-                                                       topk=topk)  # fmt: skip
-    # The token's logprob is the sampler's own raw logp, bit for bit (one contract, one pass each).
-    assert torch.equal(logp.view(torch.int32), drawn.logp_raw.view(torch.int32))
+        drawn = dt.sample(hidden, weight, params, seed=seed, key=key, return_logits=True, topk=topk)
+        token, logp, top_ids, top_logp = drawn.token, drawn.logp_raw, drawn.topk_ids, drawn.topk_logp
+        # The same ids and bits as the trainer-side call at the sampling temperature.
+        scored, _lse, ids, lps = dt.linear_logp(hidden, weight, token, temperature=params.temperature, topk=topk)
+    assert torch.equal(scored.view(torch.int32), logp.view(torch.int32))
+    assert torch.equal(ids, top_ids) and torch.equal(lps.view(torch.int32), top_logp.view(torch.int32))
     ranks = contract_rank(drawn.logits, params.temperature, token, real_vocab)
     out = []
     for n in range(len(token)):
@@ -76,6 +78,7 @@ def logprobs_response(hidden, weight, params: detlogp.SamplingParams, seed: int,
             i = int(top_ids[n, j])
             if i == t:
                 assert int(ranks[n]) == j + 1  # the counted rank and the top-k position agree
+                assert float(top_logp[n, j]) == float(logp[n])  # the token's entry is its logp_raw
             row.setdefault(i, Logprob(float(top_logp[n, j]), j + 1, vocab[i]))
         out.append(row)
     return out

@@ -195,6 +195,11 @@ struct SampleInputs {
 // logp f32 (the token's processed log-probability, §11.7), logp_raw f32 (the bits linear_logp gives
 // for that token at the row's T; T = 0: at 1), lse f32 (linear_logp's), support_size i64; logits,
 // when present, [N, V_local] f32 (the serving logits z). Never an [N, V] buffer otherwise.
+// topk_ids and topk_logp, when present: [N, K] i64 and f32 (1 <= K <= kMaxTopk, K <= real_vocab,
+// contiguous), an engine's logprobs=K beside the sampled token: the row's K real ids with the
+// largest y at the row's T (1 for T = 0, as logp_raw) in detlogp/topk.hpp's order, and their raw
+// logp: the ids and bits linear_logp's top-k output gives at that temperature (docs/contract.md
+// §12), from the same pass.
 struct SampleOutputs {
   MutableTensorView token;
   MutableTensorView logp;
@@ -202,6 +207,8 @@ struct SampleOutputs {
   MutableTensorView lse;
   MutableTensorView support_size;
   MutableTensorView logits;
+  MutableTensorView topk_ids;
+  MutableTensorView topk_logp;
 };
 
 // Draws one token per row with the program. Bad parameters throw naming the argument, the row and

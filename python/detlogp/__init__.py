@@ -501,15 +501,18 @@ def _linear_logp_sampled(hidden, weight, targets, bias, temperature, ignore_inde
 
 def sample(hidden, weight, params: SamplingParams, seed, key, *, bias=None, vocab_start: int = 0,
            real_vocab: Optional[int] = None, return_logits: bool = False, backend: Optional[str] = None,
-           strict: Optional[bool] = None) -> SampleResult:  # fmt: skip
+           strict: Optional[bool] = None, topk: Optional[int] = None) -> SampleResult:  # fmt: skip
     """One token per row drawn with the sampling program (docs/contract.md §11): temperature, top-k,
     top-p, min-p over the contract logits, Gumbel-max noise from a counter hash of (seed, key, id).
 
     hidden [N, D] and weight [V, D] bf16 (uint16 bit patterns for numpy; the whole head), params a
     SamplingParams, seed an integer in [0, 2^64 - 1] or a uint64/int64 [N] array, key an int64 [N]
-    array. Returns SampleResult(token, logp, logp_raw, lse, support_size, logits, report): every bit
-    depends only on the row's inputs, params, seed and key. linear_logp(..., sampling=params) with
-    targets = token replays logp, logp_raw and lse bit for bit."""
+    array. Returns SampleResult(token, logp, logp_raw, lse, support_size, logits, report, topk_ids,
+    topk_logp): every bit depends only on the row's inputs, params, seed and key.
+    linear_logp(..., sampling=params) with targets = token replays logp, logp_raw and lse bit for bit.
+    topk=K (1 <= K <= 128, K <= real_vocab): also the K ids with the largest logits at each row's T
+    (1 for T = 0) and their raw logp, from the same pass: the ids and bits linear_logp(..., topk=K)
+    gives at that temperature (an engine's logprobs=K; docs/contract.md §12)."""
     hidden, weight = _host_array(hidden, "hidden"), _host_array(weight, "weight")
     bias = None if bias is None else _host_array(bias, "bias")
     rows = _leading(hidden)
@@ -521,11 +524,14 @@ def sample(hidden, weight, params: SamplingParams, seed, key, *, bias=None, voca
     token, support_size = np.empty(rows, np.int64), np.empty(rows, np.int64)
     logp, logp_raw, lse = (np.empty(rows, np.float32) for _ in range(3))
     logits = np.empty((rows, _leading(weight)), np.float32) if return_logits else None
+    k = _topk_arg(topk)
+    topk_ids = np.empty((rows, k), np.int64) if k else None
+    topk_logp = np.empty((rows, k), np.float32) if k else None
     report = _ext.sample(
         head, program, seed_scalar, seed_rows, key, token, logp, logp_raw, lse, support_size, logits,
-        _backend_arg(backend), _resolve_strict(strict),
+        _backend_arg(backend), _resolve_strict(strict), topk_ids=topk_ids, topk_logp=topk_logp,
     )  # fmt: skip
-    return SampleResult(token, logp, logp_raw, lse, support_size, logits, report)
+    return SampleResult(token, logp, logp_raw, lse, support_size, logits, report, topk_ids, topk_logp)
 
 
 def linear_logp_partials(hidden, weight, targets, bias=None, temperature=1.0, ignore_index: int = -100,

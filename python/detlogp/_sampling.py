@@ -45,6 +45,11 @@ class SampleResult(NamedTuple):
     support_size: Any  # [N] int64: the lanes the filters kept
     logits: Any  # [N, V] float32 with return_logits, else None
     report: dict
+    # topk=K: an engine's logprobs=K beside the token, the K ids with the largest logits at the row's
+    # T (T = 0: at 1), larger first, equal ones by the lower id, [N, K] int64, and their raw logp
+    # [N, K] float32: the bits linear_logp(..., topk=K) gives at that temperature. None otherwise.
+    topk_ids: Any = None
+    topk_logp: Any = None
 
 
 def _shown_value(v) -> str:

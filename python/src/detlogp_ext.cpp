@@ -775,7 +775,8 @@ NB_MODULE(_detlogp, m) {
       [](const nb::tuple& head, const nb::tuple& program, nb::handle seed, nb::handle seed_rows, nb::handle key,
          const OutArray& token, const OutArray& logp, const OutArray& logp_raw, const OutArray& lse,
          const OutArray& support_size, const std::optional<OutArray>& logits, const std::string& backend, bool strict,
-         uintptr_t stream, const nb::object& tp_arg, bool check_only) {
+         uintptr_t stream, const nb::object& tp_arg, bool check_only, const std::optional<OutArray>& topk_ids,
+         const std::optional<OutArray>& topk_logp) {
         const SamplingTp tp(tp_arg);
         if (head.size() != 5) value_error("the head tuple has " + std::to_string(head.size()) + " entries, expected 5");
         detlogp::SampleInputs in;
@@ -795,6 +796,8 @@ NB_MODULE(_detlogp, m) {
         out.lse = out_view(lse, "lse", 1);
         out.support_size = out_view(support_size, "support_size", 1);
         if (logits) out.logits = out_view(*logits, "logits", 2);
+        if (topk_ids) out.topk_ids = out_view(*topk_ids, "topk_ids", 2);
+        if (topk_logp) out.topk_logp = out_view(*topk_logp, "topk_logp", 2);
         const detlogp::CallOptions opt = options(backend, strict, stream);
         if (check_only) return nb::dict();
         if (!tp.on) return reported([&] { return detlogp::sample(in, out, opt); });
@@ -803,7 +806,7 @@ NB_MODULE(_detlogp, m) {
       },
       "head"_a, "program"_a, "seed"_a, "seed_rows"_a.none(), "key"_a, "token"_a, "logp"_a, "logp_raw"_a, "lse"_a,
       "support_size"_a, "logits"_a.none(), "backend"_a, "strict"_a, "stream"_a = 0, "tp"_a.none() = nb::none(),
-      "check_only"_a = false);
+      "check_only"_a = false, "topk_ids"_a.none() = nb::none(), "topk_logp"_a.none() = nb::none());
 
   // linear_logp replaying a sampling program: problem as linear_logp's (temperature 1, no rows: the
   // program's), outputs logp, logp_raw, lse [N] f32 and the optional lse_support, support_max, cut_logit

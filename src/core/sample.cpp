@@ -141,6 +141,11 @@ SampleProblem make_sample_problem(const SampleInputs& in, const SampleOutputs& o
   p.lse = output<float>(out.lse, "lse", p.rows, DType::f32, p.memory, p.device);
   p.support_size = optional_output<int64_t>(out.support_size, "support_size", p.rows, DType::i64, p.memory, p.device);
   if (out.logits.present()) p.logits = checked_logits(out.logits, p.rows, p.vocab_local, p.memory, p.device);
+  p.topk = check_topk_outputs(out.topk_ids, out.topk_logp, p.rows, p.real_vocab, p.memory, p.device);
+  if (p.topk > 0) {
+    p.topk_ids = static_cast<int64_t*>(out.topk_ids.mutable_data());
+    p.topk_logp = static_cast<float*>(out.topk_logp.mutable_data());
+  }
   return p;
 }
 

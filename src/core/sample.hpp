@@ -56,6 +56,9 @@ struct SampleProblem : HeadOperands {
   float* support_max = nullptr;  // replay
   float* cut_logit = nullptr;    // replay
   int64_t* cut_id = nullptr;     // replay
+  int64_t topk = 0;              // sample: K of topk_ids / topk_logp [rows][K], 0 without them
+  int64_t* topk_ids = nullptr;
+  float* topk_logp = nullptr;
 
   DETLOGP_HD uint64_t row_stream(int64_t n) const {
     return sample_stream(seed_rows ? static_cast<uint64_t>(seed_rows[n]) : seed, key[n]);

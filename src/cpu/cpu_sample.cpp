@@ -1,9 +1,9 @@
 // The sampling program on the host. Per row chunk, the contract GEMM (cpu::for_each_z_panel, the
 // driver and K walk of the CPU backend's logits) writes z [rows, V_local]; then every row runs the
 // program of docs/contract.md §11 on its own: the raw tile summaries and chain (§5-§6, the bits of
-// linear_logp), the cut by a sort of the candidates' rank keys, one support pass (masked summaries,
-// chain, Gumbel-max), the finalize. A row's bits depend on its z and parameters alone, so the chunk
-// size and the thread count are free.
+// linear_logp), with the top-k output its K largest y (§12), the cut by a sort of the candidates'
+// rank keys, one support pass (masked summaries, chain, Gumbel-max), the finalize. A row's bits
+// depend on its z and parameters alone, so the chunk size and the thread count are free.
 #include "cpu/cpu_sample.hpp"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "cpu/cpu_tile_summary.hpp"
 #include "cpu/cpu_wgmma_gemm.hpp"
 #include "detlogp/sample.hpp"
+#include "detlogp/topk.hpp"
 
 namespace detlogp::detail {
 namespace {
@@ -27,7 +28,21 @@ struct RowScratch {
   std::vector<TileSummary> tiles;
   std::vector<uint64_t> keys;
   std::vector<std::pair<uint64_t, uint64_t>> weighted;  // (rank key, top-p mass) of the top-p candidates
+  std::vector<TopkEntry> topk;                          // the top-k output's list
 };
+
+// The row's top-k output (§12): its K largest y in topk_before order, each with its raw logp, the
+// bits linear_logp's top-k output gives for the same y and lse (K <= real_vocab: the list is full).
+void write_topk(const SampleProblem& p, int64_t n, const float* y, int64_t lanes, float lse, RowScratch& s) {
+  const int k = static_cast<int>(p.topk);
+  s.topk.resize(static_cast<size_t>(k));
+  int count = 0;
+  for (int64_t v = 0; v < lanes; ++v) topk_offer(s.topk.data(), k, count, {y[v], v});
+  for (int j = 0; j < k; ++j) {
+    p.topk_ids[n * k + j] = s.topk[static_cast<size_t>(j)].id;
+    p.topk_logp[n * k + j] = target_logp(s.topk[static_cast<size_t>(j)].y, lse);
+  }
+}
 
 // The cut of §11.4-§11.5 over a row's y[0, lanes) (global ids = lane indices), by sorting rank keys:
 // top-k selects the keep largest keys, top-p sorts the ones among them with a positive mass (only
@@ -80,6 +95,7 @@ bool run_row(const SampleProblem& p, int64_t n, const float* z, RowScratch& s) {
     s.tiles[static_cast<size_t>(g)] = cpu::fast_tile_summary(y + g * kVocabTile, static_cast<int>(real));
   }
   const RowStats st = row_stats(s.tiles.data(), n_tiles);
+  if (p.topk > 0) write_topk(p, n, y, lanes, st.lse, s);
   const bool samplable = row_samplable(st);
   SupportRow support{st.max, no_cut(), r.min_p};
   if (samplable && has_cut(r, lanes)) support.cut = find_cut(y, lanes, st.max, r, s);

@@ -441,6 +441,11 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   DETLOGP_CHECK(p.memory == Memory::cuda,
                 "the SM90 backend runs the sampling program on CUDA tensors; host tensors "
                 "run it on cpu-linear-logp-contract-v1");
+  DETLOGP_CHECK(p.topk == 0,
+                "the SM90 backend does not compute sample's top-k output (topk_ids / topk_logp, "
+                "docs/contract.md §12) yet; linear_logp(..., topk=K) at the rows' temperatures (1 for "
+                "T = 0) gives the same ids and bits from its own pass, and the CPU backend computes it "
+                "with the draw, on host memory");
   SamplingReport report;
   if (p.rows == 0) return report;
   DeviceGuard guard(p.device);

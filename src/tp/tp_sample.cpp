@@ -9,10 +9,12 @@
 //   2. finds the cut (§11.4-§11.5) by radix selection over the rank keys: per 8-bit digit, each
 //      rank's histogram of counts (top-k) or of top-p masses (top-p) over its candidates,
 //      all-gathered and summed as integers, the same digit chosen everywhere;
-//   3. forms its whole tiles' support summaries and its best Gumbel score; they are all-gathered,
+//   3. forms its whole tiles' support summaries and its best Gumbel score (and, with the top-k
+//      output, its shard's K largest y and their ids); they are all-gathered,
 //      every rank summarizes the straddling tiles' support lanes itself and chains the tiles in
 //      ascending order: the TP = 1 S_Sigma, the token is the best of the ranks' bests;
-//   4. writes the row through SampleProblem::write_row, the output step of every backend.
+//   4. writes the row through SampleProblem::write_row, the output step of every backend (the top-k
+//      output: the ranks' lists offered in rank order, each entry's logp with the TP = 1 lse).
 // Only bytes move: tile summaries, scaled logits of edge lanes, integer histograms and each rank's
 // best lane. Nothing is reduced in floating point in transit, and every floating-point step runs in
 // the order TP = 1 runs it (row_stats over the ascending tiles, the support chain over them).
@@ -36,6 +38,7 @@
 #include "core/sample.hpp"
 #include "core/straddle.hpp"
 #include "core/validate.hpp"
+#include "detlogp/topk.hpp"
 #include "tp/tp_merge.hpp"
 
 namespace detlogp::tp {
@@ -60,12 +63,13 @@ struct SampleHeader {
   uint64_t min_p_digest = 0;
   uint64_t seed_digest = 0;
   uint64_t key_digest = 0;
+  int64_t topk = 0;    // sample: K of the top-k output, 0 without it
   int32_t replay = 0;  // 1: linear_logp with a program; 0: sample
   int32_t error = 0;   // 1: this rank's local validation failed, see message
   char message[kMessageBytes] = {};
 };
 static_assert(std::is_trivially_copyable_v<SampleHeader>);
-static_assert(sizeof(SampleHeader) == 32 + sizeof(PartialsLayout) + 48 + kMessageBytes, "no padding bytes");
+static_assert(sizeof(SampleHeader) == 32 + sizeof(PartialsLayout) + 56 + kMessageBytes, "no padding bytes");
 
 // The communicator with where its bytes live: every exchange goes through gather(), which takes
 // host buffers and, for a communicator of CUDA memory, stages them through device memory.
@@ -231,6 +235,8 @@ void mirror_to_host(RankCall& c, void* stream) {
   m.output(p.support_max, p.rows);
   m.output(p.cut_logit, p.rows);
   m.output(p.cut_id, p.rows);
+  m.output(p.topk_ids, p.rows * p.topk);
+  m.output(p.topk_logp, p.rows * p.topk);
   m.device_logits = p.logits;  // written on the device by the backend, per chunk
   p.logits = nullptr;
 }
@@ -264,6 +270,8 @@ void decide(const std::vector<SampleHeader>& hs, bool replay) {
                     "the entry (1: linear_logp replaying a program, 0: sample)");
   check_ranks_agree(field([](const SampleHeader& h) { return h.rows; }), "N (hidden rows)");
   check_ranks_agree(field([](const SampleHeader& h) { return h.dim; }), "D (hidden size)");
+  check_ranks_agree(field([](const SampleHeader& h) { return h.topk; }),
+                    "topk (the K columns of topk_ids and topk_logp; 0 without them)");
   const auto same = [&](uint64_t SampleHeader::*digest, const char* what) {
     for (int r = 1; r < ranks; ++r)
       DETLOGP_CHECK(hs[r].*digest == hs[0].*digest, "ranks disagree on " << what << " (rank 0 and rank " << r
@@ -425,9 +433,10 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
 
   // The row chunk, the same on every rank (from the headers): this rank's logits and scaled
   // logits plus every gather's slots within the tensor-parallel workspace.
+  const int64_t topk = p.topk;  // the same on every rank (decided from the headers)
   const int64_t per_row_bytes =
       max_local * 8 +
-      ranks * (kDigits * 8 + 2 * max_tiles * static_cast<int64_t>(sizeof(TileSummary)) + max_edge * 4 + 64);
+      ranks * (kDigits * 8 + 2 * max_tiles * static_cast<int64_t>(sizeof(TileSummary)) + max_edge * 4 + 64 + topk * 12);
   const int64_t budget = detail::env_tp_workspace_mib() << 20;
   const int64_t chunk = std::clamp<int64_t>(budget / per_row_bytes, 1, rows);
 
@@ -452,7 +461,10 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
   const size_t s2_token_logit = s2.add(static_cast<size_t>(chunk) * sizeof(float));
   const size_t s2_cut_logit = s2.add(static_cast<size_t>(chunk) * sizeof(float));
   const size_t s2_cut_owned = s2.add(static_cast<size_t>(chunk));
+  const size_t s2_topk_y = s2.add(static_cast<size_t>(chunk * topk) * sizeof(float));  // each rank's top-k list
+  const size_t s2_topk_id = s2.add(static_cast<size_t>(chunk * topk) * sizeof(int64_t));
   Gather support(s2.bytes(), ranks);
+  std::vector<TopkEntry> topk_list(static_cast<size_t>(topk));
 
   // CUDA memory: the device side of step 1 and the gathers' staging. An allocation can fail on one
   // rank only: the ranks agree on it before the first chunk, like on the call itself.
@@ -641,7 +653,21 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
     float* token_logit = support.mine<float>(s2_token_logit);
     float* cut_logit = support.mine<float>(s2_cut_logit);
     uint8_t* cut_owned = support.mine<uint8_t>(s2_cut_owned);
+    float* topk_y = support.mine<float>(s2_topk_y);
+    int64_t* topk_id = support.mine<int64_t>(s2_topk_id);
     for (int64_t i = 0; i < n; ++i) {
+      // The shard's top-k list (every row, like the output's NaN rows): its K largest y, id -1 past
+      // its real lanes.
+      if (topk > 0) {
+        const float* yi = y.data() + i * v_local;
+        int count = 0;
+        for (int64_t v = 0; v < local_real; ++v)
+          topk_offer(topk_list.data(), static_cast<int>(topk), count, {yi[v], own.vocab_start + v});
+        for (int64_t j = 0; j < topk; ++j) {
+          topk_y[i * topk + j] = j < count ? topk_list[static_cast<size_t>(j)].y : fp::neg_inf();
+          topk_id[i * topk + j] = j < count ? topk_list[static_cast<size_t>(j)].id : -1;
+        }
+      }
       const int64_t row = row0 + i;
       SupportRow sr{stats[static_cast<size_t>(i)].max, no_cut(), params[static_cast<size_t>(i)].min_p};
       if (need_k[static_cast<size_t>(i)] || need_p[static_cast<size_t>(i)]) {
@@ -710,6 +736,21 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
           }
         }
       }
+      if (topk > 0) {  // the ranks' lists offered in rank order, then the TP = 1 lse: linear_logp's bits
+        int count = 0;
+        for (int r = 0; r < ranks; ++r)
+          for (int64_t j = 0; j < topk; ++j) {
+            const int64_t id = support.of<int64_t>(r, s2_topk_id)[i * topk + j];
+            if (id >= 0)
+              topk_offer(topk_list.data(), static_cast<int>(topk), count,
+                         {support.of<float>(r, s2_topk_y)[i * topk + j], id});
+          }
+        for (int64_t j = 0; j < topk; ++j) {  // K <= real_vocab: the merged list is full
+          p.topk_ids[row * topk + j] = topk_list[static_cast<size_t>(j)].id;
+          p.topk_logp[row * topk + j] =
+              target_logp(topk_list[static_cast<size_t>(j)].y, stats[static_cast<size_t>(i)].lse);
+        }
+      }
       const bool target_read = replay && p.target(row) != p.ignore_index;
       if (p.write_row(row, stats[static_cast<size_t>(i)], sr, pass, target_read ? y_t[static_cast<size_t>(i)] : 0.0f)) {
         if (sampling.outside_support == 0) sampling.first_outside_support = row;
@@ -740,6 +781,7 @@ CallReport run_sample_tensor_parallel(const SampleInputs& in, const SampleOutput
     detail::check_environment();  // inside the exchange: a rank's bad environment refuses every rank
     check_memory(in.hidden, comm, "sample");
     c.problem = detail::make_sample_problem(in, out, true);
+    c.header.topk = c.problem.topk;
     mirror_to_host(c, stream);
     c.head.hidden = in.hidden;
     c.head.weight = in.weight;

@@ -66,6 +66,8 @@ struct Program {
 struct Drawn {
   std::vector<int64_t> token, support_size;
   std::vector<float> logp, logp_raw, lse, logits;
+  std::vector<int64_t> topk_ids;  // [N, K] with the top-k output, else empty
+  std::vector<float> topk_logp;
   detlogp::CallReport report;
 };
 
@@ -98,7 +100,8 @@ inline detlogp::SampleInputs sample_inputs(const Problem& p, const Program& prog
 
 inline constexpr int64_t kPoisonToken = -777;
 
-inline detlogp::SampleOutputs sample_views(Drawn& d, int64_t rows, int64_t vocab, bool with_logits) {
+// topk > 0: also the top-k output [rows, topk].
+inline detlogp::SampleOutputs sample_views(Drawn& d, int64_t rows, int64_t vocab, bool with_logits, int64_t topk = 0) {
   d.token.assign(static_cast<size_t>(rows), kPoisonToken);
   d.support_size.assign(static_cast<size_t>(rows), kPoisonToken);
   d.logp = poisoned(static_cast<size_t>(rows));
@@ -112,12 +115,18 @@ inline detlogp::SampleOutputs sample_views(Drawn& d, int64_t rows, int64_t vocab
   o.lse = detlogp::mutable_vector(d.lse.data(), DType::f32, rows);
   o.support_size = detlogp::mutable_vector(d.support_size.data(), DType::i64, rows);
   if (with_logits) o.logits = detlogp::mutable_matrix(d.logits.data(), DType::f32, rows, vocab);
+  d.topk_ids.assign(static_cast<size_t>(rows * topk), kPoisonToken);
+  d.topk_logp = poisoned(static_cast<size_t>(rows * topk));
+  if (topk > 0) {
+    o.topk_ids = detlogp::mutable_matrix(d.topk_ids.data(), DType::i64, rows, topk);
+    o.topk_logp = detlogp::mutable_matrix(d.topk_logp.data(), DType::f32, rows, topk);
+  }
   return o;
 }
 
-inline Drawn draw(const Problem& p, const Program& prog, const Keys& keys, bool with_logits = false) {
+inline Drawn draw(const Problem& p, const Program& prog, const Keys& keys, bool with_logits = false, int64_t topk = 0) {
   Drawn d;
-  const detlogp::SampleOutputs o = sample_views(d, p.rows, p.vocab, with_logits);
+  const detlogp::SampleOutputs o = sample_views(d, p.rows, p.vocab, with_logits, topk);
   d.report = detlogp::sample(sample_inputs(p, prog, keys), o, cpu_backend_options());
   return d;
 }
@@ -136,7 +145,8 @@ inline bool untouched(const Drawn& d) {
     return std::all_of(v.begin(), v.end(), [](int64_t x) { return x == kPoisonToken; });
   };
   return poisoned_ints(d.token) && poisoned_ints(d.support_size) && count_unpoisoned(d.logp) == 0 &&
-         count_unpoisoned(d.logp_raw) == 0 && count_unpoisoned(d.lse) == 0 && count_unpoisoned(d.logits) == 0;
+         count_unpoisoned(d.logp_raw) == 0 && count_unpoisoned(d.lse) == 0 && count_unpoisoned(d.logits) == 0 &&
+         poisoned_ints(d.topk_ids) && count_unpoisoned(d.topk_logp) == 0;
 }
 
 struct Replayed {
@@ -214,6 +224,9 @@ inline void expect_same_bits(const Drawn& a, const Drawn& b, const std::string& 
       << what << ": " << detlogp::bitcmp::compare(a.logp, b.logp).describe("logp");
   EXPECT_TRUE(detlogp::bitcmp::compare(a.logp_raw, b.logp_raw)) << what;
   EXPECT_TRUE(detlogp::bitcmp::compare(a.lse, b.lse)) << what;
+  EXPECT_EQ(a.topk_ids, b.topk_ids) << what << ": topk_ids";
+  EXPECT_TRUE(detlogp::bitcmp::compare(a.topk_logp, b.topk_logp))
+      << what << ": " << detlogp::bitcmp::compare(a.topk_logp, b.topk_logp).describe("topk_logp");
 }
 
 }  // namespace sample_test

@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/grad_logits.hpp"
@@ -714,6 +715,72 @@ TEST(SampleGrad, TheReplaysGradientHoldsTheSupportFixed) {
   args.cut_id = {};
   detlogp::MutableTensorView out{TensorView::matrix(dz.data(), DType::bf16, p.rows, p.vocab)};
   expect_refused([&] { detlogp::linear_logp_grad_logits(p.inputs(), prog.view(), args, out); }, "cut_id is required");
+}
+
+// The top-k output beside the draw (an engine's logprobs=K): the ids and bits of linear_logp's top-k
+// output at each row's temperature (1 for a greedy row), whatever the filters, for a NaN row too;
+// the sampled token's logp_raw is its entry's bits where it is among the K; rows do not depend on
+// the batch; K outside [1, 128] or above real_vocab is refused with nothing written.
+TEST(Sample, TheTopkOutputIsLinearLogpsTopkAtTheRowsTemperature) {
+  Problem p = random_problem(29, 2053, 41);
+  p.hidden[static_cast<size_t>(3 * p.dim)] = 0x7FC0;  // row 3: NaN
+  const Program prog = varied_program(p.rows);
+  const int64_t k = 20;
+  const Drawn d = draw(p, prog, row_keys(p.rows), false, k);
+  Problem scaled = p;
+  scaled.temperature_rows.resize(static_cast<size_t>(p.rows));
+  for (int64_t n = 0; n < p.rows; ++n) {
+    const float t = prog.temperature_rows[static_cast<size_t>(n)];
+    scaled.temperature_rows[static_cast<size_t>(n)] = t == 0.0f ? 1.0f : t;
+  }
+  Outputs ref(p.rows, p.vocab, false);
+  std::vector<int64_t> ids(static_cast<size_t>(p.rows * k), -7);
+  std::vector<float> logp = poisoned(static_cast<size_t>(p.rows * k));
+  detlogp::LinearLogpOutputs o = ref.views();
+  o.topk_ids = detlogp::mutable_matrix(ids.data(), DType::i64, p.rows, k);
+  o.topk_logp = detlogp::mutable_matrix(logp.data(), DType::f32, p.rows, k);
+  detlogp::linear_logp(scaled.inputs(), o, cpu_backend_options());
+  EXPECT_EQ(d.topk_ids, ids);
+  EXPECT_TRUE(detlogp::bitcmp::compare(d.topk_logp, logp))
+      << detlogp::bitcmp::compare(d.topk_logp, logp).describe("topk_logp");
+  EXPECT_TRUE(detlogp::bitcmp::compare(d.lse, ref.lse)) << "lse";
+  int64_t listed = 0;
+  for (int64_t n = 0; n < p.rows; ++n)
+    for (int64_t j = 0; j < k; ++j)
+      if (d.topk_ids[static_cast<size_t>(n * k + j)] == d.token[static_cast<size_t>(n)]) {
+        ++listed;
+        EXPECT_EQ(float_bits(d.topk_logp[static_cast<size_t>(n * k + j)]),
+                  float_bits(d.logp_raw[static_cast<size_t>(n)]))
+            << "row " << n << ": the token's entry";
+      }
+  EXPECT_GT(listed, p.rows / 2) << "most sampled tokens are among the 20 largest";
+  const std::vector<int64_t> picks{28, 3, 0, 17};
+  const Keys keys = row_keys(p.rows);
+  Keys some_keys;
+  for (int64_t i : picks) some_keys.key.push_back(keys.key[static_cast<size_t>(i)]);
+  const Drawn some = draw(p.select_rows(picks), prog.select_rows(picks), some_keys, false, k);
+  for (size_t i = 0; i < picks.size(); ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const size_t at = static_cast<size_t>(picks[i] * k + j), mine = i * static_cast<size_t>(k) + j;
+      EXPECT_EQ(some.topk_ids[mine], d.topk_ids[at]) << "row " << picks[i] << " alone";
+      EXPECT_EQ(float_bits(some.topk_logp[mine]), float_bits(d.topk_logp[at])) << "row " << picks[i] << " alone";
+    }
+  const Problem small = random_problem(3, 50, 42);
+  const Program plain;
+  for (const auto& [head, bad, message] :
+       {std::tuple{static_cast<const Problem*>(&p), int64_t{129},
+                   "topk=129 (topk_ids has K=129 columns) must be in [1, 128] (kMaxTopk)"},
+        std::tuple{&small, int64_t{51}, "topk=51 exceeds real_vocab=50"}}) {
+    Drawn r;
+    detlogp::SampleOutputs views = sample_views(r, head->rows, head->vocab, false, bad);
+    expect_refused(
+        [&] {
+          detlogp::sample(sample_inputs(*head, head == &p ? prog : plain, row_keys(head->rows)), views,
+                          cpu_backend_options());
+        },
+        message);
+    EXPECT_TRUE(untouched(r)) << "topk=" << bad;
+  }
 }
 
 }  // namespace

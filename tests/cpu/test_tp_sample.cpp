@@ -1,10 +1,11 @@
 // The sampling program over vocabulary shards (docs/contract.md §11.9) with in-process ranks (one
 // thread each, host memory, CPU backend): sample_tensor_parallel and the replay's
 // linear_logp_tensor_parallel give every rank the TP = 1 bits (token, logp, logp_raw, lse,
-// support_size; the replay's lse_support, support_max, cut_logit and cut_id) for engine splits V / TP
-// off the tile grid at TP = 2, 3, 4 and 8, odd vocabularies, unequal shards, shards narrower than a
-// tile and a shard of padding only, in row chunks; each rank keeps its logits shard; bad or
-// inconsistent calls are refused by every rank with the same message and nothing written.
+// support_size, the top-k output beside the draw; the replay's lse_support, support_max, cut_logit
+// and cut_id) for engine splits V / TP off the tile grid at TP = 2, 3, 4 and 8, odd vocabularies,
+// unequal shards, shards narrower than a tile and a shard of padding only, in row chunks; each rank
+// keeps its logits shard; bad or inconsistent calls are refused by every rank with the same
+// message and nothing written.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -50,13 +51,13 @@ using ReplayEdit = std::function<void(int, detlogp::LinearLogpInputs&, detlogp::
 // Every rank in its own thread over in-process communicators; `edit` may alter rank r's call.
 std::vector<RankDraw> draw_ranks(
     const Problem& p, const Program& prog, const Keys& keys, const std::vector<int64_t>& bounds,
-    bool with_logits = false, const SampleEdit& edit = [](int, detlogp::SampleInputs&) {}) {
+    bool with_logits = false, const SampleEdit& edit = [](int, detlogp::SampleInputs&) {}, int64_t topk = 0) {
   const int ranks = static_cast<int>(bounds.size()) - 1;
   auto comms = detlogp::make_local_communicators(ranks, detlogp::Memory::host);
   std::vector<RankDraw> out(static_cast<size_t>(ranks));
   std::vector<detlogp::SampleOutputs> views;
   for (int r = 0; r < ranks; ++r)
-    views.push_back(sample_views(out[r].d, p.rows, bounds[r + 1] - bounds[r], with_logits));
+    views.push_back(sample_views(out[r].d, p.rows, bounds[r + 1] - bounds[r], with_logits, topk));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -136,10 +137,13 @@ void expect_same_replay(const Replayed& a, const Replayed& b, const std::string&
 }
 
 // Rollout and replay at TP = 1 and over `bounds`, every rank compared with TP = 1, bit for bit.
+// With the top-k output (K = 20, or every real id of a smaller vocabulary) beside the draw.
 void expect_tp1_bits(const Problem& p, const Program& prog, const Keys& keys, const std::vector<int64_t>& bounds) {
   const std::string what = name_of(bounds);
-  const Drawn ref = draw(p, prog, keys);
-  const std::vector<RankDraw> got = draw_ranks(p, prog, keys, bounds);
+  const int64_t topk = std::min<int64_t>(20, p.real_vocab);
+  const Drawn ref = draw(p, prog, keys, false, topk);
+  const std::vector<RankDraw> got = draw_ranks(
+      p, prog, keys, bounds, false, [](int, detlogp::SampleInputs&) {}, topk);
   for (size_t r = 0; r < got.size(); ++r) {
     ASSERT_TRUE(got[r].error.empty()) << what << " rank " << r << ": " << got[r].error;
     expect_same_bits(got[r].d, ref, what + " rank " + std::to_string(r));

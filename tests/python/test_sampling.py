@@ -62,6 +62,28 @@ def test_sample_replays_bit_for_bit_and_raw_is_linear_logp():
     assert (r.logp >= r.logp_raw).all()
 
 
+def test_topk_beside_the_draw_is_linear_logps_topk_at_the_rows_temperature():
+    """topk=K with the draw (an engine's logprobs=K): the ids and bits of linear_logp(..., topk=K) at
+    each row's T (1 for a greedy row), the sampled token's entry its logp_raw; refused out of range."""
+    n = 24
+    h, w, _, b, _ = make_problem(n, 32, 300, seed=11, bias=True, weight_scale=0.5)
+    params = varied(n)
+    r = detlogp.sample(h, w, params, 7, np.arange(n, dtype=np.int64), bias=b, backend=CPU, topk=12)
+    assert r.topk_ids.shape == (n, 12) and r.topk_ids.dtype == np.int64 and r.topk_logp.dtype == np.float32
+    temp = np.where(params.temperature == 0, 1.0, params.temperature).astype(np.float32)
+    plain = detlogp.linear_logp(h, w, r.token, b, temperature=temp, backend=CPU, topk=12)
+    assert np.array_equal(r.topk_ids, plain.topk_ids)
+    assert np.array_equal(bits(r.topk_logp), bits(plain.topk_logp))
+    hit = r.topk_ids == r.token[:, None]
+    assert hit.any(axis=1).sum() > n // 2
+    assert np.array_equal(bits(r.topk_logp[hit]), bits(r.logp_raw[hit.any(axis=1)]))
+    assert detlogp.sample(h, w, params, 7, np.arange(n, dtype=np.int64), bias=b).topk_ids is None
+    with pytest.raises(detlogp.InputError, match=r"topk=129 must be in \[1, 128\]"):
+        detlogp.sample(h, w, params, 7, np.arange(n, dtype=np.int64), topk=129)
+    with pytest.raises(detlogp.InputError, match="topk=51 exceeds real_vocab=50"):
+        detlogp.sample(h, w[:50], params, 7, np.arange(n, dtype=np.int64), topk=51)
+
+
 def test_every_filter_off_gives_logp_equal_to_logp_raw():
     h, w, _, _, _ = make_problem(9, 16, 130, seed=2)
     r = detlogp.sample(h, w, detlogp.SamplingParams(temperature=0.7), 1, np.arange(9, dtype=np.int64))
@@ -207,6 +229,23 @@ def test_torch_sample_is_the_numpy_sample_and_replays():
     r2 = dt.sample(h.reshape(3, 4, 16), w, detlogp.SamplingParams(top_k=torch.full((3, 4), 5)), 0, key.reshape(3, 4),
                    bias=b)  # fmt: skip
     assert r2.token.shape == (3, 4) and (r2.support_size == 5).all()
+
+
+def test_torch_sample_topk_is_the_numpy_sample_topk():
+    h, w, b = torch_problem(12, 16, 150, seed=9)
+    params = torch_params(12)
+    key = torch.arange(12) * 5
+    r = dt.sample(h.reshape(3, 4, 16), w, detlogp.SamplingParams(
+        *(getattr(params, f).reshape(3, 4) for f in ("temperature", "top_k", "top_p", "min_p"))), 3, key.reshape(3, 4),
+        bias=b, topk=6)  # fmt: skip
+    ref = detlogp.sample(h.view(torch.int16).numpy(), w.view(torch.int16).numpy(), varied(12), 3, key.numpy(),
+                         bias=b.numpy(), topk=6)  # fmt: skip
+    assert r.topk_ids.shape == (3, 4, 6) and r.topk_logp.shape == (3, 4, 6)
+    assert np.array_equal(r.topk_ids.reshape(12, 6).numpy(), ref.topk_ids)
+    assert np.array_equal(bits(r.topk_logp.reshape(12, 6).numpy()), bits(ref.topk_logp))
+    assert dt.sample(h, w, params, 3, key, bias=b).topk_ids is None
+    with pytest.raises(detlogp.InputError, match="topk=0 must be in"):
+        dt.sample(h, w, params, 3, key, topk=0)
 
 
 def _support_mask(h, w, b, params_np, n, v):

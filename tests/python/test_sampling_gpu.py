@@ -132,6 +132,12 @@ def test_cuda_sample_bad_parameter_names_the_row():
                        sampling=detlogp.SamplingParams(min_p=min_p))  # fmt: skip
 
 
+def test_cuda_sample_topk_is_refused_naming_the_way_to_the_same_bits():
+    h, w, _ = problem(6, 64, 300, seed=5)
+    with pytest.raises(detlogp.NotImplementedYetError, match=r"linear_logp\(\.\.\., topk=K\)"):
+        dt.sample(h.cuda(), w.cuda(), detlogp.SamplingParams(top_k=5), 0, torch.arange(6).cuda(), topk=4)
+
+
 def test_cuda_replay_gives_the_rollout_bits_and_counts_outside_targets():
     n, d, v = 37, 128, 4099
     h, w, b = problem(n, d, v, seed=5)

@@ -72,6 +72,15 @@ def main():
     ranks = rep.get("tensor_parallel")
     check("report names the ranks", ranks == {"ranks": world, "rank": rank}, str(ranks))
     check("report names the sampling program", rep["provenance"]["sample_id"] == one.report["provenance"]["sample_id"])
+    # The top-k output beside the draw: linear_logp's top-k at each row's T (1 for a greedy row).
+    tk = dt.sample(h, w[lo:hi], params, 2024, key, bias=b[lo:hi], vocab_start=lo, real_vocab=real_vocab,
+                   tp_group=group, topk=9)  # fmt: skip
+    temps = torch.where(params.temperature == 0, 1.0, params.temperature)
+    _, _, ids1, tlp1 = dt.linear_logp(h, w, one.token.clamp(min=0), bias=b, temperature=temps, real_vocab=real_vocab,
+                                      topk=9)  # fmt: skip
+    check("sample topk_ids equal linear_logp's at TP=1", torch.equal(tk.topk_ids, ids1))
+    check("sample topk_logp equal linear_logp's at TP=1", torch.equal(bits(tk.topk_logp), bits(tlp1)))
+    check("sample with topk draws the same token", torch.equal(tk.token, one.token))
 
     # The replay of the drawn tokens (some ignored, some outside the support), forward and backward.
     t = one.token.clone()

@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import _detlogp as _ext, _int_arg, _sampling, _what
-from .._errors import DetlogpError, InputError
+from .. import _detlogp as _ext, _int_arg, _sampling, _topk_arg, _what
+from .._errors import DetlogpError, InputError, NotImplementedYetError
 from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
@@ -70,7 +70,8 @@ def _tensors(named) -> None:
 
 def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Tensor, *, bias: Optional[Tensor] = None,
            vocab_start: int = 0, real_vocab: Optional[int] = None, tp_group=None, return_logits: bool = False,
-           backend: Optional[str] = None, strict: Optional[bool] = None) -> SampleResult:  # fmt: skip
+           backend: Optional[str] = None, strict: Optional[bool] = None,
+           topk: Optional[int] = None) -> SampleResult:  # fmt: skip
     """One token per row with the sampling program (docs/contract.md §11). hidden [..., D] bf16,
     weight [V, D] bf16 (the whole head; with tp_group this rank's shard [V_local, D] at vocab_start,
     real_vocab the global real vocabulary), params a detlogp.SamplingParams (per-row fields shaped
@@ -78,8 +79,19 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     rows' shape. Returns detlogp.SampleResult of tensors shaped like key (logits [..., V_local] with
     return_logits: the rank's shard) on hidden's device, the same bits on every rank of tp_group as
     at TP = 1; not differentiable (the rollout side). CPU tensors run on the CPU backend, CUDA
-    tensors on the SM90 backend, on the current CUDA stream."""
-    arguments = (hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict)
+    tensors on the SM90 backend, on the current CUDA stream. topk=K (1 <= K <= 128): also topk_ids
+    and topk_logp, shaped like key plus [K], the K ids with the largest logits at each row's T (1 for
+    T = 0) and their raw logp, the bits linear_logp(..., topk=K) gives at that temperature (an
+    engine's logprobs=K; CPU tensors, and CUDA tensors over tp_group; on one GPU the SM90 backend
+    does not compute it with the draw yet: NotImplementedYetError)."""
+    k = _topk_arg(topk)
+    if k and hidden.is_cuda and tp_group is None:
+        raise NotImplementedYetError(
+            f"topk={k} with detlogp.torch.sample on CUDA tensors: the SM90 backend does not compute the top-k "
+            "output with the draw yet; detlogp.torch.linear_logp(..., topk=K) at the rows' temperatures (1 for "
+            "T = 0) gives the same ids and bits from its own pass, and CPU tensors (or tp_group) take topk= here"
+        )
+    arguments = (hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict, k)
     if tp_group is None:
         return _sample(*arguments)
     prepared = []
@@ -97,7 +109,7 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     return result._replace(report=report)
 
 
-def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict,
+def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict, topk,
             check_only=False):  # fmt: skip
     """sample's body. check_only: every check, then (the result's output tensors, run(tp) -> report)."""
     _tensors((("hidden", hidden), ("weight", weight), ("key", key), ("bias", bias)))
@@ -117,18 +129,23 @@ def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, re
     support_size = torch.empty(n, dtype=torch.int64, device=dev)
     logp, logp_raw, lse = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(3))
     logits = torch.empty((n, v), dtype=torch.float32, device=dev) if return_logits else None
+    topk_ids = torch.empty((n, topk), dtype=torch.int64, device=dev) if topk else None
+    topk_logp = torch.empty((n, topk), dtype=torch.float32, device=dev) if topk else None
     args = (
         head, program, seed_scalar, seed_rows, flat(key), token, logp, logp_raw, lse, support_size, logits,
         backend or "", bool(strict), stream_of(hidden),
     )  # fmt: skip
+    extra = {"topk_ids": topk_ids, "topk_logp": topk_logp}
     out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
     logits_out = None if logits is None else logits.reshape(shape + (v,))
+    topk_out = [None if t is None else t.reshape(shape + (topk,)) for t in (topk_ids, topk_logp)]
     if check_only:
-        _ext.sample(*args, check_only=True)
-        return SampleResult(*out, logits_out, {"copies": copies}), lambda tp: _ext.sample(*args, tp=tp)
-    report = _ext.sample(*args)
+        _ext.sample(*args, check_only=True, **extra)
+        return (SampleResult(*out, logits_out, {"copies": copies}, *topk_out),
+                lambda tp: _ext.sample(*args, tp=tp, **extra))  # fmt: skip
+    report = _ext.sample(*args, **extra)
     set_report(dict(report, copies=copies))
-    return SampleResult(*out, logits_out, report)
+    return SampleResult(*out, logits_out, report, *topk_out)
 
 
 class SampledLinearLogp(torch.autograd.Function):
