@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -107,6 +108,73 @@ TEST(Goldens, CpuFingerprintsMatchTheCheckedInFile) {
     }
   }
   EXPECT_GE(checked, 20);
+}
+
+// The sampling program (docs/contract.md §11, sample/v1) and the top-k beside its draw (§12.5),
+// pinned like logp: a fixed program (per-row T with greedy rows, per-row top-k, top-p, min-p), seed
+// and keys on each TP = 1 golden case through the CPU backend; the fingerprint covers token, logp,
+// logp_raw, lse, support_size, topk_ids and topk_logp in that order. A change to any of the
+// program's bits (the counter hash, the noise, the cut, the support) moves these rows; a missing
+// row prints the line to record.
+TEST(Goldens, CpuSamplingProgramFingerprintsMatchTheCheckedInFile) {
+  const auto table = g::read_fingerprints(DETLOGP_GOLDEN_FILE);
+  const std::string scope = "sample/v1:token|logp|logp_raw|lse|support_size|topk_ids|topk_logp";
+  int checked = 0;
+  for (const g::GoldenCase& c : g::golden_cases()) {
+    if (c.tp != 1 || c.dim * c.weight_rows > 16'000'000) continue;
+    const g::CaseInputs in = g::make_inputs(c);
+    const detlogp::LinearLogpInputs head = in.view();
+    const int64_t n = c.rows, k = std::min<int64_t>(4, c.real_vocab);
+    std::vector<float> temps(static_cast<size_t>(n));
+    std::vector<int64_t> top_k(static_cast<size_t>(n)), key(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      temps[static_cast<size_t>(i)] = i % 4 == 2 ? 0.0f : 0.6f + 0.15f * static_cast<float>(i % 3);
+      top_k[static_cast<size_t>(i)] = i % 3 == 0 ? 0 : 3 + i % 5;
+      key[static_cast<size_t>(i)] = 7 * i + 1;
+    }
+    detlogp::SampleInputs s;
+    s.hidden = head.hidden;
+    s.weight = head.weight;
+    s.bias = head.bias;
+    s.real_vocab = head.real_vocab;
+    s.program.temperature_rows = TensorView::vector(temps.data(), DType::f32, n);
+    s.program.top_k_rows = TensorView::vector(top_k.data(), DType::i64, n);
+    s.program.top_p = 0.9f;
+    s.program.min_p = 0.02f;
+    s.seed = 20261203;
+    s.key = TensorView::vector(key.data(), DType::i64, n);
+    std::vector<int64_t> token(static_cast<size_t>(n)), support(static_cast<size_t>(n)),
+        topk_ids(static_cast<size_t>(n * k));
+    std::vector<float> logp(static_cast<size_t>(n)), logp_raw(logp.size()), lse(logp.size()),
+        topk_logp(static_cast<size_t>(n * k));
+    detlogp::SampleOutputs o;
+    o.token = detlogp::mutable_vector(token.data(), DType::i64, n);
+    o.logp = detlogp::mutable_vector(logp.data(), DType::f32, n);
+    o.logp_raw = detlogp::mutable_vector(logp_raw.data(), DType::f32, n);
+    o.lse = detlogp::mutable_vector(lse.data(), DType::f32, n);
+    o.support_size = detlogp::mutable_vector(support.data(), DType::i64, n);
+    o.topk_ids = detlogp::mutable_matrix(topk_ids.data(), DType::i64, n, k);
+    o.topk_logp = detlogp::mutable_matrix(topk_logp.data(), DType::f32, n, k);
+    const detlogp::CallReport report = detlogp::sample(s, o, cpu_strict());
+    ASSERT_EQ(report.provenance.sample_id, "sample/v1");
+    detlogp::io::Sha256 h;
+    h.update(token.data(), token.size() * 8);
+    h.update(logp.data(), logp.size() * 4);
+    h.update(logp_raw.data(), logp_raw.size() * 4);
+    h.update(lse.data(), lse.size() * 4);
+    h.update(support.data(), support.size() * 8);
+    h.update(topk_ids.data(), topk_ids.size() * 8);
+    h.update(topk_logp.data(), topk_logp.size() * 4);
+    const std::string got = detlogp::io::Sha256::hex(h.finish());
+    const g::FingerprintKey fk{1, "cpu", "0", c.name, scope};
+    if (!table.count(fk)) {
+      ADD_FAILURE() << c.name << ": not recorded; the line: " << g::fingerprint_line(fk, got);
+      continue;
+    }
+    EXPECT_EQ(table.at(fk), got) << c.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
 }
 
 std::string scope_sha(const g::CaseResult& r, const std::string& scope) {
