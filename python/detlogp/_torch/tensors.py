@@ -92,12 +92,15 @@ def dlpack_exports(tensors) -> list:
     out = []
     device = None
     for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
         if (
             type(t) in _EXPORTED_TYPES
+            and not _has_torch_function_unary(t)
             and not t.requires_grad
             and t.layout is _STRIDED
             and not t.is_conj()
-            and not _has_torch_function_unary(t)
         ):
             if t.is_cuda:
                 if _DLPACK_SYNCS_CUDA:
