@@ -194,8 +194,7 @@ def main():
         vocab = 256 if "--vocab" not in sys.argv else args.vocab
         w = (torch.randn(vocab, dim, generator=g) * 0.02).to(torch.bfloat16)
         h = torch.randn(1, dim, generator=g).to(torch.bfloat16)
-        with torch.no_grad():  # as the GPU breakdown's eager calls: nothing for autograd to record
-            breakdown(w, h, torch.randint(0, vocab, (1,), generator=g))
+        breakdown(w, h, torch.randint(0, vocab, (1,), generator=g))
         return
     if not torch.cuda.is_available():
         print("host_overhead: skipped, no CUDA device")
