@@ -3,6 +3,7 @@ against F.linear at N = 1 / 8 / 64, at a given head.
 
     PYTHONPATH=build/python python3 bench/host_overhead.py [--dim 4096 --vocab 151936] [--iters 200]
     PYTHONPATH=build/python python3 bench/host_overhead.py --breakdown-only   # the layers of one call
+    DETLOGP_CPU_THREADS=1 PYTHONPATH=build/python python3 bench/host_overhead.py --cpu   # the same on CPU tensors
 
 Three figures per case, each a median:
   host us     the call's host time alone: the wall time of `iters` back-to-back calls with the GPU
@@ -13,10 +14,15 @@ Three figures per case, each a median:
   graph us    the same call replayed from a CUDA graph: the kernels alone.
 Then the torch profiler's CPU self times and cProfile's Python self times of eager trainer calls
 at N = 1 (the top entries), which name the host steps that remain.
+
+--cpu: the breakdown alone on CPU tensors (no GPU needed; default head D = 64, V = 256, so that the
+CPU backend's own work is small: with DETLOGP_CPU_THREADS=1 it is also steady). The Python layers
+are the GPU path's, less its CUDA-only steps (the NaN fill, the stream, the TMA checks).
 """
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -43,19 +49,23 @@ def host_time(fn, iters: int) -> float:
     return (t1 - t0) / iters * 1e6
 
 
-def host_time_ahead(fn, calls: int = 10, reps: int = 20) -> float:
+def host_time_ahead(fn, calls: int = 10, reps: int = 20, cuda: bool = True) -> float:
     """The host time of a call that neither waits nor is waited for: `calls` calls (fewer than the
-    16 verdicts a thread holds) enqueued behind a sleeping GPU; the median over reps."""
+    16 verdicts a thread holds) enqueued behind a sleeping GPU; the median over reps. cuda=False
+    (CPU tensors): the calls alone, and the lower decile over reps (on a shared CPU box other load
+    only adds time)."""
     times = []
     for _ in range(reps):
-        torch.cuda.synchronize()
-        busy_gpu(calls * 1500)
+        if cuda:
+            torch.cuda.synchronize()
+            busy_gpu(calls * 1500)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+        if cuda:
+            torch.cuda.synchronize()
+    return statistics.median(times) if cuda else sorted(times)[len(times) // 10]
 
 
 def breakdown(w, h, t) -> None:
@@ -64,11 +74,16 @@ def breakdown(w, h, t) -> None:
     capture), the op's body alone (run_op), the eager path's check of its operands, the problem tuple,
     the extension call alone (its problem tuple built once; the report kept as the library's
     CallReport, then as a dict), the extension call waiting for the verdict, and last_report()'s read
-    of a call's lazy report. Then the layers as differences of those medians."""
+    of a call's lazy report. Then the layers as differences of those medians. The extension call is
+    made as run_op makes it: with the tensors' DLPack capsules, made for each call (a capsule is
+    imported once), where this build's run_op hands over capsules."""
     from detlogp import _detlogp as ext
     from detlogp._torch import op as op_mod
+    from detlogp._torch import tensors as tensors_mod
     from detlogp._torch.tensors import library_problem, stream_of
 
+    cuda = h.is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     n, v = h.shape[0], w.shape[0]
     logp = torch.empty(n, device=h.device)
     lse = torch.empty(n, device=h.device)
@@ -76,6 +91,13 @@ def breakdown(w, h, t) -> None:
     stream = stream_of(h)
     run_op = getattr(op_mod, "run_op", None)
     eager_operands = getattr(op_mod, "eager_operands", None)
+    exports = getattr(tensors_mod, "dlpack_exports", None)
+
+    def handed():  # (problem, logp, lse) as run_op hands them to the extension
+        if exports is None:
+            return problem, logp, lse
+        c_h, c_w, c_t, c_logp, c_lse = exports((problem[0], problem[1], problem[2], logp, lse))
+        return (c_h, c_w, c_t) + problem[3:], c_logp, c_lse
 
     def public_then_report():
         dt.linear_logp(h, w, t)
@@ -92,13 +114,17 @@ def breakdown(w, h, t) -> None:
         if run_op else None,
         "eager_operands": (lambda: eager_operands((h, w, t, None, None))) if eager_operands else None,
         "library_problem": lambda: library_problem(h, w, t, None, 1.0, None, v, 0, -100),
-        "_ext.linear_logp deferred, lazy": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+        "dlpack_exports": (lambda: exports((problem[0], problem[1], problem[2], logp, lse))) if exports else None,
+        "_ext.linear_logp, the tensors": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+                                                                 defer_errors=True, lazy_report=True),
+        "_ext.linear_logp deferred, lazy": lambda: ext.linear_logp(*handed(), None, "", False, stream,
                                                                    defer_errors=True, lazy_report=True),
-        "_ext.linear_logp deferred, dict": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream,
+        "_ext.linear_logp deferred, dict": lambda: ext.linear_logp(*handed(), None, "", False, stream,
                                                                    defer_errors=True),
-        "_ext.linear_logp waiting": lambda: ext.linear_logp(problem, logp, lse, None, "", False, stream),
+        "_ext.linear_logp waiting": lambda: ext.linear_logp(*handed(), None, "", False, stream),
     }
-    print(f"host time per call, N = {n}, calls enqueued ahead of a busy GPU (median us):")
+    print(f"host time per call, N = {n}, " + ("calls enqueued ahead of a busy GPU (median us):" if cuda else
+                                               "CPU tensors (lower decile, us):"))
     got = {}
     for name, fn in cases.items():
         if fn is None:
@@ -106,8 +132,8 @@ def breakdown(w, h, t) -> None:
             continue
         try:
             fn()
-            torch.cuda.synchronize()
-            got[name] = host_time_ahead(fn)
+            sync()
+            got[name] = host_time_ahead(fn, cuda=cuda) if cuda else host_time_ahead(fn, 100, 101, cuda=False)
             print(f"  {name:<34} {got[name]:>9.1f}", flush=True)
         except Exception as e:  # a signature this build does not have: say so, measure the rest
             print(f"  {name:<34} failed: {type(e).__name__}: {e}")
@@ -115,6 +141,7 @@ def breakdown(w, h, t) -> None:
         ("public wrapper (args, eager check)", "dt.linear_logp", "op body (run_op)"),
         ("dispatcher over the op body", "torch.ops.detlogp.linear_logp", "op body (run_op)"),
         ("op body outside the extension", "op body (run_op)", "_ext.linear_logp deferred, lazy"),
+        ("import of the tensors themselves", "_ext.linear_logp, the tensors", "_ext.linear_logp deferred, lazy"),
         ("report as a dict, in the call", "_ext.linear_logp deferred, dict", "_ext.linear_logp deferred, lazy"),
         ("last_report() after a call", "dt.linear_logp + last_report()", "dt.linear_logp"),
     ]
@@ -159,7 +186,16 @@ def main():
     ap.add_argument("--rows", default="1,8,64")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--breakdown-only", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="the breakdown alone, on CPU tensors (default D=64, V=256)")
     args = ap.parse_args()
+    if args.cpu:
+        g = torch.Generator().manual_seed(0)
+        dim = 64 if "--dim" not in sys.argv else args.dim
+        vocab = 256 if "--vocab" not in sys.argv else args.vocab
+        w = (torch.randn(vocab, dim, generator=g) * 0.02).to(torch.bfloat16)
+        h = torch.randn(1, dim, generator=g).to(torch.bfloat16)
+        breakdown(w, h, torch.randint(0, vocab, (1,), generator=g))
+        return
     if not torch.cuda.is_available():
         print("host_overhead: skipped, no CUDA device")
         return

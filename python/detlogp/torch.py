@@ -111,8 +111,7 @@ def linear_logp(
     if sampling is not None:
         if topk is not None:
             raise InputError("topk= is not taken with sampling= (the replay scores the given targets)")
-        strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
-        backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
+        strict_on, backend = _strict_and_backend(strict, backend)
         if backend == TORCH_BACKEND_ID:
             raise InputError(f"sampling= needs a contract backend; '{TORCH_BACKEND_ID}' does not run the program")
         return _linear_logp_sampled(
@@ -123,8 +122,7 @@ def linear_logp(
         raise InputError("return_raw needs sampling= (without a program logp is already the raw logp)")
     # Plain Python (no extension call) so torch.compile traces it; the library itself re-reads
     # DETLOGP_STRICT and refuses bad DETLOGP_* variables on every call.
-    strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
-    backend = backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
+    strict_on, backend = _strict_and_backend(strict, backend)
     if not isinstance(backend, str):
         raise InputError(f"backend must be a backend id (str) or None, got {_what(backend)}")
     if backend == TORCH_BACKEND_ID and strict_on:
@@ -140,7 +138,10 @@ def linear_logp(
     # K ids a row: targets [..., K] beside hidden [..., D] (as many dims); else one id a row, targets [...].
     per_row = targets.shape[-1] if targets.dim() >= 2 and targets.dim() == hidden.dim() else None
     batch_shape = targets.shape if per_row is None else targets.shape[:-1]
-    if per_row is not None and targets.dim() == 2:
+    if targets.dim() == 1 and hidden.dim() == 2 and hidden.shape[0] == targets.shape[0]:
+        # The common form, [N, D] and [N], whose leading dims agree: the checks below would pass.
+        n, t1 = targets.shape[0], targets
+    elif per_row is not None and targets.dim() == 2:
         # The library's own form, [N, D] and [N, K]: it checks the rows and K in its words.
         n, t1 = hidden.shape[0], targets
     else:
@@ -183,7 +184,10 @@ def linear_logp(
     v_local = weight.shape[0] if weight.dim() > 0 else 0  # a 0-d weight: the library names its rank
     rv = vocab_start + v_local if real_vocab is None else _int_arg(real_vocab, "real_vocab")
     if tp_group is None:
-        _check_tensors(h2, weight, t1, bias, temp_rows, contract)
+        if not contract:
+            _check_tensors(h2, weight, t1, bias, temp_rows, contract)
+        elif temp_rows is not None:  # the contract lanes' check_tensors: the devices; the others' are checked above
+            _check_devices((("temperature", temp_rows),))
         # The library's own refusal of a shard would point at linear_logp_partials; here tp_group is the way.
         if weight.dim() == 2 and (vocab_start != 0 or v_local < rv):
             raise InputError(
@@ -200,6 +204,8 @@ def linear_logp(
         else:
             outs = _linear_logp_op(h2, weight, t1, bias, temp, temp_rows, *rest)
         logp, lse, logits, entropy, topk_ids, topk_logp = outs
+        if flat and not (return_entropy or k or return_logits):
+            return logp, lse
     else:
         if not contract:
             raise InputError(f"tp_group needs a contract backend; '{TORCH_BACKEND_ID}' has no tensor-parallel path")
@@ -224,6 +230,33 @@ def linear_logp(
     if return_logits:
         out += (shaped(logits, (v_local,)),)
     return out
+
+
+# os.environ's own mapping and codecs (CPython's os._Environ): DETLOGP_STRICT and DETLOGP_BACKEND are
+# read on every call, as os.environ.get reads them, without the Mapping machinery (~0.5 us a read).
+# An os.environ replaced by another object is read through its get.
+_ENVIRON = os.environ
+try:
+    _ENV_DATA, _ENV_DECODE = _ENVIRON._data, _ENVIRON.decodevalue
+    _ENV_STRICT, _ENV_BACKEND = _ENVIRON.encodekey("DETLOGP_STRICT"), _ENVIRON.encodekey("DETLOGP_BACKEND")
+    _ENV_ONE = _ENVIRON.encodevalue("1")
+    if type(_ENV_DATA) is not dict:  # pragma: no cover
+        _ENVIRON = None
+except AttributeError:  # pragma: no cover - not CPython's os._Environ
+    _ENVIRON = None
+
+
+def _strict_and_backend(strict, backend):
+    """(strict on, backend id): DETLOGP_STRICT=1 or strict; the backend given, else DETLOGP_BACKEND
+    (unset: "", auto)."""
+    if os.environ is _ENVIRON:
+        strict_on = _ENV_DATA.get(_ENV_STRICT) == _ENV_ONE or bool(strict)
+        if backend is None:
+            value = _ENV_DATA.get(_ENV_BACKEND)
+            backend = "" if value is None else _ENV_DECODE(value)
+        return strict_on, backend
+    strict_on = os.environ.get("DETLOGP_STRICT", "0") == "1" or bool(strict)
+    return strict_on, backend if backend is not None else os.environ.get("DETLOGP_BACKEND", "")
 
 
 _CAPABILITIES: list = [None, None]  # [the list_backends function read, its result]

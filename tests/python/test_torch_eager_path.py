@@ -176,6 +176,40 @@ def test_eager_operands_detaches_only_under_no_grad():
     assert not out[1].requires_grad and out[1].data_ptr() == p.data_ptr()
 
 
+
+class _Logged(torch.Tensor):
+    """A tensor subclass with its own __torch_function__ (its __dlpack__ goes through it)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _facts(x):
+    return x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype, x.device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dlpack_exports_are_what_dunder_dlpack_gives(device):
+    """The op body hands the extension capsules of the tensors __dlpack__ would export as they are,
+    each one the array __dlpack__ gives (pointer, shape, strides, dtype, device), and every other
+    object itself, for nanobind to import or refuse as before."""
+    from detlogp._torch.tensors import dlpack_exports
+
+    h, w, t, b = _problem(device)
+    plain = [h, w, t, b, h[:, 8:40], w.t(), t[::2], torch.empty(0, device=device),
+             torch.nn.Parameter(w.clone(), requires_grad=False), torch.tensor(0.5, device=device)]  # fmt: skip
+    out = dlpack_exports(plain)
+    for x, c in zip(plain, out):
+        assert type(c).__name__ == "PyCapsule"
+        assert _facts(torch.from_dlpack(c)) == _facts(torch.from_dlpack(x.__dlpack__()))
+    refused = [None, torch.nn.Parameter(w.clone()), h.float().requires_grad_(),
+               torch.randn(3, 4, dtype=torch.complex64, device=device).conj(), t.cpu().to_sparse(),
+               h.as_subclass(_Logged), 1.0]  # fmt: skip
+    for x, c in zip(refused, dlpack_exports(refused)):
+        assert c is x
+
+
 @pytest.mark.gpu
 def test_cached_tensor_maps_follow_buffers_and_shapes():
     """The SM90 backend keeps the last 16 tensor maps: calls that cycle through more (pointer,

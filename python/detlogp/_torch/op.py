@@ -14,9 +14,12 @@ from torch import Tensor
 from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from .._errors import InputError
 from . import backward
-from .tensors import aligned_operands, library_problem, out_dtype, rows_of, stream_of, traced_now, vector_copies
+from .tensors import (
+    aligned_operands, dlpack_exports, library_problem, out_dtype, rows_of, stream_of, traced_now, vector_copies,
+)  # fmt: skip
 
 _tls = threading.local()
+_NAN = float("nan")
 _deferred = {"enabled": True}
 
 
@@ -178,18 +181,23 @@ def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_
     # A deferred call (CUDA, not capturing) that meets a bad input writes nothing: its logp (and
     # entropy) rows stay NaN, so a loss built on them shows it before the error is raised.
     defer = _deferred["enabled"] and hidden.is_cuda and not torch.cuda.is_current_stream_capturing()
-    new_row = (lambda shape: hidden.new_full(shape, float("nan"), dtype=torch.float32)) if defer else (
-        lambda shape: hidden.new_empty(shape, dtype=torch.float32))  # fmt: skip
-    logp = new_row(per_target_shape(targets, n))
+    if defer:
+        logp = hidden.new_full(per_target_shape(targets, n), _NAN, dtype=torch.float32)
+    else:
+        logp = hidden.new_empty(per_target_shape(targets, n), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
     logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
-    entropy = new_row((n,)) if return_entropy else None
+    entropy = None
+    if return_entropy:
+        entropy = (hidden.new_full((n,), _NAN, dtype=torch.float32) if defer
+                   else hidden.new_empty((n,), dtype=torch.float32))  # fmt: skip
     topk_ids = hidden.new_empty((n, topk), dtype=torch.int64) if topk else None
     topk_logp = hidden.new_empty((n, topk), dtype=torch.float32) if topk else None
     # Here, on the real tensors (also under torch.compile, which traces the fake below): the autograd
     # graph keeps the caller's tensors, and the backward makes its own aligned copies where it needs them.
     hidden, weight, copies = aligned_operands(hidden, weight, backend)
-    copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)))
+    if bias is not None or temperature_rows is not None or not targets.is_contiguous():  # else none to copy
+        copies += vector_copies((("targets", targets), ("bias", bias), ("temperature_rows", temperature_rows)))
     if temperature_rows is not None and temperature_rows.dim() == 0:
         # One temperature for every row (a 0-d tensor). A host value is also handed over as the scalar,
         # which the library checks first (as `temperature`, at N = 0 too); a CUDA one stays on the device
@@ -197,10 +205,18 @@ def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_
         if not temperature_rows.is_cuda:
             temperature = temperature_rows.item()
         temperature_rows = temperature_rows.expand(n)
-    problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
+    h, w, t, b, temp, tr, rv, vs, ii = library_problem(
+        hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index
+    )
+    # The tensors as DLPack capsules where torch's __dlpack__ would export them as they are. The names
+    # above keep the tensors alive through the call: the extension releases a capsule's hold on its
+    # tensor once it has read the array, before the library runs.
+    c_h, c_w, c_t, c_b, c_tr, c_logp, c_lse, c_logits, c_entropy, c_ids, c_topk = dlpack_exports(
+        (h, w, t, b, tr, logp, lse, logits, entropy, topk_ids, topk_logp)
+    )
     report = _ext.linear_logp(
-        problem, logp, lse, logits, backend, strict, stream_of(hidden), entropy, topk_ids, topk_logp,
-        defer_errors=defer, lazy_report=True,
+        (c_h, c_w, c_t, c_b, temp, c_tr, rv, vs, ii), c_logp, c_lse, c_logits, backend, strict, stream_of(hidden),
+        c_entropy, c_ids, c_topk, defer_errors=defer, lazy_report=True,
     )  # fmt: skip
     set_report(report, copies)
     return logp, lse, logits, entropy, topk_ids, topk_logp

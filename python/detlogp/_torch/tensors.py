@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import List, Optional, Tuple
 
 import torch
@@ -59,6 +60,68 @@ def library_problem(hidden, weight, targets, bias, temperature, temperature_rows
     )  # fmt: skip
 
 
+_to_dlpack = torch._C._to_dlpack
+_has_torch_function_unary = torch._C._has_torch_function_unary
+_EXPORTED_TYPES = (Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
+
+
+def _dlpack_syncs_cuda() -> bool:
+    """Whether this torch's Tensor.__dlpack__(), called without a stream as nanobind calls it, may
+    order streams for a CUDA tensor (a default other than -1, "no synchronization")."""
+    try:
+        return inspect.signature(Tensor.__dlpack__).parameters["stream"].default != -1
+    except (KeyError, TypeError, ValueError):
+        return True
+
+
+_DLPACK_SYNCS_CUDA = _dlpack_syncs_cuda()
+
+
+def dlpack_exports(tensors) -> list:
+    """The tensors (None kept) as the extension is handed them: the DLPack capsule of each one that
+    Tensor.__dlpack__ would export as it is (torch._C._to_dlpack, the function its checks lead to),
+    else the tensor itself. nanobind imports a tensor by calling __dlpack__, whose Python checks
+    cost ~2 us a tensor; here they cost a few attribute reads. A tensor those checks refuse (one
+    that requires grad, has the conjugate bit, another layout, lives on a CUDA device other than
+    the current one), one with a torch-function override or a __dlpack__ of its own, a CUDA tensor
+    under a torch whose __dlpack__ may order streams, and one whose export raises go to nanobind
+    as before, which imports (or refuses) them in the same way and words. A capsule is imported
+    once (each call gets fresh ones) and does not keep its tensor alive past its import: the caller
+    holds the tensors until the extension returns."""
+    out = []
+    device = None
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        if (
+            type(t) in _EXPORTED_TYPES
+            and not _has_torch_function_unary(t)
+            and not t.requires_grad
+            and t.layout is _STRIDED
+            and not t.is_conj()
+        ):
+            if t.is_cuda:
+                if _DLPACK_SYNCS_CUDA:
+                    out.append(t)
+                    continue
+                if device is None:
+                    try:
+                        device = torch.cuda.current_device()
+                    except Exception:  # noqa: BLE001 - __dlpack__ would raise it: no CUDA tensor is exported here
+                        device = -1
+                if t.get_device() != device:
+                    out.append(t)
+                    continue
+            try:
+                t = _to_dlpack(t)
+            except Exception:  # noqa: BLE001 - __dlpack__ would raise the same: nanobind's import decides
+                pass
+        out.append(t)
+    return out
+
+
 def check_devices(named) -> None:
     """Every tensor argument lives on the CPU or a CUDA device (meta and other devices have no
     memory the library can read)."""
@@ -90,8 +153,10 @@ def library_row_stride(t: Tensor) -> int:
     """The row stride the extension passes for matrix t (python/src/detlogp_ext.cpp, view_of): its
     own, except for a single row, whose own is kept only where it spans the row and is a multiple
     of 16 bytes (else the width)."""
-    own_fits = t.stride(0) >= t.shape[1] and (t.stride(0) * t.element_size()) % 16 == 0
-    return t.stride(0) if t.shape[0] > 1 or own_fits else t.shape[1]
+    rows, cols, stride = t.shape[0], t.shape[1], t.stride(0)
+    if rows > 1:
+        return stride
+    return stride if stride >= cols and (stride * t.element_size()) % 16 == 0 else cols
 
 
 def tma_misalignment(t: Tensor) -> Optional[str]:
@@ -148,6 +213,8 @@ def aligned_operands(hidden: Tensor, weight: Tensor, backend: str) -> Tuple[Tens
     operands and the report's "copies" entry: {"argument", "reason"} of every copy (empty: none).
     Called on real tensors (inside the ops), never while tracing."""
     tma = tma_possible(hidden, backend)
+    if not tma and hidden.is_contiguous() and weight.is_contiguous():
+        return hidden, weight, []  # copy_reason: a contiguous matrix has unit column stride
     copies: List[dict] = []
     out = []
     for name, t in (("hidden", hidden), ("weight", weight)):
