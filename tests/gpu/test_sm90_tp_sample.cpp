@@ -5,8 +5,9 @@
 // per rank, when built with NCCL and >= 2 GPUs are visible): every rank's token, logp, logp_raw, lse
 // and support_size (the replay's lse_support, support_max, cut_logit, cut_id) equal the bits of the
 // single-GPU sample / replay at TP = 1, and each rank's logits shard equals its columns of the TP = 1
-// logits. A bad device parameter on one rank and inconsistent shards are refused by every rank with
-// the same message, nothing written, no rank left in a collective.
+// logits, and the top-k output beside the draw equals linear_logp's top-k at the rows'
+// temperatures (1 for a greedy row) at TP = 1. A bad device parameter on one rank and inconsistent shards are refused
+// by every rank with the same message, nothing written, no rank left in a collective.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -32,6 +33,7 @@ namespace {
 // Padded V not a multiple of 64, an odd real vocabulary; `--small` shrinks D and N.
 int64_t kDim = 512, kVocab = 8250, kReal = 8221;
 constexpr uint64_t kSeed = 0xC0FFEE;
+constexpr int64_t kTopk = 12;  // the top-k output beside the draw of the tensor-parallel sample
 
 TensorView dev(TensorView t, int device) {
   t.memory = Memory::cuda;
@@ -55,6 +57,8 @@ struct Host {
 struct Result {
   std::vector<int64_t> token, support_size, cut_id;
   std::vector<float> logp, logp_raw, lse, lse_support, support_max, cut_logit, logits;
+  std::vector<int64_t> topk_ids;  // [rows][kTopk]
+  std::vector<float> topk_logp;
 };
 
 // One rank's operands and outputs on its device: the shard [start, start + count).
@@ -66,6 +70,9 @@ struct Rank {
   DevBuf<int64_t> top_k, key, targets;
   DevBuf<int64_t> token, support_size, cut_id;
   DevBuf<float> logp, logp_raw, lse, lse_support, support_max, cut_logit, logits;
+  DevBuf<int64_t> topk_ids;
+  DevBuf<float> topk_logp;
+  bool with_topk = false;  // sample_outputs asks for the top-k output
   cudaStream_t stream = nullptr;
   std::string error;
   Rank() = default;
@@ -101,8 +108,10 @@ struct Rank {
     cut_id = DevBuf<int64_t>(n);
     for (auto* f : {&logp, &logp_raw, &lse, &lse_support, &support_max, &cut_logit}) *f = DevBuf<float>(n);
     logits = DevBuf<float>(static_cast<size_t>(n * c));
-    for (auto* i : {&token, &support_size, &cut_id}) i->poison();
-    for (auto* f : {&logp, &logp_raw, &lse, &lse_support, &support_max, &cut_logit, &logits}) f->poison();
+    topk_ids = DevBuf<int64_t>(static_cast<size_t>(n * kTopk));
+    topk_logp = DevBuf<float>(static_cast<size_t>(n * kTopk));
+    for (auto* i : {&token, &support_size, &cut_id, &topk_ids}) i->poison();
+    for (auto* f : {&logp, &logp_raw, &lse, &lse_support, &support_max, &cut_logit, &logits, &topk_logp}) f->poison();
     if (stream == nullptr) GPU_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
 
@@ -134,6 +143,10 @@ struct Rank {
     o.lse = dev_out(lse.get(), DType::f32, n, device);
     o.support_size = dev_out(support_size.get(), DType::i64, n, device);
     o.logits = {dev(TensorView::matrix(logits.get(), DType::f32, n, count), device)};
+    if (with_topk) {
+      o.topk_ids = {dev(TensorView::matrix(topk_ids.get(), DType::i64, n, kTopk), device)};
+      o.topk_logp = {dev(TensorView::matrix(topk_logp.get(), DType::f32, n, kTopk), device)};
+    }
     return o;
   }
   detlogp::LinearLogpInputs replay_inputs(int64_t n) const {
@@ -160,8 +173,9 @@ struct Rank {
   }
   Result read() const {
     GPU_CUDA(cudaSetDevice(device));
-    return {token.to_host(), support_size.to_host(), cut_id.to_host(),      logp.to_host(),      logp_raw.to_host(),
-            lse.to_host(),   lse_support.to_host(),  support_max.to_host(), cut_logit.to_host(), logits.to_host()};
+    return {token.to_host(),     support_size.to_host(), cut_id.to_host(),      logp.to_host(),
+            logp_raw.to_host(),  lse.to_host(),          lse_support.to_host(), support_max.to_host(),
+            cut_logit.to_host(), logits.to_host(),       topk_ids.to_host(),    topk_logp.to_host()};
   }
 };
 
@@ -275,6 +289,27 @@ class Sm90TpSample : public Sm90Test {
     detlogp::linear_logp(again.replay_inputs(n), again.program(n), again.replay_outputs(n), opt);
     GPU_CUDA(cudaDeviceSynchronize());
     ref_replay = again.read();
+
+    // The top-k beside the draw at TP = 1: linear_logp's top-k output at each row's T (1 for T = 0).
+    std::vector<float> t1(x.temperature);
+    for (float& t : t1) t = t == 0.0f ? 1.0f : t;
+    const DevBuf<float> d_t1 = Rank::upload(t1);
+    Rank plain;
+    plain.make(x, 0, 0, kVocab);
+    detlogp::LinearLogpInputs in = plain.replay_inputs(n);
+    DevBuf<int64_t> valid = Rank::upload(std::vector<int64_t>(static_cast<size_t>(n), 0));
+    in.targets = dev(TensorView::vector(valid.get(), DType::i64, n), 0);
+    in.temperature_rows = dev(TensorView::vector(d_t1.get(), DType::f32, n), 0);
+    detlogp::LinearLogpOutputs out;
+    out.logp = dev_out(plain.logp.get(), DType::f32, n, 0);
+    out.lse = dev_out(plain.lse.get(), DType::f32, n, 0);
+    out.topk_ids = {dev(TensorView::matrix(plain.topk_ids.get(), DType::i64, n, kTopk), 0)};
+    out.topk_logp = {dev(TensorView::matrix(plain.topk_logp.get(), DType::f32, n, kTopk), 0)};
+    detlogp::linear_logp(in, out, opt);
+    GPU_CUDA(cudaDeviceSynchronize());
+    const Result topk = plain.read();
+    ref_sample.topk_ids = topk.topk_ids;
+    ref_sample.topk_logp = topk.topk_logp;
   }
 
   std::vector<std::unique_ptr<Rank>> make_ranks(const std::vector<int64_t>& bounds, const std::vector<int>& devices) {
@@ -282,6 +317,7 @@ class Sm90TpSample : public Sm90Test {
     for (size_t r = 0; r + 1 < bounds.size(); ++r) {
       ranks.push_back(std::make_unique<Rank>());
       ranks.back()->make(x, devices[r], bounds[r], bounds[r + 1] - bounds[r]);
+      ranks.back()->with_topk = true;
     }
     return ranks;
   }
@@ -302,6 +338,8 @@ class Sm90TpSample : public Sm90Test {
         same_ints(want.token, got.token, "token", who);
         expect_bits(logits_shard(want.logits, x.rows, ranks[r]->start, ranks[r]->count), got.logits, "logits shard",
                     who);
+        same_ints(want.topk_ids, got.topk_ids, "topk_ids", who);
+        expect_bits(want.topk_logp, got.topk_logp, "topk_logp", who);
       } else {
         expect_bits(want.lse_support, got.lse_support, "lse_support", who);
         expect_bits(want.support_max, got.support_max, "support_max", who);
