@@ -6,8 +6,9 @@
 // and support_size (the replay's lse_support, support_max, cut_logit, cut_id) equal the bits of the
 // single-GPU sample / replay at TP = 1, and each rank's logits shard equals its columns of the TP = 1
 // logits, and the top-k output beside the draw equals linear_logp's top-k at the rows'
-// temperatures (1 for a greedy row) at TP = 1. A bad device parameter on one rank and inconsistent shards are refused
-// by every rank with the same message, nothing written, no rank left in a collective.
+// temperatures (1 for a greedy row) at TP = 1. A bad device parameter on one rank and inconsistent
+// shards are refused by every rank with the same message, nothing written, no rank left in a
+// collective.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
