@@ -51,13 +51,15 @@ using ReplayEdit = std::function<void(int, detlogp::LinearLogpInputs&, detlogp::
 // Every rank in its own thread over in-process communicators; `edit` may alter rank r's call.
 std::vector<RankDraw> draw_ranks(
     const Problem& p, const Program& prog, const Keys& keys, const std::vector<int64_t>& bounds,
-    bool with_logits = false, const SampleEdit& edit = [](int, detlogp::SampleInputs&) {}, int64_t topk = 0) {
+    bool with_logits = false, const SampleEdit& edit = [](int, detlogp::SampleInputs&) {}, int64_t topk = 0,
+    int64_t rank0_topk = -1) {  // rank0_topk >= 0: rank 0's K instead of topk
   const int ranks = static_cast<int>(bounds.size()) - 1;
   auto comms = detlogp::make_local_communicators(ranks, detlogp::Memory::host);
   std::vector<RankDraw> out(static_cast<size_t>(ranks));
   std::vector<detlogp::SampleOutputs> views;
   for (int r = 0; r < ranks; ++r)
-    views.push_back(sample_views(out[r].d, p.rows, bounds[r + 1] - bounds[r], with_logits, topk));
+    views.push_back(sample_views(out[r].d, p.rows, bounds[r + 1] - bounds[r], with_logits,
+                                 r == 0 && rank0_topk >= 0 ? rank0_topk : topk));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -280,6 +282,16 @@ TEST(TensorParallelSample, EveryRankRefusesTheSameWayAndWritesNothing) {
   check([&](int r, detlogp::SampleInputs& in) { in.real_vocab = r == 1 ? 600 : p.real_vocab; },
         "ranks disagree on real_vocab");
   check([](int, detlogp::SampleInputs& in) { in.real_vocab = (int64_t{1} << 24) + 1; }, "limit 2^24");
+  // The top-k output's K differs by rank (rank 0 asks for none, then for 4 against 5).
+  for (int64_t k0 : {int64_t{0}, int64_t{4}}) {
+    const std::vector<RankDraw> got = draw_ranks(
+        p, prog, keys, bounds, false, [](int, detlogp::SampleInputs&) {}, 5, k0);
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r].error, got[0].error) << "rank " << r << " refuses in other words";
+      EXPECT_NE(got[r].error.find("ranks disagree on topk"), std::string::npos) << got[r].error;
+      EXPECT_TRUE(untouched(got[r].d)) << "rank " << r << " wrote outputs with K differing by rank";
+    }
+  }
 
   // The replay: inconsistent targets, and a program that differs by rank.
   Problem scored = p;
