@@ -48,4 +48,24 @@ DETLOGP_HD void topk_offer(TopkEntry* list, int k, int& count, TopkEntry e) {
   list[i] = e;
 }
 
+// Offers the lanes y[0, n), global ids first_id + c, to the list.
+DETLOGP_HD void topk_offer_lanes(TopkEntry* list, int k, int& count, const float* y, int64_t n, int64_t first_id) {
+  for (int64_t c = 0; c < n; ++c) topk_offer(list, k, count, {y[c], first_id + c});
+}
+
+// Offers a shard's list of k entries (y[j], ids[j]; id -1 where it holds fewer) to the list: a
+// tensor-parallel merge offers the ranks' lists in rank order.
+DETLOGP_HD void topk_offer_list(TopkEntry* list, int k, int& count, const float* y, const int64_t* ids) {
+  for (int j = 0; j < k; ++j)
+    if (ids[j] >= 0) topk_offer(list, k, count, {y[j], ids[j]});
+}
+
+// A shard's list of k as it travels: the count entries held, then id -1 and y -inf.
+DETLOGP_HD void topk_store_list(const TopkEntry* list, int k, int count, float* y, int64_t* ids) {
+  for (int j = 0; j < k; ++j) {
+    y[j] = j < count ? list[j].y : fp::neg_inf();
+    ids[j] = j < count ? list[j].id : -1;
+  }
+}
+
 }  // namespace detlogp

@@ -47,7 +47,7 @@ struct TopkLists {
     std::lock_guard<std::mutex> hold(locks[static_cast<size_t>(at)]);
     TopkEntry* list = entries.data() + at * k;
     int& count = counts[static_cast<size_t>(at)];
-    for (int c = 0; c < real; ++c) topk_offer(list, static_cast<int>(k), count, {y[c], first_id + c});
+    topk_offer_lanes(list, static_cast<int>(k), count, y, real, first_id);
   }
 };
 
@@ -158,12 +158,8 @@ class CpuContractBackend final : public CpuBackend {
           {g.tiles, p.summaries, p.usums, g.edge_lanes(), p.edge_logits, p.target_logit, p.target_owned, topk.get()});
       // The shard's lists; past its real ids (a shard of fewer than K) id -1 and y -inf.
       for (int64_t r = 0; topk && r < p.rows; ++r)
-        for (int64_t j = 0; j < p.topk; ++j) {
-          const bool held = j < topk->counts[static_cast<size_t>(r)];
-          const TopkEntry e = topk->entries[static_cast<size_t>(r * p.topk + j)];
-          p.topk_logit[r * p.topk + j] = held ? e.y : fp::neg_inf();
-          p.topk_ids[r * p.topk + j] = held ? e.id : -1;
-        }
+        topk_store_list(topk->entries.data() + r * p.topk, static_cast<int>(p.topk),
+                        topk->counts[static_cast<size_t>(r)], p.topk_logit + r * p.topk, p.topk_ids + r * p.topk);
       return;
     }
     const int64_t tile_bytes = static_cast<int64_t>(sizeof(TileSummary) + (p.entropy ? sizeof(float) : 0));

@@ -37,7 +37,7 @@ void write_topk(const SampleProblem& p, int64_t n, const float* y, int64_t lanes
   const int k = static_cast<int>(p.topk);
   s.topk.resize(static_cast<size_t>(k));
   int count = 0;
-  for (int64_t v = 0; v < lanes; ++v) topk_offer(s.topk.data(), k, count, {y[v], v});
+  topk_offer_lanes(s.topk.data(), k, count, y, lanes, 0);
   for (int j = 0; j < k; ++j) {
     p.topk_ids[n * k + j] = s.topk[static_cast<size_t>(j)].id;
     p.topk_logp[n * k + j] = target_logp(s.topk[static_cast<size_t>(j)].y, lse);

@@ -432,6 +432,16 @@ std::vector<uint8_t> read_back(const void* device, int64_t rows, size_t bytes, c
   return host;
 }
 
+// Rows per chunk of a row-kernel entry (top-k, sampling): the workspace budget over row_bytes, the
+// chunk's logits and scratch a row. Each chunk streams the whole weight again, so without
+// DETLOGP_SM90_WORKSPACE_MB set a chunk takes at least kRowKernelChunkRows rows (622 MB of logits at
+// V = 151936): below that the weight's re-reads, not the logits, bound the call.
+int64_t row_kernel_chunk(int64_t rows, int64_t row_bytes) {
+  const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
+  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kRowKernelChunkRows;
+  return std::clamp<int64_t>(std::max(budget / row_bytes, fewest), 1, rows);
+}
+
 // The sampling program on CUDA tensors (docs/contract.md §11): per row chunk, the fused serving entry
 // writes the logits z and each row's lse (at the row's T, 1 for a greedy row; every target ignored),
 // then the row program's kernel (sample.cu) reads them. The program's rows and the replay's targets are read back
@@ -477,13 +487,10 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
 
   const int64_t v = p.vocab_local;
   const int64_t tiles = (p.real_vocab + kVocabTile - 1) / kVocabTile;
-  // Rows per chunk: the logits (unless the caller's), the scratch summaries and factors, the fused
-  // entry's ignored targets and its logp/lse, within the workspace budget (a free axis); without
-  // the budget set, at least kRowKernelChunkRows rows (as the top-k output).
+  // Rows per chunk (a free axis): a row's logits (unless the caller's), scratch summaries and
+  // factors, the fused entry's ignored target and its logp/lse.
   const int64_t row_bytes = (p.logits ? 0 : v * 4) + tiles * int64_t{sizeof(TileSummary) + 4} + 16;
-  const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
-  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kRowKernelChunkRows;
-  const int64_t chunk = std::clamp<int64_t>(std::max(budget / row_bytes, fewest), 1, p.rows);
+  const int64_t chunk = row_kernel_chunk(p.rows, row_bytes);
   const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
   StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "sampling logits", hint);
   StreamBuffer summaries(static_cast<size_t>(chunk * tiles) * sizeof(TileSummary), stream, p.device,
@@ -573,14 +580,9 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     detail::check_host_values(host);
   }
 
-  // Rows per chunk: the workspace budget over the chunk's fp32 logits. Each chunk streams the whole
-  // weight again, so without DETLOGP_SM90_WORKSPACE_MB set a chunk takes at least kRowKernelChunkRows
-  // rows (622 MB of logits at V = 151936): below that the weight's re-reads, not the logits,
-  // bound the call (441-row chunks at the default budget measured ~2x the trainer at N = 4096).
+  // Rows per chunk: a row's fp32 logits, unless the caller's are the buffer.
   const int64_t v = p.vocab_local;
-  const int64_t budget = detail::env_integer(kWorkspaceEnv, kDefaultWorkspaceMiB) << 20;
-  const int64_t fewest = detail::env_checked(kWorkspaceEnv) ? 1 : kRowKernelChunkRows;
-  const int64_t chunk = p.logits ? p.rows : std::clamp<int64_t>(std::max(budget / (v * 4), fewest), 1, p.rows);
+  const int64_t chunk = p.logits ? p.rows : row_kernel_chunk(p.rows, v * 4);
   StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "top-k logits",
                       "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   const ShardGeometry g = partial ? p.geometry() : ShardGeometry{};

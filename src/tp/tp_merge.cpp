@@ -209,10 +209,7 @@ void merge_rows(const std::vector<ShardPartials>& ranks, const TensorView& targe
     if (topk_ids.present()) {
       const int k = static_cast<int>(ranks.front().topk);
       int count = 0;
-      for (const auto& r : ranks)
-        for (int j = 0; j < k; ++j)
-          if (r.topk_ids[n * k + j] >= 0)
-            topk_offer(topk_list.data(), k, count, {r.topk_logit[n * k + j], r.topk_ids[n * k + j]});
+      for (const auto& r : ranks) topk_offer_list(topk_list.data(), k, count, r.topk_logit + n * k, r.topk_ids + n * k);
       DETLOGP_CHECK(count == k, "internal: the ranks' top-k lists hold " << count << " ids of row " << n
                                                                          << ", fewer than topk=" << k);
       auto* ids = static_cast<int64_t*>(topk_ids.mutable_data());

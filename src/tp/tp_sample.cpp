@@ -661,12 +661,8 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
       if (topk > 0) {
         const float* yi = y.data() + i * v_local;
         int count = 0;
-        for (int64_t v = 0; v < local_real; ++v)
-          topk_offer(topk_list.data(), static_cast<int>(topk), count, {yi[v], own.vocab_start + v});
-        for (int64_t j = 0; j < topk; ++j) {
-          topk_y[i * topk + j] = j < count ? topk_list[static_cast<size_t>(j)].y : fp::neg_inf();
-          topk_id[i * topk + j] = j < count ? topk_list[static_cast<size_t>(j)].id : -1;
-        }
+        topk_offer_lanes(topk_list.data(), static_cast<int>(topk), count, yi, local_real, own.vocab_start);
+        topk_store_list(topk_list.data(), static_cast<int>(topk), count, topk_y + i * topk, topk_id + i * topk);
       }
       const int64_t row = row0 + i;
       SupportRow sr{stats[static_cast<size_t>(i)].max, no_cut(), params[static_cast<size_t>(i)].min_p};
@@ -739,12 +735,8 @@ CallReport run(RankCall& c, Link& link, const LinearLogpInputs* replay_in) {
       if (topk > 0) {  // the ranks' lists offered in rank order, then the TP = 1 lse: linear_logp's bits
         int count = 0;
         for (int r = 0; r < ranks; ++r)
-          for (int64_t j = 0; j < topk; ++j) {
-            const int64_t id = support.of<int64_t>(r, s2_topk_id)[i * topk + j];
-            if (id >= 0)
-              topk_offer(topk_list.data(), static_cast<int>(topk), count,
-                         {support.of<float>(r, s2_topk_y)[i * topk + j], id});
-          }
+          topk_offer_list(topk_list.data(), static_cast<int>(topk), count, support.of<float>(r, s2_topk_y) + i * topk,
+                          support.of<int64_t>(r, s2_topk_id) + i * topk);
         for (int64_t j = 0; j < topk; ++j) {  // K <= real_vocab: the merged list is full
           p.topk_ids[row * topk + j] = topk_list[static_cast<size_t>(j)].id;
           p.topk_logp[row * topk + j] =
