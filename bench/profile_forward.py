@@ -1,10 +1,12 @@
 """Where a forward call's time goes, under the same power and clock state as the benchmark: the
 cuBLAS bf16 GEMM (F.linear, the reference of docs/perf.md's ratios) and detlogp's trainer forward
-(detlogp.torch.linear_logp, no logits; with --topk K also the call with the top-k output), timed round-robin in a fresh shuffled order per
-repetition, each call after an L2 flush, with CUDA events around every call and the torch
+(detlogp.torch.linear_logp, no logits; with --topk K also the call with the top-k output, with
+--sample the rollout's sample and the trainer's replay with the bench's sampling programs), timed
+round-robin in a fresh shuffled order per repetition, each call after an L2 flush, with CUDA events around every call and the torch
 profiler (CUPTI) recording every kernel of every call.
 
-    PYTHONPATH=build/python python3 bench/profile_forward.py [--rows 1024,4096] [--iters 20] [--topk 20]
+    PYTHONPATH=build/python python3 bench/profile_forward.py [--rows 1024,4096] [--iters 20]
+        [--topk 20] [--sample]
 
 For each N and case it prints the medians of: the events' time of the call ("event ms"), the span
 from the call's first kernel start to its last kernel end ("span ms"), the sum of its kernels'
@@ -24,7 +26,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import detlogp.torch as dt
+from detlogp import SamplingParams
 from detlogp.bench.harness import FLUSH_BYTES, cuda_kernels
+from detlogp.bench.methods import REPLAY_PROGRAM, SAMPLE_PROGRAM, SAMPLE_SEED
 
 
 def main():
@@ -36,6 +40,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--topk", type=int, default=0, help="also profile linear_logp(..., topk=K) (0: not)")
+    ap.add_argument("--sample", action="store_true",
+                    help="also profile detlogp.torch.sample and the trainer's replay with the bench's programs")  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_forward: skipped, no CUDA device")
@@ -62,6 +68,10 @@ def main():
         }
         if args.topk:
             cases[f"detlogp topk={args.topk}"] = lambda: dt.linear_logp(h, w, t, topk=args.topk)
+        if args.sample:
+            sample_params, replay_params = SamplingParams(**SAMPLE_PROGRAM), SamplingParams(**REPLAY_PROGRAM)
+            cases["detlogp sample"] = lambda: dt.sample(h, w, sample_params, SAMPLE_SEED, t)
+            cases["detlogp replay"] = lambda: dt.linear_logp(h, w, t, sampling=replay_params)
         with torch.no_grad():
             for fn in cases.values():
                 for _ in range(args.warmup):

@@ -527,7 +527,10 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
     q.logp = reinterpret_cast<float*>(fused_out.get());
     q.lse = q.logp + chunk;
-    run(q);  // the serving entry's z, validated, and the verdict awaited
+    // Its inputs cannot fail the device validation (every target ignored, the temperatures
+    // checked on the host above), so the host does not wait for its verdict before the row kernel.
+    q.defer_errors = true;
+    run(q);  // the serving entry's z
     SampleRowsParams s;
     s.problem = p;
     s.row_begin = row0;
@@ -588,6 +591,12 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   const ShardGeometry g = partial ? p.geometry() : ShardGeometry{};
   const int64_t per_row = p.targets_per_row;
   const size_t target_bytes = p.targets_i64 ? 8 : 4;
+  const int64_t lanes = std::clamp<int64_t>(p.real_vocab - p.vocab_start, 0, v);
+  int sms = 0;
+  DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+  const TopkSplit split = topk_split(chunk, lanes, sms);  // valid for the last, shorter chunk too
+  StreamBuffer slice_keys(split.slices > 1 ? static_cast<size_t>(chunk * split.slices * p.topk) * 8 : 0, stream,
+                          p.device, "top-k slice lists");
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
     detail::LogpProblem q = p;
@@ -618,7 +627,7 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     t.logits_stride = v;
     t.rows = rows;
     t.row_begin = row0;
-    t.lanes = std::clamp<int64_t>(p.real_vocab - p.vocab_start, 0, v);
+    t.lanes = lanes;
     t.vocab_start = p.vocab_start;
     t.inv_temperature = inverse_temperature(p.temperature);
     t.temperature_rows = p.temperature_rows;
@@ -630,6 +639,9 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
       t.lse = p.lse;
       t.logp = p.topk_logp;
     }
+    t.slices = split.slices;
+    t.slice_lanes = split.slice_lanes;
+    t.slice_keys = reinterpret_cast<uint64_t*>(slice_keys.get());
     launch_topk_rows(t, stream);
   }
 }

@@ -13,10 +13,14 @@
 //      fewer than K real lanes (a tensor-parallel shard), all of them, then id -1;
 //   3. each one's logp is target_logp with the row's lse (full mode), the single-target bits; a
 //      shard's list keeps y for the merge.
+// With few rows (topk_split) a row's lanes are split into slices, steps 1-2 run on each slice by its
+// own CTA into a scratch list of its K largest keys, and a second kernel sorts a row's slice lists
+// and does step 3: the row's top K are the top K of its slices' top K.
 // The block only orders exact comparisons of distinct keys, so the ids do not depend on how lanes
-// meet threads.
+// meet threads or slices.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/device_ops.hpp"
@@ -36,6 +40,7 @@ constexpr int kListed = 8;  // keys each thread keeps in its first pass
 constexpr int kCandidates = kThreads * kListed;
 static_assert(kMaxTopk <= kCandidates, "the bound is the K-th of the listed keys: K <= kCandidates");
 static_assert((kCandidates & (kCandidates - 1)) == 0, "a power-of-two sort size");
+static_assert(kMaxTopk * kMaxTopkSlices <= kCandidates, "a row's slice lists fit the merge's sort");
 
 struct TopkShared {
   union {
@@ -47,17 +52,23 @@ struct TopkShared {
   int uncertain;         // some thread may hold more lanes at or above the bound than it listed
 };
 
+// The lanes a CTA selects from: a whole row of the chunk's logits or one slice of it.
+struct RowSlice {
+  const float* z;    // the slice's first lane
+  int64_t lanes;     // its real lanes
+  int64_t first_id;  // the global id of its first lane
+};
+
 // The lanes at or above `floor`: with `out` null, this thread's count of them; otherwise they are
 // stored from out[0] on (the slots the count gave, in the thread's visiting order). A lane whose y
 // is below the floor's logit has a smaller key whatever its id, so the float test comes first (a NaN
 // y, or a NaN floor logit, fails it and takes the key test).
-__device__ __forceinline__ int lanes_at_or_above(const TopkRowsParams& p, const float* z, float inv_t, uint64_t floor,
-                                                 uint64_t* out) {
+__device__ __forceinline__ int lanes_at_or_above(const RowSlice& r, float inv_t, uint64_t floor, uint64_t* out) {
   const float floor_y = rank_key_logit(floor);
   int n = 0;
-  visit_row<kThreads>(z, p.lanes, inv_t, [&](int64_t v, float y) {
+  visit_row<kThreads>(r.z, r.lanes, inv_t, [&](int64_t v, float y) {
     if (y < floor_y) return;
-    const uint64_t key = topk_key(y, p.vocab_start + v);
+    const uint64_t key = topk_key(y, r.first_id + v);
     if (key < floor) return;
     if (out) out[n] = key;
     ++n;
@@ -68,62 +79,59 @@ __device__ __forceinline__ int lanes_at_or_above(const TopkRowsParams& p, const 
 // Gathers every lane at or above `floor` into sh.key when they are at most kCandidates (a count
 // pass, each thread's first slot by an exact prefix sum, then the stores: no atomics); returns how
 // many there are (more than kCandidates: nothing stored).
-__device__ int gather_at_or_above(TopkShared& sh, const TopkRowsParams& p, const float* z, float inv_t,
-                                  uint64_t floor) {
-  const int mine = lanes_at_or_above(p, z, inv_t, floor, nullptr);
+__device__ int gather_at_or_above(TopkShared& sh, const RowSlice& r, float inv_t, uint64_t floor) {
+  const int mine = lanes_at_or_above(r, inv_t, floor, nullptr);
   const int count = block_offsets<kThreads>(sh.offset, &sh.total, mine);
-  if (count <= kCandidates) lanes_at_or_above(p, z, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
+  if (count <= kCandidates) lanes_at_or_above(r, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
   __syncthreads();
   return count;
 }
 
-__global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParams p) {
-  __shared__ TopkShared sh;
-  const int64_t row = p.row_begin + blockIdx.x;
-  const float* z = p.logits + int64_t{blockIdx.x} * p.logits_stride;
-  const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
-  const int k = p.k;
-
+// The k largest keys of the slice's lanes into sh.key[0, k), descending, key 0 past its real lanes
+// (steps 1 and 2 of the head comment). Called by every thread of the block.
+__device__ void top_keys(TopkShared& sh, const RowSlice& r, float inv_t, int k) {
   // 1. Each thread's kListed largest keys over its lanes, in registers.
   ListedKeys<kListed> listed;
   list_largest<kThreads>(
-      listed, sh.key, z, p.lanes, inv_t, k, [&](float y, int64_t v) { return topk_key(y, p.vocab_start + v); },
+      listed, sh.key, r.z, r.lanes, inv_t, k, [&](float y, int64_t v) { return topk_key(y, r.first_id + v); },
       [](int64_t, float) {});
   if (threadIdx.x == 0) sh.uncertain = 0;
   int count = sort_listed<kThreads>(sh.key, sh.offset, &sh.total, listed, k);
 
-  // 2. The bound: the K-th largest listed key is at most the row's K-th largest key (the lists are
-  //    distinct lanes of the row). A thread whose last listed key is below it has no other lane at
-  //    or above it; if every thread is so, the listed keys hold every lane at or above the bound,
-  //    so the first K of the sorted ones are the top K (key 0 past the row's real lanes).
-  //    Otherwise the lanes at or above the bound are gathered in a second pass; past kCandidates of
-  //    them, the K-th key itself by radix selection, then exactly the K lanes at or above it.
+  // 2. The bound: the K-th largest listed key is at most the slice's K-th largest key (the lists
+  //    are distinct lanes). A thread whose last listed key is below it has no other lane at or
+  //    above it; if every thread is so, the listed keys hold every lane at or above the bound, so
+  //    the first K of the sorted ones are the top K (key 0 past the real lanes). Otherwise the
+  //    lanes at or above the bound are gathered in a second pass; past kCandidates of them, the
+  //    K-th key itself by radix selection, then exactly the K lanes at or above it.
   uint64_t floor = sh.key[k - 1];
   if (listed.last() != 0 && listed.last() >= floor) sh.uncertain = 1;
   __syncthreads();
   if (sh.uncertain) {
-    count = gather_at_or_above(sh, p, z, inv_t, floor);
+    count = gather_at_or_above(sh, r, inv_t, floor);
     if (count > kCandidates) {
-      const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(z, c, inv_t), p.vocab_start + c), 1u}; };
-      floor = radix_select<kThreads>(sh.radix, p.lanes, lane, floor, static_cast<unsigned long long>(k));
-      count = gather_at_or_above(sh, p, z, inv_t, floor);  // exactly K: the keys are distinct
+      const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(r.z, c, inv_t), r.first_id + c), 1u}; };
+      floor = radix_select<kThreads>(sh.radix, r.lanes, lane, floor, static_cast<unsigned long long>(k));
+      count = gather_at_or_above(sh, r, inv_t, floor);  // exactly K: the keys are distinct
     }
-    const int size = pow2_at_least(count);
+    const int size = pow2_at_least(count > k ? count : k);
     for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;
     __syncthreads();
     sort_descending<kThreads>(sh.key, size);
   }
+}
 
-  // 3. The outputs.
-  for (int j = threadIdx.x; j < k; j += kThreads) {
-    const int64_t out = row * k + j;
-    const uint64_t key = j < count ? sh.key[j] : 0;
-    if (key == 0) {  // fewer real lanes than K (a tensor-parallel shard)
+// 3. The outputs of call row `row` from its k largest keys (key 0: fewer real lanes than K, as in a
+//    tensor-parallel shard). `z`: the row's logits, column c global id vocab_start + c.
+__device__ void write_outputs(const TopkRowsParams& p, int64_t row, const float* z, float inv_t, const uint64_t* key) {
+  for (int j = threadIdx.x; j < p.k; j += kThreads) {
+    const int64_t out = row * p.k + j;
+    if (key[j] == 0) {
       p.ids[out] = -1;
       if (p.logit) p.logit[out] = fp::neg_inf();
       continue;
     }
-    const int64_t id = rank_key_id(key);
+    const int64_t id = rank_key_id(key[j]);
     const float yj = lane_y(z, id - p.vocab_start, inv_t);
     p.ids[out] = id;
     if (p.lse)
@@ -131,6 +139,44 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
     else
       p.logit[out] = yj;
   }
+}
+
+__device__ __forceinline__ float row_inverse_temperature(const TopkRowsParams& p, int64_t row) {
+  return p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
+}
+
+// One CTA a row (slices == 1), or one a slice of a row, whose k largest keys go to slice_keys.
+__global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParams p) {
+  __shared__ TopkShared sh;
+  const int64_t local = p.slices == 1 ? int64_t{blockIdx.x} : int64_t{blockIdx.x} / p.slices;
+  const int64_t row = p.row_begin + local;
+  const float* z = p.logits + local * p.logits_stride;
+  const float inv_t = row_inverse_temperature(p, row);
+  if (p.slices == 1) {
+    top_keys(sh, RowSlice{z, p.lanes, p.vocab_start}, inv_t, p.k);
+    write_outputs(p, row, z, inv_t, sh.key);
+    return;
+  }
+  const int64_t s = int64_t{blockIdx.x} % p.slices;
+  const int64_t first = s * p.slice_lanes;
+  const int64_t lanes = p.lanes - first < p.slice_lanes ? p.lanes - first : p.slice_lanes;
+  top_keys(sh, RowSlice{z + first, lanes > 0 ? lanes : 0, p.vocab_start + first}, inv_t, p.k);
+  uint64_t* list = p.slice_keys + (local * p.slices + s) * p.k;
+  for (int j = threadIdx.x; j < p.k; j += kThreads) list[j] = sh.key[j];
+}
+
+// A row's slice lists merged: the k largest of their slices * k keys (distinct, or 0), the outputs.
+__global__ void __launch_bounds__(kThreads) topk_merge_slices_kernel(const TopkRowsParams p) {
+  __shared__ TopkShared sh;
+  const int64_t local = blockIdx.x;
+  const int64_t row = p.row_begin + local;
+  const int n = p.slices * p.k;
+  const uint64_t* lists = p.slice_keys + local * n;
+  const int size = pow2_at_least(n);
+  for (int i = threadIdx.x; i < size; i += kThreads) sh.key[i] = i < n ? lists[i] : 0;
+  __syncthreads();
+  sort_descending<kThreads>(sh.key, size);
+  write_outputs(p, row, p.logits + local * p.logits_stride, row_inverse_temperature(p, row), sh.key);
 }
 
 struct DeviceTopkListView {
@@ -169,9 +215,24 @@ __global__ void topk_merge_kernel(const TopkMergeParams p) {
 
 }  // namespace
 
+TopkSplit topk_split(int64_t rows, int64_t lanes, int sms) {
+  constexpr int64_t kRound = int64_t{32} * kThreads;  // visit_row's float4 round, list_largest's first
+  const int64_t want = rows > 0 ? std::min<int64_t>(kMaxTopkSlices, 2 * int64_t{sms} / rows) : 1;
+  if (want < 2 || lanes < 2 * kRound) return {1, lanes};
+  const int64_t slice = ((lanes + want - 1) / want + kRound - 1) / kRound * kRound;
+  const auto slices = static_cast<int32_t>((lanes + slice - 1) / slice);
+  if (slices < 2) return {1, lanes};
+  return {slices, slice};
+}
+
 void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  topk_rows_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  DETLOGP_CHECK(p.slices == 1 || (p.slices <= kMaxTopkSlices && p.slice_keys != nullptr),
+                "internal error: a split top-k launch without its scratch lists");
+  topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+  if (p.slices == 1) return;
+  topk_merge_slices_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

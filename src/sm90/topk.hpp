@@ -8,6 +8,17 @@
 
 namespace detlogp::sm90 {
 
+// With few rows, one CTA a row leaves most multiprocessors idle and each row waits on one CTA's
+// loads: the row's lanes are then split into slices of whole rounds of the row reads, each slice's
+// top K found by its own CTA into a scratch list, and a second kernel merges a row's slice lists
+// (an exact selection over distinct keys: the same ids and bits as one CTA a row).
+inline constexpr int kMaxTopkSlices = 16;
+struct TopkSplit {
+  int32_t slices = 1;
+  int64_t slice_lanes = 0;  // lanes of every slice but the last (a multiple of the row-read round)
+};
+TopkSplit topk_split(int64_t rows, int64_t lanes, int sms);
+
 struct TopkRowsParams {
   const float* logits = nullptr;  // the chunk's z [rows][logits_stride]; column c is global id vocab_start + c
   int64_t logits_stride = 0;
@@ -24,6 +35,10 @@ struct TopkRowsParams {
   int64_t* ids = nullptr;
   float* logp = nullptr;
   float* logit = nullptr;
+  // The split (topk_split): slice_keys [rows][slices][k] of scratch when slices > 1.
+  int32_t slices = 1;
+  int64_t slice_lanes = 0;
+  uint64_t* slice_keys = nullptr;
 };
 
 void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream);

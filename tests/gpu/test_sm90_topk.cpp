@@ -217,6 +217,19 @@ TEST_F(Sm90Topk, ARowAloneChunksAndBucketsGiveTheSameBits) {
                   same_bits(alone.topk_logp[j], batch.topk_logp[r * k + j]))
           << "row " << r << " entry " << j << " differs alone";
   }
+  // At the Qwen3 vocabulary a few rows split each row over several CTAs (topk_split) and a batch of
+  // 200 does not: the same ids and bits.
+  const Head wide(200, 64, 151936, false, true, 23);
+  const DevBuf<int64_t> wt = device_targets(some_targets(wide));
+  const Result wide_batch = run(wide, 0, wide.n, wt, 20, false);
+  for (int64_t first : {int64_t{0}, int64_t{131}, int64_t{190}})
+    for (int64_t rows : {int64_t{1}, int64_t{8}, int64_t{10}}) {
+      const Result few = run(wide, first, rows, wt, 20, false);
+      for (int64_t e = 0; e < rows * 20; ++e)
+        EXPECT_TRUE(few.topk_ids[e] == wide_batch.topk_ids[first * 20 + e] &&
+                    same_bits(few.topk_logp[e], wide_batch.topk_logp[first * 20 + e]))
+            << "V=151936: rows " << first << "+" << rows << " entry " << e << " differ from the batch's";
+    }
   {
     ScopedEnv env("DETLOGP_SM90_WORKSPACE_MB", "1");  // ~127 rows a chunk
     const Result chunked = run(h, 0, h.n, t, k, false);
