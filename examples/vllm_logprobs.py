@@ -8,8 +8,7 @@ by token id; ``SamplingParams(logprobs=k)``). Here, on the CPU with a tiny rando
 1. one ``detlogp.torch.sample(..., topk=k)`` call draws each row's token inside the contract
    (temperature, top-k, top-p) and gives, from the same pass over the vocabulary (no [N, V]), the
    token's raw logprob (``logp_raw``) and the top-k ids and logprobs at the sampling temperature:
-   the ids and bits ``detlogp.torch.linear_logp(h, W, token, temperature=T, topk=k)`` gives (on one
-   GPU, where the SM90 backend does not compute the top-k beside the draw yet, that call is the way);
+   the ids and bits ``detlogp.torch.linear_logp(h, W, token, temperature=T, topk=k)`` gives;
 2. ranks are 1-based positions in the contract's descending order of the scaled logits (equal
    logits by the lower id): the j-th top-k entry has rank j + 1; the sampled token's rank is its
    top-k position when it is there, else 1 + the number of ids that come before it, counted from

@@ -451,11 +451,6 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   DETLOGP_CHECK(p.memory == Memory::cuda,
                 "the SM90 backend runs the sampling program on CUDA tensors; host tensors "
                 "run it on cpu-linear-logp-contract-v1");
-  DETLOGP_CHECK(p.topk == 0,
-                "the SM90 backend does not compute sample's top-k output (topk_ids / topk_logp, "
-                "docs/contract.md §12) yet; linear_logp(..., topk=K) at the rows' temperatures (1 for "
-                "T = 0) gives the same ids and bits from its own pass, and the CPU backend computes it "
-                "with the draw, on host memory");
   SamplingReport report;
   if (p.rows == 0) return report;
   DeviceGuard guard(p.device);
@@ -543,6 +538,23 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     s.outside = p.replay ? outside.get() : nullptr;
     s.radix_only = radix_only;
     launch_sample_rows(s, stream);
+    if (p.topk > 0) {  // beside the draw: the top-k row kernel over the same z, at the fused run's T
+      TopkRowsParams t;
+      t.logits = q.logits;
+      t.logits_stride = v;
+      t.rows = rows;
+      t.row_begin = row0;
+      t.lanes = p.real_vocab;
+      t.vocab_start = 0;
+      t.inv_temperature = inverse_temperature(q.temperature);
+      t.temperature_rows =  // the program's per-row T with 1 for T = 0, [call rows]
+          p.program.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) : nullptr;
+      t.k = static_cast<int32_t>(p.topk);
+      t.lse = p.lse;  // the call's rows, written by the row kernel above: the fused run's lse
+      t.ids = p.topk_ids;
+      t.logp = p.topk_logp;
+      launch_topk_rows(t, stream);
+    }
   }
   if (p.replay) {
     std::vector<uint8_t> flags(static_cast<size_t>(p.rows));

@@ -132,10 +132,26 @@ def test_cuda_sample_bad_parameter_names_the_row():
                        sampling=detlogp.SamplingParams(min_p=min_p))  # fmt: skip
 
 
-def test_cuda_sample_topk_is_refused_naming_the_way_to_the_same_bits():
-    h, w, _ = problem(6, 64, 300, seed=5)
-    with pytest.raises(detlogp.NotImplementedYetError, match=r"linear_logp\(\.\.\., topk=K\)"):
-        dt.sample(h.cuda(), w.cuda(), detlogp.SamplingParams(top_k=5), 0, torch.arange(6).cuda(), topk=4)
+def test_cuda_sample_topk_is_linear_logps_topk_and_the_emulated_cpu_bits():
+    n = 40
+    h, w, b = problem(n, 64, 2053, seed=5)
+    g = torch.Generator().manual_seed(3)
+    temps = torch.where(torch.arange(n) % 7 == 3, 0.0, 0.5 + torch.rand(n, generator=g))
+
+    def params(dev):
+        return detlogp.SamplingParams(temperature=temps.to(dev), top_k=torch.full((n,), 50).to(dev),
+                                      top_p=torch.full((n,), 0.9).to(dev))  # fmt: skip
+
+    key = torch.arange(n)
+    r = dt.sample(h.cuda(), w.cuda(), params("cuda"), 11, key.cuda(), bias=b.cuda(), topk=20)
+    emu = dt.sample(h, w, params("cpu"), 11, key, bias=b, topk=20, backend="cpu-sm90-emulated-contract-v1")
+    assert torch.equal(r.token.cpu(), emu.token)
+    assert torch.equal(r.topk_ids.cpu(), emu.topk_ids)
+    assert torch.equal(r.topk_logp.cpu().view(torch.int32), emu.topk_logp.view(torch.int32))
+    t1 = torch.where(temps == 0, 1.0, temps).cuda()
+    _, _, ids, lps = dt.linear_logp(h.cuda(), w.cuda(), r.token.clamp(min=0), bias=b.cuda(), temperature=t1, topk=20)
+    assert torch.equal(r.topk_ids, ids)
+    assert torch.equal(r.topk_logp.view(torch.int32), lps.view(torch.int32))
 
 
 def test_cuda_replay_gives_the_rollout_bits_and_counts_outside_targets():

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import _detlogp as _ext, _int_arg, _sampling, _topk_arg, _what
-from .._errors import DetlogpError, InputError, NotImplementedYetError
+from .._errors import DetlogpError, InputError
 from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
@@ -82,15 +82,8 @@ def sample(hidden: Tensor, weight: Tensor, params: SamplingParams, seed, key: Te
     tensors on the SM90 backend, on the current CUDA stream. topk=K (1 <= K <= 128): also topk_ids
     and topk_logp, shaped like key plus [K], the K ids with the largest logits at each row's T (1 for
     T = 0) and their raw logp, the bits linear_logp(..., topk=K) gives at that temperature (an
-    engine's logprobs=K; CPU tensors, and CUDA tensors over tp_group; on one GPU the SM90 backend
-    does not compute it with the draw yet: NotImplementedYetError)."""
+    engine's logprobs=K), from the same pass."""
     k = _topk_arg(topk)
-    if k and hidden.is_cuda and tp_group is None:
-        raise NotImplementedYetError(
-            f"topk={k} with detlogp.torch.sample on CUDA tensors: the SM90 backend does not compute the top-k "
-            "output with the draw yet; detlogp.torch.linear_logp(..., topk=K) at the rows' temperatures (1 for "
-            "T = 0) gives the same ids and bits from its own pass, and CPU tensors (or tp_group) take topk= here"
-        )
     arguments = (hidden, weight, params, seed, key, bias, vocab_start, real_vocab, return_logits, backend, strict, k)
     if tp_group is None:
         return _sample(*arguments)
