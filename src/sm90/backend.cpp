@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -424,12 +425,52 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
 
 // A device vector of `rows` elements of `bytes` each read back to the host after the work already on
 // `stream` (a wait), or empty for a null one.
-std::vector<uint8_t> read_back(const void* device, int64_t rows, size_t bytes, cudaStream_t stream) {
-  std::vector<uint8_t> host(device ? static_cast<size_t>(rows) * bytes : 0);
-  if (host.empty()) return host;
-  DETLOGP_CUDA_CHECK(cudaMemcpyAsync(host.data(), device, host.size(), cudaMemcpyDeviceToHost, stream));
+// Host copies of device arrays after the work already on `stream`, with one wait for all of them:
+// each is queued into pinned staging (kept per thread, grown as needed, so the copies run
+// asynchronously; a pageable destination makes every copy a wait of its own), then one
+// synchronization. A null array gives an empty copy.
+
+std::vector<std::vector<uint8_t>> read_back(std::initializer_list<DeviceArray> arrays, cudaStream_t stream) {
+  struct PinnedStaging {
+    void* host = nullptr;
+    size_t capacity = 0;
+    ~PinnedStaging() {
+      if (host) (void)cudaFreeHost(host);  // at thread exit the context may be gone: nothing to report
+    }
+  };
+  thread_local PinnedStaging staging;
+  size_t total = 0;
+  for (const DeviceArray& a : arrays) total += a.device ? (a.bytes + 15) / 16 * 16 : 0;
+  std::vector<std::vector<uint8_t>> out;
+  if (total == 0) {
+    out.resize(arrays.size());
+    return out;
+  }
+  if (total > staging.capacity) {
+    if (staging.host) DETLOGP_CUDA_CHECK(cudaFreeHost(staging.host));
+    staging.host = nullptr;
+    staging.capacity = 0;
+    DETLOGP_CUDA_CHECK(cudaMallocHost(&staging.host, total));
+    staging.capacity = total;
+  }
+  auto* base = static_cast<uint8_t*>(staging.host);
+  size_t at = 0;
+  for (const DeviceArray& a : arrays) {
+    if (!a.device || a.bytes == 0) continue;
+    DETLOGP_CUDA_CHECK(cudaMemcpyAsync(base + at, a.device, a.bytes, cudaMemcpyDeviceToHost, stream));
+    at += (a.bytes + 15) / 16 * 16;
+  }
   DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host;
+  at = 0;
+  for (const DeviceArray& a : arrays) {
+    if (!a.device) {
+      out.emplace_back();
+      continue;
+    }
+    out.emplace_back(base + at, base + at + a.bytes);
+    at += (a.bytes + 15) / 16 * 16;
+  }
+  return out;
 }
 
 // Rows per chunk of a row-kernel entry (top-k, sampling): the workspace budget over row_bytes, the
@@ -474,11 +515,10 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
 
   // The device-resident values, checked on the host.
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  check_device_program(p.program, p.rows, stream);
-  if (p.replay) {
-    const std::vector<uint8_t> targets = read_back(p.targets, p.rows, p.targets_i64 ? 8 : 4, stream);
-    detail::check_targets_host(targets.data(), p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
-  }
+  const std::vector<uint8_t> targets =
+      check_device_program(p.program, p.rows, stream,
+                           {p.replay ? p.targets : nullptr, static_cast<size_t>(p.rows) * (p.targets_i64 ? 8 : 4)});
+  if (p.replay) detail::check_targets_host(targets.data(), p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
 
   const int64_t v = p.vocab_local;
   const int64_t tiles = (p.real_vocab + kVocabTile - 1) / kVocabTile;
@@ -585,9 +625,12 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   check_alignment(partial ? p.topk_logit : p.topk_logp, 4, partial ? "topk_logit" : "topk_logp");
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   {
-    const std::vector<uint8_t> targets =
-        read_back(p.targets, p.rows * p.targets_per_row, p.targets_i64 ? 8 : 4, stream);
-    const std::vector<uint8_t> temps = read_back(p.temperature_rows, p.rows, 4, stream);
+    const auto copies =
+        read_back({{p.targets, static_cast<size_t>(p.rows * p.targets_per_row) * (p.targets_i64 ? 8 : 4)},
+                   {p.temperature_rows, static_cast<size_t>(p.rows) * 4}},
+                  stream);
+    const std::vector<uint8_t>& targets = copies[0];
+    const std::vector<uint8_t>& temps = copies[1];
     detail::HeadOperands host = p;
     host.memory = Memory::host;
     host.targets = targets.data();
@@ -660,22 +703,31 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
 
 }  // namespace
 
-void check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream) {
+std::vector<uint8_t> check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream,
+                                          DeviceArray also) {
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{program.temperature_rows, "temperature_rows"},
                                   {program.top_p_rows, "top_p_rows"},
                                   {program.min_p_rows, "min_p_rows"}})
     if (ptr) check_alignment(ptr, 4, name);
   if (program.top_k_rows) check_alignment(program.top_k_rows, program.top_k_i64 ? 8 : 4, "top_k_rows");
-  const std::vector<uint8_t> temps = read_back(program.temperature_rows, rows, 4, stream);
-  const std::vector<uint8_t> top_k = read_back(program.top_k_rows, rows, program.top_k_i64 ? 8 : 4, stream);
-  const std::vector<uint8_t> top_p = read_back(program.top_p_rows, rows, 4, stream);
-  const std::vector<uint8_t> min_p = read_back(program.min_p_rows, rows, 4, stream);
+  const size_t n = static_cast<size_t>(rows);
+  auto copies = read_back({{program.temperature_rows, n * 4},
+                           {program.top_k_rows, n * (program.top_k_i64 ? 8 : 4)},
+                           {program.top_p_rows, n * 4},
+                           {program.min_p_rows, n * 4},
+                           also},
+                          stream);
+  const std::vector<uint8_t>& temps = copies[0];
+  const std::vector<uint8_t>& top_k = copies[1];
+  const std::vector<uint8_t>& top_p = copies[2];
+  const std::vector<uint8_t>& min_p = copies[3];
   detail::ProgramOperands host = program;
   host.temperature_rows = program.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
   host.top_k_rows = program.top_k_rows ? top_k.data() : nullptr;
   host.top_p_rows = program.top_p_rows ? reinterpret_cast<const float*>(top_p.data()) : nullptr;
   host.min_p_rows = program.min_p_rows ? reinterpret_cast<const float*>(min_p.data()) : nullptr;
   detail::check_program_rows(host, rows);
+  return std::move(copies[4]);
 }
 
 }  // namespace detlogp::sm90

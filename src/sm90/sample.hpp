@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/sample.hpp"
 
@@ -29,9 +31,17 @@ void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);
 // the program's rows, whose lse the row kernel takes.
 void launch_program_temperatures(const float* temperature, float* out, int64_t rows, cudaStream_t stream);
 
+// A device array the host reads back: its first `bytes`, or nothing when null.
+struct DeviceArray {
+  const void* device = nullptr;
+  size_t bytes = 0;
+};
+
 // The program's per-row values held in device memory, read back after the work already on `stream`
-// (a wait) and checked on the host (detail::check_program_rows): a bad value is refused, naming the
-// argument, the row and the value, before the caller launches anything that writes.
-void check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream);
+// (one wait, `also` with them) and checked on the host (detail::check_program_rows): a bad value is
+// refused, naming the argument, the row and the value, before the caller launches anything that
+// writes. Returns also's host copy (empty for a null array).
+std::vector<uint8_t> check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream,
+                                          DeviceArray also);
 
 }  // namespace detlogp::sm90
