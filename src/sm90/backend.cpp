@@ -423,13 +423,10 @@ void Sm90Backend::run_from_host(const detail::LogpProblem& hp) const {
   }
 }
 
-// A device vector of `rows` elements of `bytes` each read back to the host after the work already on
-// `stream` (a wait), or empty for a null one.
 // Host copies of device arrays after the work already on `stream`, with one wait for all of them:
 // each is queued into pinned staging (kept per thread, grown as needed, so the copies run
 // asynchronously; a pageable destination makes every copy a wait of its own), then one
 // synchronization. A null array gives an empty copy.
-
 std::vector<std::vector<uint8_t>> read_back(std::initializer_list<DeviceArray> arrays, cudaStream_t stream) {
   struct PinnedStaging {
     void* host = nullptr;
@@ -439,8 +436,9 @@ std::vector<std::vector<uint8_t>> read_back(std::initializer_list<DeviceArray> a
     }
   };
   thread_local PinnedStaging staging;
+  const auto slot_bytes = [](const DeviceArray& a) { return a.device ? (a.bytes + 15) / 16 * 16 : size_t{0}; };
   size_t total = 0;
-  for (const DeviceArray& a : arrays) total += a.device ? (a.bytes + 15) / 16 * 16 : 0;
+  for (const DeviceArray& a : arrays) total += slot_bytes(a);
   std::vector<std::vector<uint8_t>> out;
   if (total == 0) {
     out.resize(arrays.size());
@@ -458,7 +456,7 @@ std::vector<std::vector<uint8_t>> read_back(std::initializer_list<DeviceArray> a
   for (const DeviceArray& a : arrays) {
     if (!a.device || a.bytes == 0) continue;
     DETLOGP_CUDA_CHECK(cudaMemcpyAsync(base + at, a.device, a.bytes, cudaMemcpyDeviceToHost, stream));
-    at += (a.bytes + 15) / 16 * 16;
+    at += slot_bytes(a);
   }
   DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
   at = 0;
@@ -468,7 +466,7 @@ std::vector<std::vector<uint8_t>> read_back(std::initializer_list<DeviceArray> a
       continue;
     }
     out.emplace_back(base + at, base + at + a.bytes);
-    at += (a.bytes + 15) / 16 * 16;
+    at += slot_bytes(a);
   }
   return out;
 }
