@@ -17,12 +17,13 @@
 // follow IEEE rules over the block (any NaN, inf * 0 or inf - inf gives NaN, written as
 // kWgmmaNanBits; otherwise an infinite term gives that infinity).
 //
-// Host-only: the device computes these bits with wgmma itself.
+// Host and device: the device computes the logits with wgmma itself and uses these pieces only to
+// recompute a few lanes exactly (the top-k output's candidate path, src/sm90/device/wgmma_lane.cuh).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
+#include "detlogp/config.hpp"
 #include "detlogp/fpops.hpp"
 
 namespace detlogp::wgmma {
@@ -44,10 +45,10 @@ struct Bf16Parts {
   int32_t exp = kZeroExp;
 };
 
-inline bool bf16_finite(uint16_t b) { return (b & 0x7F80u) != 0x7F80u; }
-inline bool bf16_is_nan(uint16_t b) { return (b & 0x7FFFu) > 0x7F80u; }
+DETLOGP_HD bool bf16_finite(uint16_t b) { return (b & 0x7F80u) != 0x7F80u; }
+DETLOGP_HD bool bf16_is_nan(uint16_t b) { return (b & 0x7FFFu) > 0x7F80u; }
 
-inline Bf16Parts bf16_parts(uint16_t b) {
+DETLOGP_HD Bf16Parts bf16_parts(uint16_t b) {
   const int32_t biased = (b >> 7) & 0xFF;
   const int32_t frac = b & 0x7F;
   Bf16Parts p;
@@ -61,22 +62,22 @@ inline Bf16Parts bf16_parts(uint16_t b) {
 // Lane helpers written once for a scalar int32 and for a GCC vector of int32 lanes (the CPU GEMM
 // runs the same steps on 8 lanes): every operation below is elementwise.
 template <class I>
-inline I splat(int32_t x) {
+DETLOGP_HD I splat(int32_t x) {
   return I{} + x;
 }
 template <class I>
-inline I max_lanes(I a, I b) {
+DETLOGP_HD I max_lanes(I a, I b) {
   return a > b ? a : b;
 }
 template <class I>
-inline I min_lanes(I a, I b) {
+DETLOGP_HD I min_lanes(I a, I b) {
   return a < b ? a : b;
 }
 
 // The exponent an fp32 accumulator (its bits) takes in step 2: -126 for a subnormal, kZeroExp for
 // +-0 (c = 0 takes no part).
 template <class I>
-inline I accumulator_exp(I c_bits) {
+DETLOGP_HD I accumulator_exp(I c_bits) {
   const I biased = (c_bits >> 23) & 0xFF;
   const I e = biased == 0 ? splat<I>(-126) : biased - 127;
   return (c_bits & 0x7FFFFFFF) == 0 ? splat<I>(kZeroExp) : e;
@@ -85,7 +86,7 @@ inline I accumulator_exp(I c_bits) {
 // Step 2: E from the largest exponent sum of the block's nonzero products (kZeroExp-based for a
 // zero product) and the accumulator.
 template <class I>
-inline I block_exponent(I product_max_exp, I c_bits) {
+DETLOGP_HD I block_exponent(I product_max_exp, I c_bits) {
   return max_lanes(max_lanes(product_max_exp, accumulator_exp(c_bits)), splat<I>(kMinBlockExp));
 }
 
@@ -94,7 +95,7 @@ inline I block_exponent(I product_max_exp, I c_bits) {
 // `shift` = E - (e_a + e_b), the magnitude truncated. Each aligned product is below 2^27, so 16 of
 // them sum exactly in int32 (at most 16 * 255^2 * 2^11 = 2130739200 < 2^31).
 template <class I>
-inline I align_product(I p, I shift) {
+DETLOGP_HD I align_product(I p, I shift) {
   const I mag = p < 0 ? -p : p;
   const I t = (mag << (kWindowFracBits - kProductFracBits)) >> min_lanes(shift, splat<I>(kMaxShift));
   return p < 0 ? -t : t;
@@ -107,7 +108,7 @@ struct Fp32Parts {
   bool neg = false;
 };
 
-inline Fp32Parts fp32_parts(uint32_t bits) {
+DETLOGP_HD Fp32Parts fp32_parts(uint32_t bits) {
   Fp32Parts p;
   p.neg = (bits >> 31) != 0;
   p.exp = accumulator_exp(static_cast<int32_t>(bits));
@@ -118,7 +119,7 @@ inline Fp32Parts fp32_parts(uint32_t bits) {
 
 // Step 3 for the accumulator: its 24-bit magnitude placed in the window and shifted right by
 // E - exp, truncated.
-inline int64_t align_accumulator(const Fp32Parts& c, int32_t e) {
+DETLOGP_HD int64_t align_accumulator(const Fp32Parts& c, int32_t e) {
   if (c.mag == 0) return 0;
   const int32_t shift = e - c.exp;
   const int64_t t = shift > kMaxShift ? 0 : static_cast<int64_t>((uint64_t{c.mag} << kAlignBits) >> shift);
@@ -126,11 +127,15 @@ inline int64_t align_accumulator(const Fp32Parts& c, int32_t e) {
 }
 
 // Step 4: S * 2^(e - kWindowFracBits) rounded toward zero to fp32 bits.
-inline uint32_t round_block_sum(int64_t s, int32_t e) {
+DETLOGP_HD uint32_t round_block_sum(int64_t s, int32_t e) {
   if (s == 0) return 0;
   const uint32_t sign = s < 0 ? 0x80000000u : 0u;
   const uint64_t m = s < 0 ? uint64_t(0) - static_cast<uint64_t>(s) : static_cast<uint64_t>(s);
-  const int len = 64 - __builtin_clzll(m);             // bit length of |S|
+#if DETLOGP_DEVICE_PASS
+  const int len = 64 - __clzll(static_cast<long long>(m));  // bit length of |S|
+#else
+  const int len = 64 - __builtin_clzll(m);  // bit length of |S|
+#endif
   const int32_t lead = e - kWindowFracBits + len - 1;  // exponent of its leading bit
   if (lead >= 128) return sign | 0x7F800000u;          // past FLT_MAX: infinity
   if (lead >= -126) {                                  // normal: the top 24 bits, truncated
@@ -147,52 +152,87 @@ inline uint32_t round_block_sum(int64_t s, int32_t e) {
 // Steps 3-4 given the products' aligned sum at block exponent e and the accumulator's bits, for a
 // block whose products are all finite: an infinite accumulator stays as it is (a NaN one is
 // kWgmmaNanBits).
-inline uint32_t finish_block(int64_t product_sum, int32_t e, uint32_t c_bits) {
+DETLOGP_HD uint32_t finish_block(int64_t product_sum, int32_t e, uint32_t c_bits) {
   if ((c_bits & 0x7F800000u) == 0x7F800000u) return (c_bits & 0x7FFFFFu) != 0 ? kWgmmaNanBits : c_bits;
   return round_block_sum(product_sum + align_accumulator(fp32_parts(c_bits), e), e);
 }
 
-// One block FMA over n <= kBlockK products: the fp32 bits of the model's a . b + c.
-inline uint32_t block_fma_bits(const uint16_t* a, const uint16_t* b, int n, uint32_t c_bits) {
-  bool nan = (c_bits & 0x7FFFFFFFu) > 0x7F800000u;
-  bool pos_inf = c_bits == 0x7F800000u, neg_inf = c_bits == 0xFF800000u;
-  bool special = nan || pos_inf || neg_inf;
-  for (int i = 0; i < n; ++i) {
-    if (bf16_finite(a[i]) && bf16_finite(b[i])) continue;
-    special = true;
-    const bool a_zero = (a[i] & 0x7FFFu) == 0, b_zero = (b[i] & 0x7FFFu) == 0;
-    if (bf16_is_nan(a[i]) || bf16_is_nan(b[i]) || a_zero || b_zero) {
-      nan = true;  // a NaN operand, or inf * 0
-    } else {
-      const bool neg = ((a[i] ^ b[i]) & 0x8000u) != 0;
-      (neg ? neg_inf : pos_inf) = true;
-    }
-  }
-  if (special) {
+// The non-finite operands of a block FMA and its accumulator: any NaN, inf * 0, or infinities of
+// both signs give NaN (kWgmmaNanBits); otherwise an infinite term gives that infinity. Flags only,
+// so a block's products may note theirs in any order (the device's lanes each note one).
+struct BlockSpecials {
+  bool nan = false, pos_inf = false, neg_inf = false;
+  DETLOGP_HD bool any() const { return nan || pos_inf || neg_inf; }
+  DETLOGP_HD uint32_t bits() const {
     if (nan || (pos_inf && neg_inf)) return kWgmmaNanBits;
     return pos_inf ? 0x7F800000u : 0xFF800000u;
   }
-  Bf16Parts pa[kBlockK], pb[kBlockK];
+};
+
+DETLOGP_HD BlockSpecials accumulator_specials(uint32_t c_bits) {
+  BlockSpecials s;
+  s.nan = (c_bits & 0x7FFFFFFFu) > 0x7F800000u;
+  s.pos_inf = c_bits == 0x7F800000u;
+  s.neg_inf = c_bits == 0xFF800000u;
+  return s;
+}
+
+// Notes the product a * b in s when an operand is not finite.
+DETLOGP_HD void note_product_specials(uint16_t a, uint16_t b, BlockSpecials& s) {
+  if (bf16_finite(a) && bf16_finite(b)) return;
+  const bool a_zero = (a & 0x7FFFu) == 0, b_zero = (b & 0x7FFFu) == 0;
+  if (bf16_is_nan(a) || bf16_is_nan(b) || a_zero || b_zero) {
+    s.nan = true;  // a NaN operand, or inf * 0
+  } else if (((a ^ b) & 0x8000u) != 0) {
+    s.neg_inf = true;
+  } else {
+    s.pos_inf = true;
+  }
+}
+
+// Step 1 for one product of finite operands: its integer significand and exponent; `nonzero` false
+// for a zero product, which takes no part in steps 2-4.
+struct ProductParts {
+  int32_t sig = 0;
+  int32_t exp = kZeroExp;
+  bool nonzero = false;
+};
+
+DETLOGP_HD ProductParts product_parts(uint16_t a, uint16_t b) {
+  const Bf16Parts pa = bf16_parts(a), pb = bf16_parts(b);
+  ProductParts p;
+  p.nonzero = pa.sig != 0 && pb.sig != 0;
+  if (p.nonzero) {
+    p.sig = pa.sig * pb.sig;
+    p.exp = pa.exp + pb.exp;
+  }
+  return p;
+}
+
+// One block FMA over n <= kBlockK products: the fp32 bits of the model's a . b + c.
+DETLOGP_HD uint32_t block_fma_bits(const uint16_t* a, const uint16_t* b, int n, uint32_t c_bits) {
+  BlockSpecials special = accumulator_specials(c_bits);
+  for (int i = 0; i < n; ++i) note_product_specials(a[i], b[i], special);
+  if (special.any()) return special.bits();
+  ProductParts pp[kBlockK];
   int32_t product_max = kZeroExp;
   for (int i = 0; i < n; ++i) {
-    pa[i] = bf16_parts(a[i]);
-    pb[i] = bf16_parts(b[i]);
-    if (pa[i].sig != 0 && pb[i].sig != 0) product_max = std::max(product_max, pa[i].exp + pb[i].exp);
+    pp[i] = product_parts(a[i], b[i]);
+    if (pp[i].nonzero && pp[i].exp > product_max) product_max = pp[i].exp;
   }
   const int32_t e = block_exponent(product_max, static_cast<int32_t>(c_bits));
   int32_t product_sum = 0;
   for (int i = 0; i < n; ++i)
-    if (pa[i].sig != 0 && pb[i].sig != 0)
-      product_sum += align_product<int32_t>(pa[i].sig * pb[i].sig, e - (pa[i].exp + pb[i].exp));
+    if (pp[i].nonzero) product_sum += align_product<int32_t>(pp[i].sig, e - pp[i].exp);
   return finish_block(product_sum, e, c_bits);
 }
 
 // The model's fp32 dot product of two bf16 vectors of length k: ascending blocks of kBlockK (the
 // last one shorter when k is not a multiple) on one accumulator starting at +0.
-inline float dot(const uint16_t* a, const uint16_t* b, int64_t k) {
+DETLOGP_HD float dot(const uint16_t* a, const uint16_t* b, int64_t k) {
   uint32_t acc = 0;
   for (int64_t k0 = 0; k0 < k; k0 += kBlockK)
-    acc = block_fma_bits(a + k0, b + k0, static_cast<int>(std::min<int64_t>(kBlockK, k - k0)), acc);
+    acc = block_fma_bits(a + k0, b + k0, static_cast<int>(k - k0 < kBlockK ? k - k0 : kBlockK), acc);
   return fp::from_bits(acc);
 }
 

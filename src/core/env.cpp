@@ -80,6 +80,10 @@ const Knob kFreeKnobs[] = {
      .what = "1: the SM90 sampling kernel finds every cut by radix selection, not from gathered candidates "
              "(free axis)",
      .kind = Kind::flag},
+    {.name = "DETLOGP_SM90_TOPK_LOGITS",
+     .what = "1: the SM90 top-k output always selects from the serving logits, never from the fused run's "
+             "lane-group candidates (free axis)",
+     .kind = Kind::flag},
     {.name = "DETLOGP_TP_WORKSPACE_MB",
      .what = "cap of the tensor-parallel gather buffer in MiB (chunks N)",
      .kind = Kind::integer,

@@ -54,7 +54,18 @@ class Sm90Backend final : public detail::CudaLaneBackend {
   SamplingReport run_sample(const detail::SampleProblem& p) const override;
 
  private:
+  // The top-k output's candidate buffers of a row chunk (FusedParams::cand_*), [rows][groups] each.
+  struct Candidates {
+    float* max;
+    float* second;
+    uint8_t* lane;
+    int64_t groups;
+  };
+  // run() without its top-k dispatch; with `candidates`, the fused launches also write the lane
+  // groups' top-k candidates (the kCandidates kernels; full mode, no logits, entropy or [N, K]).
+  void run_fused(const detail::LogpProblem& p, const Candidates* candidates) const;
   void run_topk(const detail::LogpProblem& p) const;
+  void run_topk_candidates(const detail::LogpProblem& p) const;
   void probe() {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);
@@ -149,6 +160,10 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
   DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 backend's run() needs tensors in CUDA memory (use run_from_host)");
   if (p.rows == 0) return;
   if (p.topk > 0) return run_topk(p);
+  run_fused(p, nullptr);
+}
+
+void Sm90Backend::run_fused(const detail::LogpProblem& p, const Candidates* candidates) const {
   DeviceGuard guard(p.device);
   check_sm90_device(p.device);
   // What TMA and the kernels need beyond the API's checks.
@@ -293,6 +308,14 @@ void Sm90Backend::run(const detail::LogpProblem& p) const {
       q.status = status;
       q.validate_in_kernel = validate_in_kernel && i == 0 ? 1 : 0;
       q.validate = validate;
+      if (candidates) {
+        DETLOGP_CHECK(!p.entropy && p.targets_per_row == 1 && !p.logits,
+                      "internal error: top-k candidates with entropy, [N, K] targets or logits");
+        const int64_t at = q.row_begin * candidates->groups;
+        q.cand_max = candidates->max + at;
+        q.cand_second = candidates->second + at;
+        q.cand_lane = candidates->lane + at;
+      }
       launch_fused(l.bucket, l.map_h, l.map_w, q, vec2, sms, stream);
       launch_combine(CombineParams{q.row_begin, q.row_end - q.row_begin, p.local_tiles(), summaries, target_logit,
                                    p.targets, p.targets_i64 ? 1 : 0, p.ignore_index, p.logp, p.lse, usums, p.entropy,
@@ -635,6 +658,11 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     host.temperature_rows = p.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
     detail::check_host_values(host);
   }
+  // Many rows in full mode without logits: the fused trainer run's lane-group candidates instead
+  // of the serving logits (topk.hpp); few rows keep the split row kernel over the logits.
+  if (!partial && !p.logits && !p.entropy && p.targets_per_row == 1 && p.rows >= kTopkCandidateRows &&
+      detail::env_checked("DETLOGP_SM90_TOPK_LOGITS").value_or("0") != "1")
+    return run_topk_candidates(p);
 
   // Rows per chunk: a row's fp32 logits, unless the caller's are the buffer.
   const int64_t v = p.vocab_local;
@@ -696,6 +724,59 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     t.slice_lanes = split.slice_lanes;
     t.slice_keys = reinterpret_cast<uint64_t*>(slice_keys.get());
     launch_topk_rows(t, stream);
+  }
+}
+
+// The top-k output from the fused trainer run's lane-group candidates (full mode; run_topk has
+// checked the call and its values): per row chunk, run_fused with the candidate buffers (logp,
+// lse and, from the summaries' combine, every output of the plain call), then the candidate row
+// kernel (topk.cu), which recomputes the few lane groups it cannot decide from their maxima.
+void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const int64_t groups = p.local_tiles() * kGroupsPerTile;
+  const int64_t chunk = row_kernel_chunk(p.rows, groups * 9);
+  const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
+  StreamBuffer max(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
+  StreamBuffer second(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
+  StreamBuffer lane(static_cast<size_t>(chunk * groups), stream, p.device, "top-k candidates", hint);
+  const Candidates c{reinterpret_cast<float*>(max.get()), reinterpret_cast<float*>(second.get()),
+                     reinterpret_cast<uint8_t*>(lane.get()), groups};
+  const size_t target_bytes = p.targets_i64 ? 8 : 4;
+  for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
+    const int64_t rows = std::min(chunk, p.rows - row0);
+    detail::LogpProblem q = p;
+    q.rows = rows;
+    q.hidden = p.hidden + row0 * p.hidden_stride;
+    q.targets = static_cast<const uint8_t*>(p.targets) + static_cast<size_t>(row0) * target_bytes;
+    if (p.temperature_rows) q.temperature_rows = p.temperature_rows + row0;
+    q.topk = 0;
+    q.topk_ids = nullptr;
+    q.topk_logp = nullptr;
+    q.defer_errors = true;  // checked on the host: the device validation passes
+    q.logp = p.logp + row0;
+    q.lse = p.lse + row0;
+    run_fused(q, &c);
+    TopkCandidatesParams t;
+    t.cand_max = c.max;
+    t.cand_second = c.second;
+    t.cand_lane = c.lane;
+    t.groups = groups;
+    t.rows = rows;
+    t.row_begin = row0;
+    t.lanes = std::min(p.real_vocab, p.vocab_local);
+    t.hidden = p.hidden;
+    t.hidden_stride = p.hidden_stride;
+    t.weight = p.weight;
+    t.weight_stride = p.weight_stride;
+    t.dim = p.dim;
+    t.bias = p.bias;
+    t.inv_temperature = inverse_temperature(p.temperature);
+    t.temperature_rows = p.temperature_rows;
+    t.k = static_cast<int32_t>(p.topk);
+    t.lse = p.lse;
+    t.ids = p.topk_ids;
+    t.logp = p.topk_logp;
+    launch_topk_candidates(t, stream);
   }
 }
 

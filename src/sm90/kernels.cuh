@@ -9,7 +9,9 @@
 // kPlain: the launch has neither bias nor logits output. kEntropy: the epilogue also writes the
 // tiles' entropy sums (p.usums); the launch table instantiates both forms. kMulti: [N, K] targets
 // (K = p.targets_per_row > 1), each tile's epilogue picking the rows' K target logits
-// (pick_target_logits); without it the single-target code, unchanged.
+// (pick_target_logits); without it the single-target code, unchanged. kCandidates: the epilogue
+// also writes each lane group's top-k candidates (FusedParams::cand_*; the top-k output's
+// candidate path, neither entropy nor [N, K] targets).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +33,7 @@ __device__ __forceinline__ bool fused_kernel_starts(const FusedParams& p) {
 
 // Persistent ping-pong: warpgroup 0 produces, warpgroups 1 and 2 take alternate tiles of this
 // CTA (local tile j = 0, 1, 2, ... is work unit walk.first + j * walk.stride; see TileWalk).
-template <class Cfg, bool kPlain, bool kEntropy, bool kMulti = false>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti = false, bool kCandidates = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fused_pingpong_kernel(const __grid_constant__ CUtensorMap map_hidden,
                           const __grid_constant__ CUtensorMap map_weight, const FusedParams p, const int logits_vec2) {
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                pingpong_consume_tail<Cfg>(acc, ring.empty, p.k_blocks, it0);
 #pragma unroll
                                for (int f = 0; f < Cfg::kFragments; ++f)
-                                 epilogue_tile_summaries<Cfg::kBlockN, kPlain, false, kEntropy, kMulti>(
+                                 epilogue_tile_summaries<Cfg::kBlockN, kPlain, false, kEntropy, kMulti, kCandidates>(
                                      acc[f], p, rows[f], row0 + 64 * f, row_limit, col0, logits_vec2 != 0);
                              });
                        });
@@ -74,7 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // Persistent cooperative: warpgroup 0 produces 128-row tiles, warpgroups 1 and 2 each run the
 // mainloop of 64 of its rows on every stage (a stage is free once both have released it), then
 // their epilogue; no overlap of epilogue and tensor-core work within the CTA.
-template <class Cfg, bool kPlain, bool kEntropy, bool kMulti = false>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti = false, bool kCandidates = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     fused_cooperative_kernel(const __grid_constant__ CUtensorMap map_hidden,
                              const __grid_constant__ CUtensorMap map_weight, const FusedParams p,
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            coop_consume<Cfg>(acc, smem_a, ring.b, ring.full, ring.empty, p.k_blocks, it0, before_wait);
                            it0 += static_cast<uint32_t>(p.k_blocks);
                            const bool vec2 = logits_vec2 != 0;
-                           epilogue_tile_summaries<Cfg::kBlockN, kPlain, true, kEntropy, kMulti>(
+                           epilogue_tile_summaries<Cfg::kBlockN, kPlain, true, kEntropy, kMulti, kCandidates>(
                                acc, p, rows, frag0, row_limit, col0, vec2, &wide_rows);
                            m_tile = next_m;
                            n_tile = next_n;

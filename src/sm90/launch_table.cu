@@ -1,5 +1,6 @@
 // The launch table's rows instantiated: each bucket's kernels (with and without bias/logits, with
-// and without the entropy sums, one target a row or [N, K]) and its host-side description, both
+// and without the entropy sums, one target a row or [N, K], and the top-k candidate form) and its
+// host-side description, both
 // from DETLOGP_SM90_LAUNCH_TABLE.
 #include "sm90/device/configs.cuh"
 #include "sm90/kernels.cuh"
@@ -9,7 +10,7 @@
 namespace detlogp::sm90 {
 namespace {
 
-template <template <class, bool, bool, bool> class Kernel>
+template <template <class, bool, bool, bool, bool> class Kernel>
 struct Schedule {
   template <class Cfg, bool kEntropy>
   static void launch_features(const CUtensorMap& mh, const CUtensorMap& mw, const FusedParams& p, int64_t units, int v,
@@ -19,13 +20,13 @@ struct Schedule {
     const bool plain = p.bias == nullptr && p.logits == nullptr;
     if (p.targets_per_row > 1) {
       if (plain)
-        launch_persistent<Kernel<Cfg, true, kEntropy, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+        launch_persistent<Kernel<Cfg, true, kEntropy, true, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
       else
-        launch_persistent<Kernel<Cfg, false, kEntropy, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+        launch_persistent<Kernel<Cfg, false, kEntropy, true, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
     } else if (plain) {
-      launch_persistent<Kernel<Cfg, true, kEntropy, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+      launch_persistent<Kernel<Cfg, true, kEntropy, false, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
     } else {
-      launch_persistent<Kernel<Cfg, false, kEntropy, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
+      launch_persistent<Kernel<Cfg, false, kEntropy, false, false>::value, Cfg>(units, sms, stream, mh, mw, p, v);
     }
   }
   template <class Cfg>
@@ -34,6 +35,9 @@ struct Schedule {
     const int64_t m_units = (int64_t{p.m_tiles} + Cfg::kClusterM - 1) / Cfg::kClusterM;
     const int64_t units = m_units * p.n_tiles;
     const int v = vec2 ? 1 : 0;
+    // The top-k candidate path: one form (bias at run time, no logits, entropy or [N, K] targets).
+    if (p.cand_max != nullptr)
+      return launch_persistent<Kernel<Cfg, false, false, false, true>::value, Cfg>(units, sms, stream, mh, mw, p, v);
     if (p.usums != nullptr)
       launch_features<Cfg, true>(mh, mw, p, units, v, sms, stream);
     else
@@ -41,13 +45,13 @@ struct Schedule {
   }
 };
 
-template <class Cfg, bool kPlain, bool kEntropy, bool kMulti>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti, bool kCandidates>
 struct PingpongKernel {
-  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain, kEntropy, kMulti>;
+  static constexpr auto value = fused_pingpong_kernel<Cfg, kPlain, kEntropy, kMulti, kCandidates>;
 };
-template <class Cfg, bool kPlain, bool kEntropy, bool kMulti>
+template <class Cfg, bool kPlain, bool kEntropy, bool kMulti, bool kCandidates>
 struct CooperativeKernel {
-  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain, kEntropy, kMulti>;
+  static constexpr auto value = fused_cooperative_kernel<Cfg, kPlain, kEntropy, kMulti, kCandidates>;
 };
 using pingpong = Schedule<PingpongKernel>;
 using cooperative = Schedule<CooperativeKernel>;

@@ -52,7 +52,18 @@ struct FusedParams {
   // layout (and their SASS) stays as it is.
   int32_t targets_per_row = 1;
   ValidateParams validate;
+  // The top-k output's candidate path (the kernels' kCandidates form, full mode): per row and lane
+  // group g = local tile * kGroupsPerTile + q (the 16 lanes 8 j + 2 q + e of the tile, one thread's
+  // of the accumulator fragment), [row - row_begin][local_tiles * kGroupsPerTile] each: the group's
+  // largest y, its second largest y, and the column (0..63) in the tile of its first lane equal to
+  // the largest (kNoCandidateLane: no real lane). Null otherwise.
+  float* cand_max = nullptr;
+  float* cand_second = nullptr;
+  uint8_t* cand_lane = nullptr;
 };
+
+inline constexpr int kGroupsPerTile = 4;
+inline constexpr uint8_t kNoCandidateLane = 0xFF;
 
 struct CombineParams {
   int64_t row_begin;

@@ -29,6 +29,7 @@
 #include "detlogp/reduce.hpp"
 #include "detlogp/topk.hpp"
 #include "sm90/device/block_select.cuh"
+#include "sm90/device/wgmma_lane.cuh"
 #include "sm90/params.hpp"
 #include "sm90/topk.hpp"
 
@@ -59,16 +60,24 @@ struct RowSlice {
   int64_t first_id;  // the global id of its first lane
 };
 
+// The key of each lane of a slice of serving logits: its y and its global id.
+struct LaneKeys {
+  int64_t first_id;
+  __device__ __forceinline__ uint64_t operator()(float y, int64_t v) const { return topk_key(y, first_id + v); }
+};
+
 // The lanes at or above `floor`: with `out` null, this thread's count of them; otherwise they are
 // stored from out[0] on (the slots the count gave, in the thread's visiting order). A lane whose y
-// is below the floor's logit has a smaller key whatever its id, so the float test comes first (a NaN
-// y, or a NaN floor logit, fails it and takes the key test).
-__device__ __forceinline__ int lanes_at_or_above(const RowSlice& r, float inv_t, uint64_t floor, uint64_t* out) {
+// is below the floor's logit has a key below the floor (key_of keeps topk_key's order of y), so the
+// float test comes first (a NaN y, or a NaN floor logit, fails it and takes the key test).
+template <class KeyOf>
+__device__ __forceinline__ int lanes_at_or_above(const RowSlice& r, float inv_t, uint64_t floor, uint64_t* out,
+                                                 const KeyOf& key_of) {
   const float floor_y = rank_key_logit(floor);
   int n = 0;
   visit_row<kThreads>(r.z, r.lanes, inv_t, [&](int64_t v, float y) {
     if (y < floor_y) return;
-    const uint64_t key = topk_key(y, r.first_id + v);
+    const uint64_t key = key_of(y, v);
     if (key < floor) return;
     if (out) out[n] = key;
     ++n;
@@ -79,22 +88,23 @@ __device__ __forceinline__ int lanes_at_or_above(const RowSlice& r, float inv_t,
 // Gathers every lane at or above `floor` into sh.key when they are at most kCandidates (a count
 // pass, each thread's first slot by an exact prefix sum, then the stores: no atomics); returns how
 // many there are (more than kCandidates: nothing stored).
-__device__ int gather_at_or_above(TopkShared& sh, const RowSlice& r, float inv_t, uint64_t floor) {
-  const int mine = lanes_at_or_above(r, inv_t, floor, nullptr);
+template <class KeyOf>
+__device__ int gather_at_or_above(TopkShared& sh, const RowSlice& r, float inv_t, uint64_t floor, const KeyOf& key_of) {
+  const int mine = lanes_at_or_above(r, inv_t, floor, nullptr, key_of);
   const int count = block_offsets<kThreads>(sh.offset, &sh.total, mine);
-  if (count <= kCandidates) lanes_at_or_above(r, inv_t, floor, sh.key + sh.offset[threadIdx.x]);
+  if (count <= kCandidates) lanes_at_or_above(r, inv_t, floor, sh.key + sh.offset[threadIdx.x], key_of);
   __syncthreads();
   return count;
 }
 
 // The k largest keys of the slice's lanes into sh.key[0, k), descending, key 0 past its real lanes
-// (steps 1 and 2 of the head comment). Called by every thread of the block.
-__device__ void top_keys(TopkShared& sh, const RowSlice& r, float inv_t, int k) {
+// (steps 1 and 2 of the head comment). key_of(y, v): lane v's key (LaneKeys for serving logits; any
+// map that orders keys by y first, with key 0 for a lane that is none). Called by every thread.
+template <class KeyOf>
+__device__ void top_keys(TopkShared& sh, const RowSlice& r, float inv_t, int k, const KeyOf& key_of) {
   // 1. Each thread's kListed largest keys over its lanes, in registers.
   ListedKeys<kListed> listed;
-  list_largest<kThreads>(
-      listed, sh.key, r.z, r.lanes, inv_t, k, [&](float y, int64_t v) { return topk_key(y, r.first_id + v); },
-      [](int64_t, float) {});
+  list_largest<kThreads>(listed, sh.key, r.z, r.lanes, inv_t, k, key_of, [](int64_t, float) {});
   if (threadIdx.x == 0) sh.uncertain = 0;
   int count = sort_listed<kThreads>(sh.key, sh.offset, &sh.total, listed, k);
 
@@ -108,11 +118,11 @@ __device__ void top_keys(TopkShared& sh, const RowSlice& r, float inv_t, int k) 
   if (listed.last() != 0 && listed.last() >= floor) sh.uncertain = 1;
   __syncthreads();
   if (sh.uncertain) {
-    count = gather_at_or_above(sh, r, inv_t, floor);
+    count = gather_at_or_above(sh, r, inv_t, floor, key_of);
     if (count > kCandidates) {
-      const auto lane = [&](int64_t c) { return KeyWeight{topk_key(lane_y(r.z, c, inv_t), r.first_id + c), 1u}; };
+      const auto lane = [&](int64_t c) { return KeyWeight{key_of(lane_y(r.z, c, inv_t), c), 1u}; };
       floor = radix_select<kThreads>(sh.radix, r.lanes, lane, floor, static_cast<unsigned long long>(k));
-      count = gather_at_or_above(sh, r, inv_t, floor);  // exactly K: the keys are distinct
+      count = gather_at_or_above(sh, r, inv_t, floor, key_of);  // exactly K: the keys are distinct
     }
     const int size = pow2_at_least(count > k ? count : k);
     for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;
@@ -153,14 +163,15 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
   const float* z = p.logits + local * p.logits_stride;
   const float inv_t = row_inverse_temperature(p, row);
   if (p.slices == 1) {
-    top_keys(sh, RowSlice{z, p.lanes, p.vocab_start}, inv_t, p.k);
+    top_keys(sh, RowSlice{z, p.lanes, p.vocab_start}, inv_t, p.k, LaneKeys{p.vocab_start});
     write_outputs(p, row, z, inv_t, sh.key);
     return;
   }
   const int64_t s = int64_t{blockIdx.x} % p.slices;
   const int64_t first = s * p.slice_lanes;
   const int64_t lanes = p.lanes - first < p.slice_lanes ? p.lanes - first : p.slice_lanes;
-  top_keys(sh, RowSlice{z + first, lanes > 0 ? lanes : 0, p.vocab_start + first}, inv_t, p.k);
+  top_keys(sh, RowSlice{z + first, lanes > 0 ? lanes : 0, p.vocab_start + first}, inv_t, p.k,
+           LaneKeys{p.vocab_start + first});
   uint64_t* list = p.slice_keys + (local * p.slices + s) * p.k;
   for (int j = threadIdx.x; j < p.k; j += kThreads) list[j] = sh.key[j];
 }
@@ -177,6 +188,149 @@ __global__ void __launch_bounds__(kThreads) topk_merge_slices_kernel(const TopkR
   __syncthreads();
   sort_descending<kThreads>(sh.key, size);
   write_outputs(p, row, p.logits + local * p.logits_stride, row_inverse_temperature(p, row), sh.key);
+}
+
+// The candidate path (topk.hpp, TopkCandidatesParams). Group g of a row holds the lanes
+// 8 j + 2 q + e of local tile g / kGroupsPerTile (q = g % kGroupsPerTile): global ids from
+// group_first_id(g) to group_last_id(g), its max lane's id from the column the epilogue kept.
+__device__ __forceinline__ int64_t group_tile_id(int64_t g) { return g / kGroupsPerTile * kVocabTile; }
+__device__ __forceinline__ int64_t group_first_id(int64_t g) { return group_tile_id(g) + 2 * (g % kGroupsPerTile); }
+__device__ __forceinline__ int64_t group_last_id(int64_t g) { return group_first_id(g) + 8 * 7 + 1; }
+__device__ __forceinline__ int64_t group_of_id(int64_t id) {
+  return id / kVocabTile * kGroupsPerTile + (id % kVocabTile % 8) / 2;
+}
+
+// A group's max as top_keys sees it: the key of its max lane; for a NaN max (the lane unknown) the
+// smallest key a NaN lane of the group can have, a lower bound; key 0 for a group without real lanes.
+struct GroupMaxKeys {
+  const uint8_t* lane;  // the row's cand_lane
+  __device__ __forceinline__ uint64_t operator()(float y, int64_t g) const {
+    const uint8_t c = lane[g];
+    if (c == kNoCandidateLane) return 0;
+    return topk_key(y, fp::is_nan(y) ? group_last_id(g) : group_tile_id(g) + c);
+  }
+};
+
+constexpr int kRecomputeGroupLanes = 16;  // a group's lanes, one half warp each
+static_assert(kThreads == 16 * kRecomputeGroupLanes, "one group's lanes recomputed by the whole block");
+constexpr int kFlaggedWindow = 512;  // flagged groups listed per scan of the row
+
+struct CandidateShared {
+  TopkShared top;
+  uint64_t best[kMaxTopk];  // the row's K largest keys so far, descending (0: none)
+  float best_y[kMaxTopk];   // their y
+  uint64_t lane_key[kRecomputeGroupLanes];
+  float lane_y[kRecomputeGroupLanes];
+  int flagged[kFlaggedWindow];
+  int total;
+};
+
+// Whether group g's maxima list can miss one of the row's K largest keys (floor: the K-th largest
+// group key, floor_y its logit): its second largest lane could reach the floor (the second's key is
+// at most that of its y at the group's first id); its max is NaN (its lanes unknown); or its max is
+// a zero at or above the floor (the sign of that lane's y, which its logp keeps, is not stored).
+__device__ __forceinline__ bool group_flagged(const TopkCandidatesParams& p, const float* max_row,
+                                              const float* second_row, const uint8_t* lane_row, int64_t g,
+                                              uint64_t floor, float floor_y) {
+  const uint8_t c = lane_row[g];
+  if (c == kNoCandidateLane) return false;
+  const float y1 = max_row[g];
+  if (y1 < floor_y) return false;  // its second is no larger (a NaN floor_y: floor 0, every group is tested)
+  if (fp::is_nan(y1)) return topk_key(y1, group_first_id(g)) >= floor;
+  if (y1 == 0.0f && topk_key(y1, group_tile_id(g) + c) >= floor) return true;
+  return topk_key(second_row[g], group_first_id(g)) >= floor;
+}
+
+// One CTA a row of the chunk: the K largest group-max keys (top_keys over the groups), then every
+// flagged group in turn replaced by its recomputed lanes (its entries leave the list, its real
+// lanes are offered: the list stays the K largest of what it has seen), then the outputs. Exact:
+// every lane not seen is below the floor, and the list holds K keys at or above it.
+__global__ void __launch_bounds__(kThreads) topk_candidates_kernel(const TopkCandidatesParams p) {
+  __shared__ CandidateShared sh;
+  const int64_t local = blockIdx.x;
+  const int64_t row = p.row_begin + local;
+  const float* max_row = p.cand_max + local * p.groups;
+  const float* second_row = p.cand_second + local * p.groups;
+  const uint8_t* lane_row = p.cand_lane + local * p.groups;
+  const int k = p.k;
+  top_keys(sh.top, RowSlice{max_row, p.groups, 0}, 1.0f, k, GroupMaxKeys{lane_row});
+  const uint64_t floor = sh.top.key[k - 1];
+  const float floor_y = rank_key_logit(floor);
+  for (int j = threadIdx.x; j < k; j += kThreads) {
+    const uint64_t key = sh.top.key[j];
+    sh.best[j] = key;
+    sh.best_y[j] = key == 0 ? 0.0f : max_row[group_of_id(rank_key_id(key))];  // flagged groups' entries leave below
+  }
+
+  int mine = 0;
+  for (int64_t g = threadIdx.x; g < p.groups; g += kThreads)
+    mine += group_flagged(p, max_row, second_row, lane_row, g, floor, floor_y) ? 1 : 0;
+  const int flagged = block_offsets<kThreads>(sh.top.offset, &sh.total, mine);
+  const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
+  const uint16_t* hidden_row = p.hidden + row * p.hidden_stride;
+  for (int window = 0; window < flagged; window += kFlaggedWindow) {
+    // The flagged groups with slots [window, window + kFlaggedWindow), in the threads' group order.
+    int slot = sh.top.offset[threadIdx.x];
+    for (int64_t g = threadIdx.x; g < p.groups; g += kThreads) {
+      if (!group_flagged(p, max_row, second_row, lane_row, g, floor, floor_y)) continue;
+      if (slot >= window && slot < window + kFlaggedWindow) sh.flagged[slot - window] = static_cast<int>(g);
+      ++slot;
+    }
+    __syncthreads();
+    const int here = flagged - window < kFlaggedWindow ? flagged - window : kFlaggedWindow;
+    for (int f = 0; f < here; ++f) {
+      const int64_t g = sh.flagged[f];
+      // The group's lanes, one half warp each: z by the wgmma model, then the epilogue's bias and scale.
+      const int lane = static_cast<int>(threadIdx.x / 16);
+      const int64_t id = group_first_id(g) + 8 * (lane / 2) + lane % 2;
+      float y = 0.0f;
+      uint64_t key = 0;
+      if (id < p.lanes) {
+        float z = wgmma_model_dot_half_warp(hidden_row, p.weight + id * p.weight_stride, p.dim);
+        if (p.bias) z = add_bias(z, p.bias[id]);
+        y = scale_logit(z, inv_t);
+        key = topk_key(y, id);
+      }
+      if (threadIdx.x % 16 == 0) {
+        sh.lane_key[lane] = key;
+        sh.lane_y[lane] = y;
+      }
+      // The group's entries leave the list (its max, or a NaN max's lower bound).
+      for (int j = threadIdx.x; j < k; j += kThreads)
+        if (sh.best[j] != 0 && group_of_id(rank_key_id(sh.best[j])) == g) sh.best[j] = 0;
+      __syncthreads();
+      // The K largest of the list and the group's lanes, each with its y.
+      constexpr int kMerge = 256;  // a power of two above the list and one group's lanes
+      static_assert(kMerge >= kMaxTopk + kRecomputeGroupLanes && kMerge <= kCandidates);
+      for (int i = threadIdx.x; i < kMerge; i += kThreads)
+        sh.top.key[i] = i < k ? sh.best[i] : (i < k + kRecomputeGroupLanes ? sh.lane_key[i - k] : 0);
+      __syncthreads();
+      sort_descending<kThreads>(sh.top.key, pow2_at_least(k + kRecomputeGroupLanes));
+      uint64_t kept = 0;
+      float kept_y = 0.0f;
+      if (threadIdx.x < k) {
+        kept = sh.top.key[threadIdx.x];
+        if (kept != 0) {
+          for (int i = 0; i < kRecomputeGroupLanes; ++i)
+            if (sh.lane_key[i] == kept) kept_y = sh.lane_y[i];
+          for (int i = 0; i < k; ++i)
+            if (sh.best[i] == kept) kept_y = sh.best_y[i];
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < k) {
+        sh.best[threadIdx.x] = kept;
+        sh.best_y[threadIdx.x] = kept_y;
+      }
+      __syncthreads();
+    }
+  }
+  for (int j = threadIdx.x; j < k; j += kThreads) {
+    const int64_t out = row * k + j;
+    const uint64_t key = sh.best[j];
+    p.ids[out] = key == 0 ? -1 : rank_key_id(key);
+    p.logp[out] = key == 0 ? fp::neg_inf() : target_logp(sh.best_y[j], p.lse[row]);
+  }
 }
 
 struct DeviceTopkListView {
@@ -233,6 +387,13 @@ void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
   DETLOGP_CUDA_CHECK_LAUNCH();
   if (p.slices == 1) return;
   topk_merge_slices_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
+void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  DETLOGP_CHECK(p.k >= 1 && p.k <= kMaxTopk, "internal error: top-k candidates with k=" << p.k);
+  topk_candidates_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 // The top-k output on the GPU (docs/contract.md §12): one CTA per row over a chunk of the serving
-// logits (topk.cu); the SM90 backend runs the fused serving entry into those logits first.
+// logits (topk.cu), the SM90 backend running the fused serving entry into those logits first; or,
+// with many rows, one CTA per row over the fused trainer run's lane-group candidates.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,5 +43,39 @@ struct TopkRowsParams {
 };
 
 void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream);
+
+// The candidate path (full mode, many rows): the fused trainer run keeps no logits, only each
+// lane group's max, second and first-max column (FusedParams::cand_*); a row's top K are then the
+// top K of its groups' maxima, except in groups whose second could reach the K-th of them (or whose
+// max is NaN, or zero, whose sign the key does not keep): those groups' lanes are recomputed
+// exactly (wgmma_lane.cuh) and take their maxima's place. The same ids and bits as the logits path.
+// Rows from which a full-mode call takes the candidate path: below them the split row kernel over
+// the serving logits (topk_split) keeps the multiprocessors busy, and the logits are small.
+inline constexpr int64_t kTopkCandidateRows = 128;
+
+struct TopkCandidatesParams {
+  const float* cand_max = nullptr;  // [rows][groups] of the chunk
+  const float* cand_second = nullptr;
+  const uint8_t* cand_lane = nullptr;
+  int64_t groups = 0;     // local tiles * kGroupsPerTile
+  int64_t rows = 0;       // rows in the chunk
+  int64_t row_begin = 0;  // the chunk's first row of the call
+  int64_t lanes = 0;      // real lanes: columns [0, lanes), global ids from 0
+  // The lanes' recomputation: hidden [call rows][hidden_stride] and weight [V][weight_stride], bf16.
+  const uint16_t* hidden = nullptr;
+  int64_t hidden_stride = 0;
+  const uint16_t* weight = nullptr;
+  int64_t weight_stride = 0;
+  int64_t dim = 0;
+  const float* bias = nullptr;  // [V] or null
+  float inv_temperature = 1.0f;
+  const float* temperature_rows = nullptr;  // [call rows] or null
+  int32_t k = 0;
+  const float* lse = nullptr;  // [call rows]
+  int64_t* ids = nullptr;      // [call rows][k]
+  float* logp = nullptr;       // [call rows][k]
+};
+
+void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream);
 
 }  // namespace detlogp::sm90

@@ -618,6 +618,7 @@ const std::vector<KnobCase>& knob_cases() {
       {"DETLOGP_STRICT", {"yes", "2", "true", ""}, " must be 0 or 1", {"0", "1"}},
       {"DETLOGP_TORCH_FUSED_BACKWARD", {"2", "false", ""}, " must be 0 or 1", {"0", "1"}},
       {"DETLOGP_SM90_SAMPLE_RADIX", {"2", "yes", ""}, " must be 0 or 1", {"0", "1"}},
+      {"DETLOGP_SM90_TOPK_LOGITS", {"2", "yes", ""}, " must be 0 or 1", {"0", "1"}},
       {"DETLOGP_BACKEND",
        {"bogus", "", "AUTO"},
        " is not a backend id; use one of: auto, cuda-fused-linear-logp-sm90-contract-v1, cpu-linear-logp-contract-v1, "

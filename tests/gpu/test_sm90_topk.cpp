@@ -6,7 +6,8 @@
 // overflow the candidate buffer (the radix path); a row alone against the row in a batch, N
 // chunking and every launch bucket; host tensors; the tensor-parallel operator over simulated ranks
 // and linear_logp_partials + merge_partials on the device (shards on and off the tile grid, one
-// narrower than K real ids, one with padding only); a bad target writes nothing.
+// narrower than K real ids, one with padding only); a bad target writes nothing; the candidate
+// path of many rows against the logits path.
 #include <algorithm>
 #include <numeric>
 #include <thread>
@@ -434,4 +435,62 @@ TEST_F(Sm90Topk, PartialsAndTheDeviceMergeGiveTheTp1Bits) {
   const auto a = detlogp::bitcmp::compare(ref.topk_logp, tl.to_host());
   const auto b = detlogp::bitcmp::compare(ref.lse, lse.to_host());
   EXPECT_TRUE(a.identical() && b.identical()) << a.describe("topk_logp") << "; " << b.describe("lse");
+}
+
+// The candidate path (full mode, N >= 128 rows, no logits: the fused run's lane-group candidates,
+// with the groups it cannot decide recomputed by the wgmma model) against the row kernel over the
+// serving logits (DETLOGP_SM90_TOPK_LOGITS=1), which the tests above check against a full sort: the
+// same ids and bits, and logp / lse as the call without top-k. Random rows with a bias and row
+// temperatures, zero hidden rows (z is the bias or 0: ties everywhere, and zero logits), a NaN row,
+// and a vocabulary tile whose 64 weight rows are one row (equal lanes in every lane group: its
+// groups are recomputed wherever they reach the top K); K = 1 .. 128, odd vocabularies, N chunked.
+TEST_F(Sm90Topk, TheCandidatePathGivesTheLogitsPathBits) {
+  struct S {
+    int64_t n, d, v;
+    bool bias, temps;
+  };
+  const S shapes[] = {{130, 64, 17, true, false},
+                      {150, 72, 2053, true, true},
+                      {options().small ? int64_t{128} : int64_t{260}, 128, 151936, false, true},
+                      {129, 64, 151936, true, false}};
+  for (const S& s : shapes) {
+    Head h(s.n, s.d, s.v, s.bias, s.temps, static_cast<uint64_t>(s.v + 5));
+    std::vector<uint16_t> hid = h.hidden.to_host();
+    std::fill(hid.begin(), hid.begin() + 2 * s.d, uint16_t{0});                 // rows 0, 1: zero
+    std::fill(hid.begin() + 2 * s.d, hid.begin() + 3 * s.d, uint16_t{0x7FC0});  // row 2: NaN
+    h.hidden.from_host(hid);
+    if (s.v >= 6 * 64) {  // tile 5: one weight row, twice its size, in all 64 lanes
+      std::vector<uint16_t> w = h.m.weight.to_host();
+      const std::vector<uint16_t> row(w.begin() + 5 * 64 * s.d, w.begin() + (5 * 64 + 1) * s.d);
+      for (int64_t c = 5 * 64; c < 6 * 64; ++c)
+        for (int64_t e = 0; e < s.d; ++e) {
+          const float x = detlogp::fp::bf16_to_float(row[e]) * 2.0f;  // exact in bf16
+          w[c * s.d + e] = static_cast<uint16_t>(detlogp::fp::bits(x) >> 16);
+        }
+      h.m.weight.from_host(w);
+    }
+    const DevBuf<int64_t> t = device_targets(some_targets(h));
+    for (int64_t k : {1, 20, 128}) {
+      if (k > s.v) continue;
+      const std::string what = "N=" + std::to_string(s.n) + " V=" + std::to_string(s.v) + " K=" + std::to_string(k);
+      const Result cand = run(h, 0, h.n, t, k, false);
+      Result logits;
+      {
+        ScopedEnv env("DETLOGP_SM90_TOPK_LOGITS", "1");
+        logits = run(h, 0, h.n, t, k, false);
+      }
+      EXPECT_EQ(cand.topk_ids, logits.topk_ids) << what;
+      const auto a = detlogp::bitcmp::compare(logits.topk_logp, cand.topk_logp);
+      const auto b = detlogp::bitcmp::compare(logits.logp, cand.logp);
+      const auto c = detlogp::bitcmp::compare(logits.lse, cand.lse);
+      EXPECT_TRUE(a.identical() && b.identical() && c.identical())
+          << what << ": " << a.describe("topk_logp") << "; " << b.describe("logp") << "; " << c.describe("lse");
+      if (k == 20) {
+        ScopedEnv env("DETLOGP_SM90_WORKSPACE_MB", "1");  // candidate chunks of a few rows at V = 151936
+        const Result chunked = run(h, 0, h.n, t, k, false);
+        EXPECT_EQ(chunked.topk_ids, cand.topk_ids) << what << " chunked";
+        EXPECT_TRUE(detlogp::bitcmp::compare(cand.topk_logp, chunked.topk_logp).identical()) << what << " chunked";
+      }
+    }
+  }
 }

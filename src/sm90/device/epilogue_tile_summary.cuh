@@ -238,6 +238,33 @@ __device__ __forceinline__ void pick_target_logits(const float (&acc)[BlockN / 2
   }
 }
 
+// The top-k candidates of one lane group (a thread's 16 lanes of one vocab tile and row: columns
+// 8 j + 2 q + e), offered its lanes in ascending column order with the running max before each:
+// `first`, the position (0..15) of the group's first lane equal to its max (the max itself is the
+// running max at the end), and `second`, the largest of its other lanes (NaN where the group holds
+// a NaN, which makes the group's max NaN too and its candidates unknown; see topk_candidates). A
+// lane that ties the max before it goes to `second`, so the lower column stays first. kEdge: only
+// real lanes are offered (lane_real), and the first real lane takes first even at -inf.
+template <bool kEdge>
+struct GroupCandidates {
+  static constexpr int kNone = 16;
+  float second = fp::neg_inf();
+  int first = kEdge ? kNone : 0;
+  __device__ __forceinline__ void offer(int i, float v, float max_before, bool lane_real) {
+    if constexpr (kEdge) {
+      if (!lane_real) return;
+      const bool takes = first == kNone || v > max_before;
+      second = fp::max_nan(second, takes ? max_before : v);
+      first = takes ? i : first;
+    } else {
+      if (i == 0) return;  // first = 0 and second = -inf: the group's first lane is its running max
+      const bool takes = v > max_before;
+      second = fp::max_nan(second, takes ? max_before : v);
+      first = takes ? i : first;
+    }
+  }
+};
+
 // The epilogue of one m64 accumulator fragment, written for throughput: each phase runs over all
 // 2 * BlockN / 64 slices (vocab tile tt, row half h) before the next, in place on acc, so the
 // dependent chains of different slices (the 16-deep max, the two shuffle levels, the tree) overlap
@@ -263,7 +290,10 @@ __device__ __forceinline__ void pick_target_logits(const float (&acc)[BlockN / 2
 // kEntropy: also each tile's entropy sum u_g (docs/contract.md §10) into p.usums, by a second tree
 // over the lane terms e * x that takes the e tree's pairs at every level (same lanes, same shuffles),
 // so u_g is reduce.hpp's tile_tree_sum of entropy_lane_term; without it the code is unchanged.
-template <int BlockN, bool kPlain, bool kPrepared, bool kEdge, bool kEntropy, bool kMulti = false>
+// kCandidates: also each lane group's top-k candidates (GroupCandidates, the top-k output's
+// candidate path), taken in the max pass; without it the code is unchanged.
+template <int BlockN, bool kPlain, bool kPrepared, bool kEdge, bool kEntropy, bool kMulti = false,
+          bool kCandidates = false>
 __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, const WideRows* prepared,
                                                         int64_t row_tile0, int64_t row_limit, int64_t col0,
@@ -363,6 +393,7 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
   // At the edge the max runs over the real lanes only and starts at -inf (no real lane: -inf).
   float m[kSlices];
   int real[kTiles];  // kEdge: real lanes of each vocab tile (0 past the shard)
+  GroupCandidates<kEdge> cand[kCandidates ? kSlices : 1];
   if constexpr (kEdge) {
 #pragma unroll
     for (int tt = 0; tt < kTiles; ++tt) {
@@ -377,8 +408,10 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
 #pragma unroll
       for (int tt = 0; tt < kTiles; ++tt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kCandidates) cand[2 * tt + h].offer(i, acc[at(tt, h, i)], m[2 * tt + h], true);
           m[2 * tt + h] = i == 0 ? acc[at(tt, h, 0)] : fp::max_nan(m[2 * tt + h], acc[at(tt, h, i)]);
+        }
   } else {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -390,11 +423,32 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
           v = scale_logit(v, inv_t[h]);
           if constexpr (kEdge) {
             const float before = i == 0 ? fp::neg_inf() : m[2 * tt + h];
-            m[2 * tt + h] = 8 * (i / 2) + 2 * q + i % 2 < real[tt] ? fp::max_nan(before, v) : before;
+            const bool lane_real = 8 * (i / 2) + 2 * q + i % 2 < real[tt];
+            if constexpr (kCandidates) cand[2 * tt + h].offer(i, v, before, lane_real);
+            m[2 * tt + h] = lane_real ? fp::max_nan(before, v) : before;
           } else {
+            if constexpr (kCandidates) cand[2 * tt + h].offer(i, v, m[2 * tt + h], true);
             m[2 * tt + h] = i == 0 ? v : fp::max_nan(m[2 * tt + h], v);
           }
         }
+  }
+  if constexpr (kCandidates) {
+    // m holds each slice's (lane group's) max before the shuffles below.
+#pragma unroll
+    for (int tt = 0; tt < kTiles; ++tt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t local_tile = col0 / kVocabTile + tt;
+        if (!row_ok[h] || (kEdge && local_tile >= p.local_tiles)) continue;
+        const int64_t slot =
+            (row[h] - p.row_begin) * (p.local_tiles * kGroupsPerTile) + local_tile * kGroupsPerTile + q;
+        const GroupCandidates<kEdge>& c = cand[2 * tt + h];
+        p.cand_max[slot] = m[2 * tt + h];
+        p.cand_second[slot] = c.second;
+        p.cand_lane[slot] = c.first == GroupCandidates<kEdge>::kNone
+                                ? kNoCandidateLane
+                                : static_cast<uint8_t>(8 * (c.first / 2) + 2 * q + c.first % 2);
+      }
   }
   // The target logit, picked by its owner only (column 8 jj + 2 q + e is value 2 jj + e of thread
   // q); scale_logit again is exact where the values were scaled (inv_t != 1) and the identity else.
@@ -625,7 +679,8 @@ __device__ __forceinline__ void fragment_tile_summaries(float (&acc)[BlockN / 2]
 // acc is consumed in place. kPlain: the launch has neither bias nor logits output (the trainer
 // entry without bias). kPrepared: the rows come prepared in *prepared (prepare_wide_rows). kMulti:
 // [N, K] targets, K = p.targets_per_row > 1 (pick_target_logits); the single-target form without it.
-template <int BlockN, bool kPlain = false, bool kPrepared = false, bool kEntropy = false, bool kMulti = false>
+template <int BlockN, bool kPlain = false, bool kPrepared = false, bool kEntropy = false, bool kMulti = false,
+          bool kCandidates = false>
 __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2], const FusedParams& p,
                                                         const FragmentRows& rows, int64_t row_tile0, int64_t row_limit,
                                                         int64_t col0, bool logits_vec2,
@@ -633,12 +688,12 @@ __device__ __forceinline__ void epilogue_tile_summaries(float (&acc)[BlockN / 2]
   // Warp-uniform: all 16 rows of this warp lie past the chunk (decode: most warps idle).
   if (row_tile0 + 16 * ((threadIdx.x % 128) / 32) >= row_limit) return;
   if (fragment_whole<BlockN>(p, col0) && (kPlain || p.logits == nullptr || logits_vec2))
-    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false, kEntropy, kMulti>(
+    return fragment_tile_summaries<BlockN, kPlain, kPrepared, false, kEntropy, kMulti, kCandidates>(
         acc, p, rows, prepared, row_tile0, row_limit, col0, logits_vec2);
   // The edge sets its rows up from `rows` even where they come prepared: that form of the
   // cooperative kernel measured up to 0.6 % faster than the one reading *prepared (docs/perf.md).
-  fragment_tile_summaries<BlockN, kPlain, false, true, kEntropy, kMulti>(acc, p, rows, prepared, row_tile0, row_limit,
-                                                                         col0, logits_vec2);
+  fragment_tile_summaries<BlockN, kPlain, false, true, kEntropy, kMulti, kCandidates>(acc, p, rows, prepared, row_tile0,
+                                                                                      row_limit, col0, logits_vec2);
 }
 
 }  // namespace detlogp::sm90
