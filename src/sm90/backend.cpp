@@ -734,11 +734,15 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
 void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const int64_t groups = p.local_tiles() * kGroupsPerTile;
-  const int64_t chunk = row_kernel_chunk(p.rows, groups * 9);
+  // Chunks of equal size: a short last chunk's fused run is the least efficient one.
+  const int64_t budget_chunk = row_kernel_chunk(p.rows, groups * 9);
+  const int64_t chunks = (p.rows + budget_chunk - 1) / budget_chunk;
+  const int64_t chunk = (p.rows + chunks - 1) / chunks;
   const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
   StreamBuffer max(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
   StreamBuffer second(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
   StreamBuffer lane(static_cast<size_t>(chunk * groups), stream, p.device, "top-k candidates", hint);
+  StreamBuffer undecided(static_cast<size_t>(chunk), stream, p.device, "top-k candidates", hint);
   const Candidates c{reinterpret_cast<float*>(max.get()), reinterpret_cast<float*>(second.get()),
                      reinterpret_cast<uint8_t*>(lane.get()), groups};
   const size_t target_bytes = p.targets_i64 ? 8 : 4;
@@ -776,6 +780,7 @@ void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
     t.lse = p.lse;
     t.ids = p.topk_ids;
     t.logp = p.topk_logp;
+    t.undecided = reinterpret_cast<uint8_t*>(undecided.get());
     launch_topk_candidates(t, stream);
   }
 }

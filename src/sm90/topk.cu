@@ -232,13 +232,137 @@ struct CandidateShared {
 __device__ __forceinline__ bool group_flagged(const TopkCandidatesParams& p, const float* max_row,
                                               const float* second_row, const uint8_t* lane_row, int64_t g,
                                               uint64_t floor, float floor_y) {
-  const uint8_t c = lane_row[g];
-  if (c == kNoCandidateLane) return false;
   const float y1 = max_row[g];
   if (y1 < floor_y) return false;  // its second is no larger (a NaN floor_y: floor 0, every group is tested)
+  const uint8_t c = lane_row[g];
+  if (c == kNoCandidateLane) return false;
   if (fp::is_nan(y1)) return topk_key(y1, group_first_id(g)) >= floor;
   if (y1 == 0.0f && topk_key(y1, group_tile_id(g) + c) >= floor) return true;
   return topk_key(second_row[g], group_first_id(g)) >= floor;
+}
+
+__device__ __forceinline__ uint64_t shfl_xor_u64(uint64_t v, int m) {
+  const uint32_t lo = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), m);
+  const uint32_t hi = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v >> 32), m);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+__device__ __forceinline__ uint64_t shfl_u64(uint64_t v, int from) {
+  const uint32_t lo = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), from);
+  const uint32_t hi = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(v >> 32), from);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// Sorts the warp's 32 * R keys descending, element lane * R + r in v[r] of each lane: the bitonic
+// network of sort_descending (the same compare-exchanges), its distances below R inside a lane's
+// registers and the others between lanes by shuffles. Called by the whole warp.
+template <int R>
+__device__ __forceinline__ void warp_sort_descending(uint64_t (&v)[R]) {
+  static_assert((R & (R - 1)) == 0 && R <= 32, "a power of two of keys a lane");
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int k = 2; k <= 32 * R; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j < R) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if ((r & j) != 0) continue;  // the pair's lower element takes the exchange
+          const bool descending = ((lane * R + r) & k) == 0;
+          const uint64_t a = v[r], b = v[r ^ j];
+          const bool swap = descending ? a < b : a > b;
+          v[r] = swap ? b : a;
+          v[r ^ j] = swap ? a : b;
+        }
+      } else {
+        const int m = j / R;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint64_t other = shfl_xor_u64(v[r], m);
+          const bool lower = (lane & m) == 0;
+          const bool descending = ((lane * R + r) & k) == 0;
+          const bool keep_larger = lower == descending;
+          v[r] = keep_larger ? (v[r] > other ? v[r] : other) : (v[r] < other ? v[r] : other);
+        }
+      }
+    }
+}
+
+// Element i of the warp's sorted keys (every lane returns it).
+template <int R>
+__device__ __forceinline__ uint64_t warp_sorted_at(const uint64_t (&v)[R], int i) {
+  uint64_t mine = v[0];
+#pragma unroll
+  for (int r = 1; r < R; ++r) mine = i % R == r ? v[r] : mine;
+  return shfl_u64(mine, i / R);
+}
+
+constexpr int kWarpRowsPerBlock = 4;
+constexpr int kWarpBatch = 8;  // groups a lane loads before offering them
+
+// The candidate path's common case, one warp a row: each lane lists its kListed largest group-max
+// keys (GroupMaxKeys' keys, the byte and the max loaded together), after the first batch of every
+// lane not offering a group below the K-th largest listed key (distinct groups: at most the row's
+// K-th key, so the certainty test keeps its proof, as in list_largest); the warp's 32 * kListed
+// listed keys sorted in registers give the K largest when no lane's last listed key reaches the K-th
+// of them and no group is flagged (group_flagged). Then the outputs are written; otherwise the row
+// is marked undecided and topk_candidates_kernel (a CTA a row, with the recomputation) does it.
+__global__ void __launch_bounds__(32 * kWarpRowsPerBlock) topk_candidates_warp_kernel(const TopkCandidatesParams p) {
+  const int64_t local = int64_t{blockIdx.x} * kWarpRowsPerBlock + threadIdx.x / 32;
+  if (local >= p.rows) return;  // warp-uniform
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = p.row_begin + local;
+  const float* max_row = p.cand_max + local * p.groups;
+  const float* second_row = p.cand_second + local * p.groups;
+  const uint8_t* lane_row = p.cand_lane + local * p.groups;
+  const int k = p.k;
+  ListedKeys<kListed> listed;
+  float floor_y = rank_key_logit(0);  // none yet: NaN, which no y is below
+  for (int64_t g0 = 0; g0 < p.groups; g0 += 32 * kWarpBatch) {
+    float y[kWarpBatch];
+    uint8_t c[kWarpBatch];
+#pragma unroll
+    for (int b = 0; b < kWarpBatch; ++b) {
+      const int64_t g = g0 + 32 * b + lane;
+      y[b] = g < p.groups ? max_row[g] : fp::neg_inf();
+      c[b] = g < p.groups ? lane_row[g] : kNoCandidateLane;
+    }
+#pragma unroll
+    for (int b = 0; b < kWarpBatch; ++b) {
+      if (c[b] == kNoCandidateLane || y[b] < floor_y) continue;
+      const int64_t g = g0 + 32 * b + lane;
+      listed.offer(y[b], [&] { return topk_key(y[b], fp::is_nan(y[b]) ? group_last_id(g) : group_tile_id(g) + c[b]); });
+    }
+    if (g0 == 0) {  // the floor after the first batch
+      uint64_t v[kListed];
+#pragma unroll
+      for (int r = 0; r < kListed; ++r) v[r] = listed.key[r];
+      warp_sort_descending(v);
+      floor_y = rank_key_logit(warp_sorted_at(v, k - 1));
+    }
+  }
+  uint64_t v[kListed];
+#pragma unroll
+  for (int r = 0; r < kListed; ++r) v[r] = listed.key[r];
+  warp_sort_descending(v);
+  const uint64_t floor = warp_sorted_at(v, k - 1);
+  const float floor_final_y = rank_key_logit(floor);
+  bool undecided = listed.last() != 0 && listed.last() >= floor;
+  for (int64_t g = lane; g < p.groups && !undecided; g += 32)
+    undecided = group_flagged(p, max_row, second_row, lane_row, g, floor, floor_final_y);
+  undecided = __any_sync(0xFFFFFFFFu, undecided);
+  if (lane == 0) p.undecided[local] = undecided ? 1 : 0;
+  if (undecided) return;
+#pragma unroll
+  for (int r = 0; r < kListed; ++r) {
+    const int j = lane * kListed + r;
+    if (j >= k) break;
+    const int64_t out = row * k + j;
+    const uint64_t key = v[r];
+    const int64_t id = key == 0 ? -1 : rank_key_id(key);
+    p.ids[out] = id;
+    p.logp[out] = key == 0 ? fp::neg_inf() : target_logp(max_row[group_of_id(id)], p.lse[row]);
+  }
 }
 
 // One CTA a row of the chunk: the K largest group-max keys (top_keys over the groups), then every
@@ -248,6 +372,7 @@ __device__ __forceinline__ bool group_flagged(const TopkCandidatesParams& p, con
 __global__ void __launch_bounds__(kThreads) topk_candidates_kernel(const TopkCandidatesParams p) {
   __shared__ CandidateShared sh;
   const int64_t local = blockIdx.x;
+  if (!p.undecided[local]) return;  // the warp kernel wrote this row
   const int64_t row = p.row_begin + local;
   const float* max_row = p.cand_max + local * p.groups;
   const float* second_row = p.cand_second + local * p.groups;
@@ -393,6 +518,10 @@ void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
 void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   DETLOGP_CHECK(p.k >= 1 && p.k <= kMaxTopk, "internal error: top-k candidates with k=" << p.k);
+  DETLOGP_CHECK(p.undecided != nullptr, "internal error: top-k candidates without the undecided flags");
+  topk_candidates_warp_kernel<<<static_cast<unsigned>((p.rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock),
+                                32 * kWarpRowsPerBlock, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
   topk_candidates_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
 }

@@ -74,6 +74,9 @@ struct TopkCandidatesParams {
   const float* lse = nullptr;  // [call rows]
   int64_t* ids = nullptr;      // [call rows][k]
   float* logp = nullptr;       // [call rows][k]
+  // [rows] scratch: a row the warp kernel could not decide (a lane's list may have dropped one of
+  // its K largest group keys, or a group is flagged), left to the CTA kernel with the recomputation.
+  uint8_t* undecided = nullptr;
 };
 
 void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream);
