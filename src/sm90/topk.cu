@@ -408,10 +408,12 @@ __global__ void __launch_bounds__(kThreads) topk_candidates_kernel(const TopkCan
       // The group's lanes, one half warp each: z by the wgmma model, then the epilogue's bias and scale.
       const int lane = static_cast<int>(threadIdx.x / 16);
       const int64_t id = group_first_id(g) + 8 * (lane / 2) + lane % 2;
+      // Every thread runs the dot (the warp together); a half warp past the lanes runs lane 0's and drops it.
+      const bool real = id < p.lanes;
+      float z = wgmma_model_dot_half_warp(hidden_row, p.weight + (real ? id : 0) * p.weight_stride, p.dim);
       float y = 0.0f;
       uint64_t key = 0;
-      if (id < p.lanes) {
-        float z = wgmma_model_dot_half_warp(hidden_row, p.weight + id * p.weight_stride, p.dim);
+      if (real) {
         if (p.bias) z = add_bias(z, p.bias[id]);
         y = scale_logit(z, inv_t);
         key = topk_key(y, id);

@@ -17,39 +17,40 @@
 namespace detlogp::sm90 {
 
 // The model's fp32 z of hidden row `a` and weight row `b` (bf16 bits, `dim` each), by the 16 threads
-// of a half warp (threadIdx.x / 16 the same, all 16 calling it together; the other half warp may run
-// another lane). Every one of the 16 returns z.
+// of a half warp (threadIdx.x / 16 the same); the two half warps of a warp may run different lanes,
+// but all 32 threads call it together with the same `dim`. Every one of the 16 returns its half's z.
+// The warp never diverges inside: full-warp votes and shuffles (offsets below 16 stay in the half
+// warp), and a block with specials still runs the integer sum, whose result it discards. A vote or
+// shuffle under a per-half mask would make the compiler gather the warp's masks with a REDUX.
 __device__ __forceinline__ float wgmma_model_dot_half_warp(const uint16_t* a, const uint16_t* b, int64_t dim) {
+  constexpr unsigned kWarp = 0xFFFFFFFFu;
   const int j = static_cast<int>(threadIdx.x % 16);
-  const unsigned mask = 0xFFFFu << (threadIdx.x % 32 & 16u);
+  const unsigned half = 0xFFFFu << (threadIdx.x % 32 & 16u);
   uint32_t c = 0;
   for (int64_t k0 = 0; k0 < dim; k0 += wgmma::kBlockK) {
     const bool in = k0 + j < dim;  // past D: a zero product, which takes no part (a shorter block)
     const uint16_t x = in ? a[k0 + j] : uint16_t{0}, y = in ? b[k0 + j] : uint16_t{0};
     wgmma::BlockSpecials mine;
     wgmma::note_product_specials(x, y, mine);
-    const unsigned nan = __ballot_sync(mask, mine.nan) & mask, pos = __ballot_sync(mask, mine.pos_inf) & mask,
-                   neg = __ballot_sync(mask, mine.neg_inf) & mask;
+    const unsigned nan = __ballot_sync(kWarp, mine.nan) & half, pos = __ballot_sync(kWarp, mine.pos_inf) & half,
+                   neg = __ballot_sync(kWarp, mine.neg_inf) & half;
     wgmma::BlockSpecials block = wgmma::accumulator_specials(c);
     block.nan = block.nan || nan != 0;
     block.pos_inf = block.pos_inf || pos != 0;
     block.neg_inf = block.neg_inf || neg != 0;
-    if (block.any()) {  // uniform over the half warp
-      c = block.bits();
-      continue;
-    }
     const wgmma::ProductParts pp = wgmma::product_parts(x, y);
     int32_t product_max = pp.nonzero ? pp.exp : wgmma::kZeroExp;
 #pragma unroll
     for (int o = 8; o >= 1; o /= 2) {
-      const int32_t other = __shfl_xor_sync(mask, product_max, o);
+      const int32_t other = __shfl_xor_sync(kWarp, product_max, o);
       product_max = other > product_max ? other : product_max;
     }
     const int32_t e = wgmma::block_exponent(product_max, static_cast<int32_t>(c));
     int32_t sum = pp.nonzero ? wgmma::align_product<int32_t>(pp.sig, e - pp.exp) : 0;
 #pragma unroll
-    for (int o = 8; o >= 1; o /= 2) sum += __shfl_xor_sync(mask, sum, o);
-    c = wgmma::finish_block(sum, e, c);
+    for (int o = 8; o >= 1; o /= 2) sum += __shfl_xor_sync(kWarp, sum, o);
+    // A block with a special (uniform over the half warp) makes the accumulator that special.
+    c = block.any() ? block.bits() : wgmma::finish_block(sum, e, c);
   }
   return fp::from_bits(c);
 }
