@@ -536,9 +536,10 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
 
   // The device-resident values, checked on the host.
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  const std::vector<uint8_t> targets =
-      check_device_program(p.program, p.rows, stream,
+  const ProgramReadBack back =
+      check_device_program(p.program, p.rows, p.real_vocab, stream,
                            {p.replay ? p.targets : nullptr, static_cast<size_t>(p.rows) * (p.targets_i64 ? 8 : 4)});
+  const std::vector<uint8_t>& targets = back.also;
   if (p.replay) detail::check_targets_host(targets.data(), p.targets_i64, p.rows, p.real_vocab, p.ignore_index);
 
   const int64_t v = p.vocab_local;
@@ -563,6 +564,19 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
                                 stream);
   DETLOGP_CUDA_CHECK(cudaMemsetAsync(ignored.get(), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
   const bool radix_only = detail::env_checked("DETLOGP_SM90_SAMPLE_RADIX").value_or("0") == "1";
+  // Few rows with a top-k cut of k' <= kMaxTopk: a row's lanes split over slices, each slice's CTA
+  // lists its k largest keys (k the rows' largest such k') and the row kernel merges them for the
+  // rows with k' <= k (a row's top k' are the top k' of its slices' top k), as the top-k output's
+  // split; the other rows take the pass over their lanes.
+  TopkSplit split;
+  const int64_t list_k = back.largest_small_keep;
+  if (!radix_only && list_k >= 1) {
+    int sms = 0;
+    DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
+    split = topk_split(chunk, p.real_vocab, sms);  // valid for the last, shorter chunk too
+  }
+  StreamBuffer slice_keys(split.slices > 1 ? static_cast<size_t>(chunk * split.slices * list_k) * 8 : 0, stream,
+                          p.device, "sampling slice lists", hint);
 
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
@@ -587,8 +601,28 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     // checked on the host above), so the host does not wait for its verdict before the row kernel.
     q.defer_errors = true;
     run(q);  // the serving entry's z
+    if (split.slices > 1) {
+      TopkRowsParams t;
+      t.logits = q.logits;
+      t.logits_stride = v;
+      t.rows = rows;
+      t.row_begin = row0;
+      t.lanes = p.real_vocab;
+      t.inv_temperature = inverse_temperature(q.temperature);
+      t.temperature_rows = q.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) : nullptr;
+      t.k = static_cast<int32_t>(list_k);
+      t.slices = split.slices;
+      t.slice_lanes = split.slice_lanes;
+      t.slice_keys = reinterpret_cast<uint64_t*>(slice_keys.get());
+      launch_topk_slice_lists(t, stream);
+    }
     SampleRowsParams s;
     s.problem = p;
+    if (split.slices > 1) {
+      s.slice_keys = reinterpret_cast<const uint64_t*>(slice_keys.get());
+      s.slices = split.slices;
+      s.slice_k = static_cast<int32_t>(list_k);
+    }
     s.row_begin = row0;
     s.rows = rows;
     s.logits = q.logits;
@@ -787,8 +821,8 @@ void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
 
 }  // namespace
 
-std::vector<uint8_t> check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream,
-                                          DeviceArray also) {
+ProgramReadBack check_device_program(const detail::ProgramOperands& program, int64_t rows, int64_t real_vocab,
+                                     cudaStream_t stream, DeviceArray also) {
   for (const auto& [ptr, name] : {std::pair<const void*, const char*>{program.temperature_rows, "temperature_rows"},
                                   {program.top_p_rows, "top_p_rows"},
                                   {program.min_p_rows, "min_p_rows"}})
@@ -811,7 +845,13 @@ std::vector<uint8_t> check_device_program(const detail::ProgramOperands& program
   host.top_p_rows = program.top_p_rows ? reinterpret_cast<const float*>(top_p.data()) : nullptr;
   host.min_p_rows = program.min_p_rows ? reinterpret_cast<const float*>(min_p.data()) : nullptr;
   detail::check_program_rows(host, rows);
-  return std::move(copies[4]);
+  ProgramReadBack back;
+  back.also = std::move(copies[4]);
+  for (int64_t n = 0; n < rows; ++n) {
+    const int64_t keep = host.row(n, real_vocab).keep;
+    if (keep < real_vocab && keep <= kMaxTopk) back.largest_small_keep = std::max(back.largest_small_keep, keep);
+  }
+  return back;
 }
 
 }  // namespace detlogp::sm90

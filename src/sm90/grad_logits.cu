@@ -127,7 +127,7 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
                                     {r.g_logp_raw, "g_logp_raw"}})
       if (ptr) check_alignment(ptr, 4, name);
     check_alignment(r.cut_id, 8, "cut_id");
-    check_device_program(r.program, p.rows, stream, {});  // a bad value writes nothing
+    check_device_program(r.program, p.rows, p.real_vocab, stream, {});  // a bad value writes nothing
   }
   const int64_t m_tiles = (p.rows + Cfg::kWgM - 1) / Cfg::kWgM;
   const int64_t n_tiles = (p.cols + Cfg::kBlockN - 1) / Cfg::kBlockN;

@@ -3,7 +3,10 @@
 // row program (detlogp/sample.hpp, detlogp/reduce.hpp, SampleProblem::write_row):
 //   1. one pass over the row (coalesced, visit_row): M by an exact max over the lanes, and each
 //      thread's kListed largest rank keys in registers; lse from the fused kernel, which ran at the
-//      row's temperature (the chain's bits over these logits, §5-§6);
+//      row's temperature (the chain's bits over these logits, §5-§6). With few rows and a top-k cut
+//      of k' <= kMaxTopk, the top-k output's split runs first instead (each slice of the row lists
+//      its k largest keys in its own CTA): the merged lists give M and the row's top k' directly;
+//      the cut and support below read only those and the support's tiles;
 //   2. the cut (§11.4-§11.5). The candidate path: with top-k, the k'-th largest listed key is at
 //      most the row's k'-th (the listed keys are distinct lanes), so every lane of rank < k' is at
 //      or above it; when no thread's last listed key reaches it the first k' listed keys are the
@@ -158,6 +161,39 @@ __device__ int listed_top_k(Shared& sh, const float* z, int64_t lanes, float inv
   return gather_candidates(sh, z, lanes, inv_t, row_max, rank_key_logit(floor), nullptr);
 }
 
+// The cut read off `count` rank-ordered candidates in sh.cand.key (with top-k, the row's top k' lanes
+// first): sh.gathered and sh.cut_index. `total`: Q of §11.5 without top-k (with it, the candidates'
+// own mass is Q).
+__device__ void cut_among_candidates(Shared& sh, int count, bool top_k, uint64_t total, float row_max,
+                                     const SampleRowParams& r) {
+  if (threadIdx.x == 0) sh.gathered = count;
+  const int keep = top_k ? static_cast<int>(r.keep) : count;  // the top-k lanes among the candidates
+  if (r.top_p == 1.0f) {
+    if (threadIdx.x == 0) sh.cut_index = keep - 1;
+    __syncthreads();
+    return;
+  }
+  for (int j = threadIdx.x; j < keep; j += kThreads)
+    sh.cand.mass[j] = top_p_mass(relative_weight(rank_key_logit(sh.cand.key[j]), row_max));
+  __syncthreads();
+  if (top_k) {
+    unsigned long long mine = 0;
+    for (int j = threadIdx.x; j < keep; j += kThreads) mine += sh.cand.mass[j];
+    total = block_sum<kThreads>(sh.warp_total, mine);
+  }
+  if (threadIdx.x == 0) {
+    const uint64_t tau = top_p_threshold(total, r.top_p);
+    uint64_t running = 0;
+    int j = 0;
+    for (; j < keep - 1; ++j) {
+      running += sh.cand.mass[j];
+      if (running >= tau) break;
+    }
+    sh.cut_index = j;
+  }
+  __syncthreads();
+}
+
 // The candidate path's cut (see the top of the file): true with the rank-ordered candidates in
 // sh.cand.key[0, gathered) and the cut at sh.cut_index, or false (nothing decided) where the path
 // does not apply. `my_max`: this thread's maximum over its lanes, `listed` its largest keys (step 1).
@@ -187,32 +223,7 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
     }
   }
   if (count < 0) return false;
-  if (threadIdx.x == 0) sh.gathered = count;
-  const int keep = top_k ? static_cast<int>(r.keep) : count;  // the top-k lanes among the candidates
-  if (r.top_p == 1.0f) {
-    if (threadIdx.x == 0) sh.cut_index = keep - 1;
-    __syncthreads();
-    return true;
-  }
-  for (int j = threadIdx.x; j < keep; j += kThreads)
-    sh.cand.mass[j] = top_p_mass(relative_weight(rank_key_logit(sh.cand.key[j]), row_max));
-  __syncthreads();
-  if (top_k) {
-    unsigned long long mine = 0;
-    for (int j = threadIdx.x; j < keep; j += kThreads) mine += sh.cand.mass[j];
-    total = block_sum<kThreads>(sh.warp_total, mine);
-  }
-  if (threadIdx.x == 0) {
-    const uint64_t tau = top_p_threshold(total, r.top_p);
-    uint64_t running = 0;
-    int j = 0;
-    for (; j < keep - 1; ++j) {
-      running += sh.cand.mass[j];
-      if (running >= tau) break;
-    }
-    sh.cut_index = j;
-  }
-  __syncthreads();
+  cut_among_candidates(sh, count, top_k, total, row_max, r);
   return true;
 }
 
@@ -289,18 +300,35 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   const float inv_t = r.inv_temperature;
   float y[kVocabTile];
 
-  // 1. M by an exact max over the lanes (each thread's maximum is one of its lanes: the candidate
-  //    bound below), lse from the fused kernel, which ran at the row's temperature (§5-§6: its bits
-  //    are the chain's over these logits).
+  // 1. M and, for a top-k cut, the row's top k' lanes. With the slices' lists (few rows: each
+  //    slice's k largest keys from its own CTA), M is the first of their merged keys, and the
+  //    merged keys' first k' are the row's top k' (no pass over the row). Otherwise M by an exact
+  //    max over the lanes (each thread's maximum is one of its lanes: the candidate bound below),
+  //    with each thread's largest keys listed for the top-k cut. A NaN row takes the pass (its M
+  //    is the max's NaN); lse from the fused kernel, which ran at the row's temperature (§5-§6:
+  //    its bits are the chain's over these logits).
+  bool merged = p.slice_keys != nullptr && r.keep < lanes && r.keep <= p.slice_k;
+  if (merged) {
+    const int n_keys = p.slices * p.slice_k;
+    const uint64_t* lists = p.slice_keys + int64_t{blockIdx.x} * n_keys;
+    const int size = pow2_at_least(n_keys);
+    for (int i = threadIdx.x; i < size; i += kThreads) sh.cand.key[i] = i < n_keys ? lists[i] : 0;
+    __syncthreads();
+    sort_descending<kThreads>(sh.cand.key, size);
+    merged = !fp::is_nan(rank_key_logit(sh.cand.key[0]));
+  }
   float m = fp::neg_inf();
   ListedKeys<kListed> listed;  // for the top-k cut (a NaN row lists meaningless keys, unused: no cut)
-  if (r.keep < lanes && r.keep <= kCandidates)
+  if (merged)
+    m = rank_key_logit(sh.cand.key[0]);
+  else if (r.keep < lanes && r.keep <= kCandidates)
     list_largest<kThreads>(
         listed, sh.thread_max, z, lanes, inv_t, static_cast<int>(r.keep),
         [](float y, int64_t v) { return rank_key(y, v); }, [&](int64_t, float y) { m = chain_max(m, y); });
   else
     visit_row<kThreads>(z, lanes, inv_t, [&](int64_t, float y) { m = chain_max(m, y); });
   const float my_max = m;
+  __syncthreads();
   sh.best_score[threadIdx.x] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -318,7 +346,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   const bool cut = samplable && has_cut(r, lanes);
   bool candidates = false;
   if (cut) {
-    candidates = !p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, listed, r);
+    if (merged) cut_among_candidates(sh, static_cast<int>(r.keep), true, 0, row_max, r);
+    candidates = merged || (!p.radix_only && candidate_cut(sh, z, lanes, inv_t, row_max, my_max, listed, r));
     const uint64_t key = candidates ? sh.cand.key[sh.cut_index] : radix_cut(sh, z, lanes, inv_t, row_max, r);
     const int64_t id = rank_key_id(key);
     support.cut = {lane_y(z, id, inv_t), id};

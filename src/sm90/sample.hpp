@@ -22,7 +22,12 @@ struct SampleRowsParams {
   TileSummary* tiles = nullptr;   // scratch [rows][tiles_per_row]
   float* factors = nullptr;       // scratch [rows][tiles_per_row]
   uint8_t* outside = nullptr;     // [problem.rows] or null: 1 where a replayed target is outside the support
-  bool radix_only = false;        // every cut by radix selection (DETLOGP_SM90_SAMPLE_RADIX=1): a free axis
+  // Few rows with a top-k cut: each row's slices' lists of their slice_k largest keys, [rows][slices][slice_k]
+  // (launch_topk_slice_lists), merged by the row kernel for the rows whose k' <= slice_k; null: none.
+  const uint64_t* slice_keys = nullptr;
+  int32_t slices = 0;
+  int32_t slice_k = 0;
+  bool radix_only = false;  // every cut by radix selection (DETLOGP_SM90_SAMPLE_RADIX=1): a free axis
 };
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream);
@@ -41,7 +46,14 @@ struct DeviceArray {
 // (one wait, `also` with them) and checked on the host (detail::check_program_rows): a bad value is
 // refused, naming the argument, the row and the value, before the caller launches anything that
 // writes. Returns also's host copy (empty for a null array).
-std::vector<uint8_t> check_device_program(const detail::ProgramOperands& program, int64_t rows, cudaStream_t stream,
-                                          DeviceArray also);
+// The program's device-resident rows read back (with `also`, one host wait) and checked; a bad value
+// throws before anything is written.
+struct ProgramReadBack {
+  std::vector<uint8_t> also;  // the copy of `also`
+  // The largest k' <= kMaxTopk of the rows with a top-k cut (real_vocab: the rows' lanes), 0 if none.
+  int64_t largest_small_keep = 0;
+};
+ProgramReadBack check_device_program(const detail::ProgramOperands& program, int64_t rows, int64_t real_vocab,
+                                     cudaStream_t stream, DeviceArray also);
 
 }  // namespace detlogp::sm90

@@ -517,6 +517,14 @@ void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
   DETLOGP_CUDA_CHECK_LAUNCH();
 }
 
+void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  DETLOGP_CHECK(p.slices > 1 && p.slices <= kMaxTopkSlices && p.slice_keys != nullptr && p.k >= 1 && p.k <= kMaxTopk,
+                "internal error: slice lists without a split, its scratch or a valid k");
+  topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
+  DETLOGP_CUDA_CHECK_LAUNCH();
+}
+
 void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   DETLOGP_CHECK(p.k >= 1 && p.k <= kMaxTopk, "internal error: top-k candidates with k=" << p.k);

@@ -43,6 +43,9 @@ struct TopkRowsParams {
 };
 
 void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream);
+// The split's first kernel alone (p.slices > 1): the slices' lists into p.slice_keys, for a row
+// kernel that merges them itself (the sampling program's top-k cut).
+void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream);
 
 // The candidate path (full mode, many rows): the fused trainer run keeps no logits, only each
 // lane group's max, second and first-max column (FusedParams::cand_*); a row's top K are then the

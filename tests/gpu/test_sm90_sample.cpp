@@ -471,3 +471,66 @@ TEST_F(Sm90Sample, TheCandidateCutAndTheRadixCutGiveTheSameBits) {
     expect_same(device_sample(m, hidden, s.n, prog, d_key), fast, (what + " radix path vs candidate path").c_str());
   }
 }
+
+// A few rows split their lanes over slices (each slice's CTA lists its largest keys, the row kernel
+// merges them); a batch of 200 does not split. Rows alone and in groups of 8 give the batch's bits:
+// top-k cuts of 1..128 (the merged path), larger ones and none (the pass over the row), greedy,
+// flat and NaN rows (a NaN row's M comes from the pass).
+TEST_F(Sm90Sample, FewRowsSplitOverSlicesGiveTheBatchBits) {
+  const int64_t n = 200, d = 64, v = 151936;
+  DeviceModel m;
+  m.make(d, v, 41, true);
+  std::vector<uint16_t> h(static_cast<size_t>(n * d));
+  {
+    DevBuf<uint16_t> filled(h.size());
+    fill_bf16_uniform(filled.get(), n * d, 42, 1.0f);
+    h = filled.to_host();
+  }
+  std::fill(h.begin() + 5 * d, h.begin() + 6 * d, uint16_t{0});  // flat: every logit the bias
+  h[3 * d + 7] = 0x7FC0;                                         // a NaN row
+  Program prog;
+  for (int64_t i = 0; i < n; ++i) {
+    prog.temperature.push_back(i % 9 == 4 ? 0.0f : 0.9f);
+    const int64_t ks[] = {50, 1 + (i * 7) % 128, 0, 20, 500};
+    prog.top_k.push_back(ks[i % 5]);
+    prog.top_p.push_back(i % 2 == 0 ? 0.95f : 1.0f);
+    prog.min_p.push_back(i % 4 == 1 ? 0.05f : 0.0f);
+  }
+  prog.upload(n);
+  std::vector<int64_t> key(static_cast<size_t>(n));
+  std::iota(key.begin(), key.end(), 900);
+  DevBuf<uint16_t> hidden(h.size());
+  hidden.from_host(h);
+  DevBuf<int64_t> d_key(key.size());
+  d_key.from_host(key);
+  const Drawn all = device_sample(m, hidden, n, prog, d_key);
+  expect_same(all, cpu_on_logits(m, n, prog, key, all.logits), "batch vs CPU");
+
+  for (const int64_t group : {int64_t{1}, int64_t{8}}) {
+    for (const int64_t first : {int64_t{0}, int64_t{3}, int64_t{4}, int64_t{41}, int64_t{192}}) {
+      const int64_t rows = std::min(group, n - first);
+      Program sub;
+      const auto part = [&](const auto& full) {
+        return std::vector(full.begin() + first, full.begin() + first + rows);
+      };
+      sub.temperature = part(prog.temperature);
+      sub.top_k = part(prog.top_k);
+      sub.top_p = part(prog.top_p);
+      sub.min_p = part(prog.min_p);
+      sub.upload(rows);
+      DevBuf<uint16_t> sub_hidden(static_cast<size_t>(rows * d));
+      sub_hidden.from_host(std::vector(h.begin() + first * d, h.begin() + (first + rows) * d));
+      DevBuf<int64_t> sub_key(static_cast<size_t>(rows));
+      sub_key.from_host(part(key));
+      const Drawn few = device_sample(m, sub_hidden, rows, sub, sub_key);
+      Drawn expected;
+      expected.token = part(all.token);
+      expected.support_size = part(all.support_size);
+      expected.logp = part(all.logp);
+      expected.logp_raw = part(all.logp_raw);
+      expected.lse = part(all.lse);
+      const std::string what = std::to_string(rows) + " rows from row " + std::to_string(first);
+      expect_same(few, expected, what.c_str());
+    }
+  }
+}
