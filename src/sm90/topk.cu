@@ -482,11 +482,7 @@ __global__ void topk_merge_kernel(const TopkMergeParams p) {
   TopkEntry list[kMaxTopk];
   int count = 0;
   for (int r = 0; r < p.ranks; ++r)
-    for (int j = 0; j < p.k; ++j) {
-      const int64_t i = n * p.k + j;
-      const int64_t id = p.lists[r].ids[i];
-      if (id >= 0) topk_offer(list, p.k, count, {p.lists[r].logit[i], id});
-    }
+    topk_offer_list(list, p.k, count, p.lists[r].logit + n * p.k, p.lists[r].ids + n * p.k);
   const float lse = p.lse[n];
   for (int j = 0; j < p.k; ++j) {
     p.ids[n * p.k + j] = j < count ? list[j].id : -1;
