@@ -29,6 +29,7 @@ cudaMemPool_t workspace_pool(int device) {
 
 StreamBuffer::StreamBuffer(size_t bytes, cudaStream_t stream, int device, const char* what, const char* hint)
     : stream_(stream) {
+  if (bytes == 0) return;  // null, and no pool call
   const cudaError_t e = cudaMallocFromPoolAsync(&ptr_, bytes, workspace_pool(device), stream);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();

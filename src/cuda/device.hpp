@@ -5,8 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.hpp"
 
@@ -50,6 +52,32 @@ class StreamBuffer {
  private:
   void* ptr_ = nullptr;
   cudaStream_t stream_;
+};
+
+// Several stream-ordered buffers of one call in one allocation from the pool, each part at a
+// 256-byte boundary (a part of 0 bytes is null): one pool call and one free, where a buffer each
+// costs the host a few microseconds apiece on every call.
+class StreamBuffers {
+ public:
+  static constexpr size_t kMaxParts = 16;
+  StreamBuffers(std::initializer_list<size_t> bytes, cudaStream_t stream, int device, const char* what,
+                const char* hint = nullptr)
+      : all_(layout(bytes), stream, device, what, hint) {}
+  uint8_t* get(size_t part) const { return bytes_[part] == 0 ? nullptr : all_.get() + offset_[part]; }
+
+ private:
+  size_t layout(std::initializer_list<size_t> bytes) {
+    DETLOGP_CHECK(bytes.size() <= kMaxParts, "internal error: " << bytes.size() << " workspace parts");
+    size_t at = 0, i = 0;
+    for (const size_t b : bytes) {
+      offset_[i] = at;
+      bytes_[i++] = b;
+      at += (b + 255) / 256 * 256;
+    }
+    return at;
+  }
+  std::array<size_t, kMaxParts> offset_{}, bytes_{};
+  StreamBuffer all_;
 };
 
 }  // namespace detlogp::cuda

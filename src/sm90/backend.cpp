@@ -37,6 +37,7 @@ namespace {
 
 using cuda::DeviceGuard;
 using cuda::StreamBuffer;
+using cuda::StreamBuffers;
 using cuda::Verdict;
 using detail::DeviceAllocation;
 
@@ -549,20 +550,6 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   const int64_t row_bytes = (p.logits ? 0 : v * 4) + tiles * int64_t{sizeof(TileSummary) + 4} + 16;
   const int64_t chunk = row_kernel_chunk(p.rows, row_bytes);
   const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
-  StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "sampling logits", hint);
-  StreamBuffer summaries(static_cast<size_t>(chunk * tiles) * sizeof(TileSummary), stream, p.device,
-                         "sampling summaries", hint);
-  StreamBuffer factors(static_cast<size_t>(chunk * tiles) * 4, stream, p.device, "sampling factors", hint);
-  StreamBuffer ignored(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling targets", hint);
-  StreamBuffer fused_out(static_cast<size_t>(chunk) * 8, stream, p.device, "sampling logp/lse", hint);
-  StreamBuffer outside(p.replay ? static_cast<size_t>(p.rows) : 0, stream, p.device, "sampling outside", hint);
-  // The fused kernel runs at each row's temperature (1 for a greedy row), so its lse is the program's.
-  StreamBuffer temperatures(p.program.temperature_rows ? static_cast<size_t>(p.rows) * 4 : 0, stream, p.device,
-                            "sampling temperatures", hint);
-  if (p.program.temperature_rows)
-    launch_program_temperatures(p.program.temperature_rows, reinterpret_cast<float*>(temperatures.get()), p.rows,
-                                stream);
-  DETLOGP_CUDA_CHECK(cudaMemsetAsync(ignored.get(), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
   const bool radix_only = detail::env_checked("DETLOGP_SM90_SAMPLE_RADIX").value_or("0") == "1";
   // Few rows with a top-k cut of k' <= kMaxTopk: a row's lanes split over slices, each slice's CTA
   // lists its k largest keys (k the rows' largest such k') and the row kernel merges them for the
@@ -575,8 +562,21 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
     split = topk_split(chunk, p.real_vocab, sms);  // valid for the last, shorter chunk too
   }
-  StreamBuffer slice_keys(split.slices > 1 ? static_cast<size_t>(chunk * split.slices * list_k) * 8 : 0, stream,
-                          p.device, "sampling slice lists", hint);
+  // One workspace: the chunk's logits (unless the caller's), scratch summaries and factors, the
+  // fused entry's ignored targets and logp/lse, the replay's outside flags, the fused kernel's
+  // temperatures (each row's, 1 for a greedy row, so its lse is the program's), the slice lists.
+  enum Part { kLogits, kSummaries, kFactors, kIgnored, kFusedOut, kOutside, kTemperatures, kSliceKeys };
+  const StreamBuffers work(
+      {p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, static_cast<size_t>(chunk * tiles) * sizeof(TileSummary),
+       static_cast<size_t>(chunk * tiles) * 4, static_cast<size_t>(chunk) * 8, static_cast<size_t>(chunk) * 8,
+       p.replay ? static_cast<size_t>(p.rows) : 0, p.program.temperature_rows ? static_cast<size_t>(p.rows) * 4 : 0,
+       split.slices > 1 ? static_cast<size_t>(chunk * split.slices * list_k) * 8 : 0},
+      stream, p.device, "sampling workspace", hint);
+  const float* temperatures = reinterpret_cast<const float*>(work.get(kTemperatures));
+  if (p.program.temperature_rows)
+    launch_program_temperatures(p.program.temperature_rows, reinterpret_cast<float*>(work.get(kTemperatures)), p.rows,
+                                stream);
+  DETLOGP_CUDA_CHECK(cudaMemsetAsync(work.get(kIgnored), 0xFF, static_cast<size_t>(chunk) * 8, stream));  // int64 -1
 
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
@@ -584,18 +584,17 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     static_cast<detail::HeadOperands&>(q) = p;
     q.rows = rows;
     q.hidden = p.hidden + row0 * p.hidden_stride;
-    q.targets = ignored.get();
+    q.targets = work.get(kIgnored);
     q.targets_i64 = true;
     q.targets_per_row = 1;
     q.targets_2d = false;
     q.ignore_index = -1;
     q.temperature = p.program.temperature == 0.0f ? 1.0f : p.program.temperature;
-    q.temperature_rows =
-        p.program.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) + row0 : nullptr;
+    q.temperature_rows = p.program.temperature_rows ? temperatures + row0 : nullptr;
     q.stream = stream;
     q.vocab_local = v;
-    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
-    q.logp = reinterpret_cast<float*>(fused_out.get());
+    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(work.get(kLogits));
+    q.logp = reinterpret_cast<float*>(work.get(kFusedOut));
     q.lse = q.logp + chunk;
     // Its inputs cannot fail the device validation (every target ignored, the temperatures
     // checked on the host above), so the host does not wait for its verdict before the row kernel.
@@ -609,17 +608,17 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
       t.row_begin = row0;
       t.lanes = p.real_vocab;
       t.inv_temperature = inverse_temperature(q.temperature);
-      t.temperature_rows = q.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) : nullptr;
+      t.temperature_rows = p.program.temperature_rows ? temperatures : nullptr;
       t.k = static_cast<int32_t>(list_k);
       t.slices = split.slices;
       t.slice_lanes = split.slice_lanes;
-      t.slice_keys = reinterpret_cast<uint64_t*>(slice_keys.get());
+      t.slice_keys = reinterpret_cast<uint64_t*>(work.get(kSliceKeys));
       launch_topk_slice_lists(t, stream);
     }
     SampleRowsParams s;
     s.problem = p;
     if (split.slices > 1) {
-      s.slice_keys = reinterpret_cast<const uint64_t*>(slice_keys.get());
+      s.slice_keys = reinterpret_cast<const uint64_t*>(work.get(kSliceKeys));
       s.slices = split.slices;
       s.slice_k = static_cast<int32_t>(list_k);
     }
@@ -628,9 +627,9 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
     s.logits = q.logits;
     s.lse = q.lse;
     s.tiles_per_row = tiles;
-    s.tiles = reinterpret_cast<TileSummary*>(summaries.get());
-    s.factors = reinterpret_cast<float*>(factors.get());
-    s.outside = p.replay ? outside.get() : nullptr;
+    s.tiles = reinterpret_cast<TileSummary*>(work.get(kSummaries));
+    s.factors = reinterpret_cast<float*>(work.get(kFactors));
+    s.outside = work.get(kOutside);
     s.radix_only = radix_only;
     launch_sample_rows(s, stream);
     if (p.topk > 0) {  // beside the draw: the top-k row kernel over the same z, at the fused run's T
@@ -643,7 +642,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
       t.vocab_start = 0;
       t.inv_temperature = inverse_temperature(q.temperature);
       t.temperature_rows =  // the program's per-row T with 1 for T = 0, [call rows]
-          p.program.temperature_rows ? reinterpret_cast<const float*>(temperatures.get()) : nullptr;
+          p.program.temperature_rows ? temperatures : nullptr;
       t.k = static_cast<int32_t>(p.topk);
       t.lse = p.lse;  // the call's rows, written by the row kernel above: the fused run's lse
       t.ids = p.topk_ids;
@@ -653,7 +652,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   }
   if (p.replay) {
     std::vector<uint8_t> flags(static_cast<size_t>(p.rows));
-    DETLOGP_CUDA_CHECK(cudaMemcpyAsync(flags.data(), outside.get(), flags.size(), cudaMemcpyDeviceToHost, stream));
+    DETLOGP_CUDA_CHECK(cudaMemcpyAsync(flags.data(), work.get(kOutside), flags.size(), cudaMemcpyDeviceToHost, stream));
     DETLOGP_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int64_t n = 0; n < p.rows; ++n) {
       if (!flags[static_cast<size_t>(n)]) continue;
@@ -701,8 +700,6 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   // Rows per chunk: a row's fp32 logits, unless the caller's are the buffer.
   const int64_t v = p.vocab_local;
   const int64_t chunk = p.logits ? p.rows : row_kernel_chunk(p.rows, v * 4);
-  StreamBuffer logits(p.logits ? 0 : static_cast<size_t>(chunk * v) * 4, stream, p.device, "top-k logits",
-                      "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   const ShardGeometry g = partial ? p.geometry() : ShardGeometry{};
   const int64_t per_row = p.targets_per_row;
   const size_t target_bytes = p.targets_i64 ? 8 : 4;
@@ -710,8 +707,11 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   int sms = 0;
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
   const TopkSplit split = topk_split(chunk, lanes, sms);  // valid for the last, shorter chunk too
-  StreamBuffer slice_keys(split.slices > 1 ? static_cast<size_t>(chunk * split.slices * p.topk) * 8 : 0, stream,
-                          p.device, "top-k slice lists");
+  // One workspace: the chunk's logits (unless the caller's) and the split's slice lists.
+  const StreamBuffers work({p.logits ? 0 : static_cast<size_t>(chunk * v) * 4,
+                            split.slices > 1 ? static_cast<size_t>(chunk * split.slices * p.topk) * 8 : 0},
+                           stream, p.device, "top-k workspace",
+                           "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces");
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
     detail::LogpProblem q = p;
@@ -719,7 +719,7 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     q.hidden = p.hidden + row0 * p.hidden_stride;
     q.targets = static_cast<const uint8_t*>(p.targets) + static_cast<size_t>(row0 * per_row) * target_bytes;
     if (p.temperature_rows) q.temperature_rows = p.temperature_rows + row0;
-    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(logits.get());
+    q.logits = p.logits ? p.logits + row0 * v : reinterpret_cast<float*>(work.get(0));
     q.topk = 0;
     q.topk_ids = nullptr;
     q.topk_logp = nullptr;
@@ -756,7 +756,7 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     }
     t.slices = split.slices;
     t.slice_lanes = split.slice_lanes;
-    t.slice_keys = reinterpret_cast<uint64_t*>(slice_keys.get());
+    t.slice_keys = reinterpret_cast<uint64_t*>(work.get(1));
     launch_topk_rows(t, stream);
   }
 }
@@ -773,12 +773,11 @@ void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
   const int64_t chunks = (p.rows + budget_chunk - 1) / budget_chunk;
   const int64_t chunk = (p.rows + chunks - 1) / chunks;
   const char* hint = "lower DETLOGP_SM90_WORKSPACE_MB to chunk N into smaller pieces";
-  StreamBuffer max(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
-  StreamBuffer second(static_cast<size_t>(chunk * groups) * 4, stream, p.device, "top-k candidates", hint);
-  StreamBuffer lane(static_cast<size_t>(chunk * groups), stream, p.device, "top-k candidates", hint);
-  StreamBuffer undecided(static_cast<size_t>(chunk), stream, p.device, "top-k candidates", hint);
-  const Candidates c{reinterpret_cast<float*>(max.get()), reinterpret_cast<float*>(second.get()),
-                     reinterpret_cast<uint8_t*>(lane.get()), groups};
+  // The groups' max, second and first-max column, and the rows' undecided flags, in one workspace.
+  const StreamBuffers work({static_cast<size_t>(chunk * groups) * 4, static_cast<size_t>(chunk * groups) * 4,
+                            static_cast<size_t>(chunk * groups), static_cast<size_t>(chunk)},
+                           stream, p.device, "top-k candidates", hint);
+  const Candidates c{reinterpret_cast<float*>(work.get(0)), reinterpret_cast<float*>(work.get(1)), work.get(2), groups};
   const size_t target_bytes = p.targets_i64 ? 8 : 4;
   for (int64_t row0 = 0; row0 < p.rows; row0 += chunk) {
     const int64_t rows = std::min(chunk, p.rows - row0);
@@ -814,7 +813,7 @@ void Sm90Backend::run_topk_candidates(const detail::LogpProblem& p) const {
     t.lse = p.lse;
     t.ids = p.topk_ids;
     t.logp = p.topk_logp;
-    t.undecided = reinterpret_cast<uint8_t*>(undecided.get());
+    t.undecided = work.get(3);
     launch_topk_candidates(t, stream);
   }
 }
