@@ -74,7 +74,7 @@ def breakdown(w, h, t) -> None:
     capture), the op's body alone (run_op), the eager path's check of its operands, the problem tuple,
     the extension call alone (its problem tuple built once; the report kept as the library's
     CallReport, then as a dict), the extension call waiting for the verdict, and last_report()'s read
-    of a call's lazy report. Then the layers as differences of those medians. The extension call is
+    of a call's lazy report; the top-k output's call and the sampling call with the bench's programs beside them. Then the layers as differences of those medians. The extension call is
     made as run_op makes it: with the tensors' DLPack capsules, made for each call (a capsule is
     imported once), where this build's run_op hands over capsules."""
     from detlogp import _detlogp as ext
@@ -99,6 +99,11 @@ def breakdown(w, h, t) -> None:
         c_h, c_w, c_t, c_logp, c_lse = exports((problem[0], problem[1], problem[2], logp, lse))
         return (c_h, c_w, c_t) + problem[3:], c_logp, c_lse
 
+    from detlogp import SamplingParams
+
+    key = torch.arange(n, dtype=torch.int64, device=h.device)
+    program = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, min_p=0.05)
+
     def public_then_report():
         dt.linear_logp(h, w, t)
         dt.last_report()
@@ -108,6 +113,8 @@ def breakdown(w, h, t) -> None:
         "torch.empty x4": lambda: [torch.empty(n, device=h.device) for _ in range(4)],
         "dt.linear_logp": lambda: dt.linear_logp(h, w, t),
         "dt.linear_logp + last_report()": public_then_report,
+        "dt.linear_logp(topk=20)": lambda: dt.linear_logp(h, w, t, topk=20),
+        "dt.sample (every filter on)": lambda: dt.sample(h, w, program, 1234, key),
         "torch.ops.detlogp.linear_logp": lambda: torch.ops.detlogp.linear_logp(
             h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0),
         "op body (run_op)": (lambda: run_op(h, w, t, None, 1.0, None, -100, False, v, "", False, False, 0))

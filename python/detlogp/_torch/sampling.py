@@ -28,7 +28,9 @@ from .._errors import DetlogpError, InputError
 from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
-from .tensors import aligned_operands, check_devices, contiguous_rows, library_problem, rows_of, stream_of, vec
+from .tensors import (
+    aligned_operands, check_devices, contiguous_rows, dlpack_exports, library_problem, rows_of, stream_of, vec,
+)  # fmt: skip
 
 # How the C++ entries' refusals open (src/tp/tp_sample.cpp); the agreement step refuses in the same words.
 SAMPLE_REFUSAL = "tensor-parallel sample refused on every rank"
@@ -136,7 +138,15 @@ def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, re
         _ext.sample(*args, check_only=True, **extra)
         return (SampleResult(*out, logits_out, {"copies": copies}, *topk_out),
                 lambda tp: _ext.sample(*args, tp=tp, **extra))  # fmt: skip
-    report = _ext.sample(*args, **extra)
+    # One call: the tensors as DLPack capsules where torch's __dlpack__ would export them as they
+    # are (each capsule is imported once; the names above keep the tensors alive through the call).
+    c_h, c_w, c_b, c_key, c_seed = dlpack_exports((head[0], head[1], head[2], args[4], seed_rows))
+    c_program = tuple(dlpack_exports(program))
+    c_outs = dlpack_exports((token, logp, logp_raw, lse, support_size, logits, topk_ids, topk_logp))
+    report = _ext.sample(
+        (c_h, c_w, c_b) + head[3:], c_program, seed_scalar, c_seed, c_key, *c_outs[:6], *args[11:],
+        topk_ids=c_outs[6], topk_logp=c_outs[7],
+    )  # fmt: skip
     set_report(dict(report, copies=copies))
     return SampleResult(*out, logits_out, report, *topk_out)
 
