@@ -691,10 +691,10 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
     host.temperature_rows = p.temperature_rows ? reinterpret_cast<const float*>(temps.data()) : nullptr;
     detail::check_host_values(host);
   }
-  // Many rows in full mode without logits: the fused trainer run's lane-group candidates instead
-  // of the serving logits (topk.hpp); few rows keep the split row kernel over the logits.
+  // A few hundred rows in full mode without logits: the fused trainer run's lane-group candidates
+  // instead of the serving logits (topk.hpp); fewer and more rows keep the row kernel over the logits.
   if (!partial && !p.logits && !p.entropy && p.targets_per_row == 1 && p.rows >= kTopkCandidateRows &&
-      detail::env_checked("DETLOGP_SM90_TOPK_LOGITS").value_or("0") != "1")
+      p.rows < kTopkCandidateMaxRows && detail::env_checked("DETLOGP_SM90_TOPK_LOGITS").value_or("0") != "1")
     return run_topk_candidates(p);
 
   // Rows per chunk: a row's fp32 logits, unless the caller's are the buffer.

@@ -52,9 +52,12 @@ void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream);
 // top K of its groups' maxima, except in groups whose second could reach the K-th of them (or whose
 // max is NaN, or zero, whose sign the key does not keep): those groups' lanes are recomputed
 // exactly (wgmma_lane.cuh) and take their maxima's place. The same ids and bits as the logits path.
-// Rows from which a full-mode call takes the candidate path: below them the split row kernel over
-// the serving logits (topk_split) keeps the multiprocessors busy, and the logits are small.
+// The rows [kTopkCandidateRows, kTopkCandidateMaxRows) for which a full-mode call takes the
+// candidate path: below them the split row kernel over the serving logits (topk_split) keeps the
+// multiprocessors busy, and the logits are small; from 1024 rows on the logits path measured as
+// fast or faster on the H200 (docs/perf.md), its row kernel a smaller share of the call.
 inline constexpr int64_t kTopkCandidateRows = 128;
+inline constexpr int64_t kTopkCandidateMaxRows = 1024;
 
 struct TopkCandidatesParams {
   const float* cand_max = nullptr;  // [rows][groups] of the chunk
