@@ -241,6 +241,30 @@ __device__ __forceinline__ bool group_flagged(const TopkCandidatesParams& p, con
   return topk_key(second_row[g], group_first_id(g)) >= floor;
 }
 
+constexpr int kWarpBatch = 8;  // groups a lane loads before offering them
+
+// fn(g) for the groups g = first, first + stride, ... below `groups` whose max is not below floor_y
+// (a NaN max or floor included: the groups group_flagged may flag), in ascending g, with kWarpBatch
+// maxima loaded at a time: the flag tests read every group's max, so they run as batches of loads in
+// flight, not one load's latency a group.
+template <class Fn>
+__device__ __forceinline__ void visit_groups_reaching(const float* max_row, int64_t groups, int64_t first, int stride,
+                                                      float floor_y, const Fn& fn) {
+  for (int64_t g0 = first; g0 < groups; g0 += int64_t{stride} * kWarpBatch) {
+    float y[kWarpBatch];
+#pragma unroll
+    for (int b = 0; b < kWarpBatch; ++b) {
+      const int64_t g = g0 + int64_t{stride} * b;
+      y[b] = g < groups ? max_row[g] : fp::neg_inf();
+    }
+#pragma unroll
+    for (int b = 0; b < kWarpBatch; ++b) {
+      const int64_t g = g0 + int64_t{stride} * b;
+      if (g < groups && !(y[b] < floor_y)) fn(g);
+    }
+  }
+}
+
 __device__ __forceinline__ uint64_t shfl_xor_u64(uint64_t v, int m) {
   const uint32_t lo = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), m);
   const uint32_t hi = __shfl_xor_sync(0xFFFFFFFFu, static_cast<uint32_t>(v >> 32), m);
@@ -298,7 +322,6 @@ __device__ __forceinline__ uint64_t warp_sorted_at(const uint64_t (&v)[R], int i
 }
 
 constexpr int kWarpRowsPerBlock = 4;
-constexpr int kWarpBatch = 8;  // groups a lane loads before offering them
 
 // The candidate path's common case, one warp a row: each lane lists its kListed largest group-max
 // keys (GroupMaxKeys' keys, the byte and the max loaded together), after the first batch of every
@@ -348,8 +371,9 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock) topk_candidates_warp_k
   const uint64_t floor = warp_sorted_at(v, k - 1);
   const float floor_final_y = rank_key_logit(floor);
   bool undecided = listed.last() != 0 && listed.last() >= floor;
-  for (int64_t g = lane; g < p.groups && !undecided; g += 32)
-    undecided = group_flagged(p, max_row, second_row, lane_row, g, floor, floor_final_y);
+  visit_groups_reaching(max_row, p.groups, lane, 32, floor_final_y, [&](int64_t g) {
+    undecided = undecided || group_flagged(p, max_row, second_row, lane_row, g, floor, floor_final_y);
+  });
   undecided = __any_sync(0xFFFFFFFFu, undecided);
   if (lane == 0) p.undecided[local] = undecided ? 1 : 0;
   if (undecided) return;
@@ -388,19 +412,20 @@ __global__ void __launch_bounds__(kThreads) topk_candidates_kernel(const TopkCan
   }
 
   int mine = 0;
-  for (int64_t g = threadIdx.x; g < p.groups; g += kThreads)
+  visit_groups_reaching(max_row, p.groups, threadIdx.x, kThreads, floor_y, [&](int64_t g) {
     mine += group_flagged(p, max_row, second_row, lane_row, g, floor, floor_y) ? 1 : 0;
+  });
   const int flagged = block_offsets<kThreads>(sh.top.offset, &sh.total, mine);
   const float inv_t = p.temperature_rows ? inverse_temperature(p.temperature_rows[row]) : p.inv_temperature;
   const uint16_t* hidden_row = p.hidden + row * p.hidden_stride;
   for (int window = 0; window < flagged; window += kFlaggedWindow) {
     // The flagged groups with slots [window, window + kFlaggedWindow), in the threads' group order.
     int slot = sh.top.offset[threadIdx.x];
-    for (int64_t g = threadIdx.x; g < p.groups; g += kThreads) {
-      if (!group_flagged(p, max_row, second_row, lane_row, g, floor, floor_y)) continue;
+    visit_groups_reaching(max_row, p.groups, threadIdx.x, kThreads, floor_y, [&](int64_t g) {
+      if (!group_flagged(p, max_row, second_row, lane_row, g, floor, floor_y)) return;
       if (slot >= window && slot < window + kFlaggedWindow) sh.flagged[slot - window] = static_cast<int>(g);
       ++slot;
-    }
+    });
     __syncthreads();
     const int here = flagged - window < kFlaggedWindow ? flagged - window : kFlaggedWindow;
     for (int f = 0; f < here; ++f) {
