@@ -241,27 +241,54 @@ __device__ __forceinline__ bool group_flagged(const TopkCandidatesParams& p, con
   return topk_key(second_row[g], group_first_id(g)) >= floor;
 }
 
-constexpr int kWarpBatch = 8;  // groups a lane loads before offering them
+// A row's group maxima and lane bytes are read as vectors of kGroupVector groups (a row holds
+// kGroupsPerTile groups a tile, so whole vectors; its arrays start 16-byte aligned), kGroupBatch
+// vectors a thread in flight: the passes over a row are a few rounds of loads, not one load's
+// latency a group.
+constexpr int kGroupVector = 4;
+constexpr int kGroupBatch = 8;
+static_assert(kGroupsPerTile % kGroupVector == 0, "a row's groups are whole vectors");
 
-// fn(g) for the groups g = first, first + stride, ... below `groups` whose max is not below floor_y
-// (a NaN max or floor included: the groups group_flagged may flag), in ascending g, with kWarpBatch
-// maxima loaded at a time: the flag tests read every group's max, so they run as batches of loads in
-// flight, not one load's latency a group.
+struct GroupVectors {
+  float4 max[kGroupBatch];
+  uint32_t lane[kGroupBatch];  // the vector's kGroupVector lane bytes, group e in byte e
+};
+
+__device__ __forceinline__ float group_vector_max(const float4& v, int e) {
+  return e == 0 ? v.x : (e == 1 ? v.y : (e == 2 ? v.z : v.w));
+}
+
+// The vectors of round g0 of thread `thread` among `threads`: vector b holds the groups from
+// g0 + kGroupVector * (threads * b + thread). Past the row: -inf maxima and no lanes.
+template <bool kLanes>
+__device__ __forceinline__ void load_group_vectors(GroupVectors& v, const float* max_row, const uint8_t* lane_row,
+                                                   int64_t groups, int64_t g0, int thread, int threads) {
+#pragma unroll
+  for (int b = 0; b < kGroupBatch; ++b) {
+    const int64_t g = g0 + int64_t{kGroupVector} * (int64_t{threads} * b + thread);
+    const bool in = g < groups;
+    v.max[b] = in ? *reinterpret_cast<const float4*>(max_row + g)
+                  : make_float4(fp::neg_inf(), fp::neg_inf(), fp::neg_inf(), fp::neg_inf());
+    if constexpr (kLanes) v.lane[b] = in ? *reinterpret_cast<const uint32_t*>(lane_row + g) : 0xFFFFFFFFu;
+  }
+}
+
+// fn(g) for the groups of thread `thread` among `threads` (each thread's in ascending g) whose max
+// is not below floor_y (a NaN max or floor included: the groups group_flagged may flag).
 template <class Fn>
-__device__ __forceinline__ void visit_groups_reaching(const float* max_row, int64_t groups, int64_t first, int stride,
+__device__ __forceinline__ void visit_groups_reaching(const float* max_row, int64_t groups, int thread, int threads,
                                                       float floor_y, const Fn& fn) {
-  for (int64_t g0 = first; g0 < groups; g0 += int64_t{stride} * kWarpBatch) {
-    float y[kWarpBatch];
+  const int64_t round = int64_t{kGroupVector} * kGroupBatch * threads;
+  for (int64_t g0 = 0; g0 < groups; g0 += round) {
+    GroupVectors v;
+    load_group_vectors<false>(v, max_row, nullptr, groups, g0, thread, threads);
 #pragma unroll
-    for (int b = 0; b < kWarpBatch; ++b) {
-      const int64_t g = g0 + int64_t{stride} * b;
-      y[b] = g < groups ? max_row[g] : fp::neg_inf();
-    }
+    for (int b = 0; b < kGroupBatch; ++b)
 #pragma unroll
-    for (int b = 0; b < kWarpBatch; ++b) {
-      const int64_t g = g0 + int64_t{stride} * b;
-      if (g < groups && !(y[b] < floor_y)) fn(g);
-    }
+      for (int e = 0; e < kGroupVector; ++e) {
+        const int64_t g = g0 + int64_t{kGroupVector} * (int64_t{threads} * b + thread) + e;
+        if (g < groups && !(group_vector_max(v.max[b], e) < floor_y)) fn(g);
+      }
   }
 }
 
@@ -324,7 +351,7 @@ __device__ __forceinline__ uint64_t warp_sorted_at(const uint64_t (&v)[R], int i
 constexpr int kWarpRowsPerBlock = 4;
 
 // The candidate path's common case, one warp a row: each lane lists its kListed largest group-max
-// keys (GroupMaxKeys' keys, the byte and the max loaded together), after the first batch of every
+// keys (GroupMaxKeys' keys, the maxima and bytes loaded as vectors), after the first round of every
 // lane not offering a group below the K-th largest listed key (distinct groups: at most the row's
 // K-th key, so the certainty test keeps its proof, as in list_largest); the warp's 32 * kListed
 // listed keys sorted in registers give the K largest when no lane's last listed key reaches the K-th
@@ -341,22 +368,21 @@ __global__ void __launch_bounds__(32 * kWarpRowsPerBlock) topk_candidates_warp_k
   const int k = p.k;
   ListedKeys<kListed> listed;
   float floor_y = rank_key_logit(0);  // none yet: NaN, which no y is below
-  for (int64_t g0 = 0; g0 < p.groups; g0 += 32 * kWarpBatch) {
-    float y[kWarpBatch];
-    uint8_t c[kWarpBatch];
+  const int64_t round = int64_t{kGroupVector} * kGroupBatch * 32;
+  for (int64_t g0 = 0; g0 < p.groups; g0 += round) {
+    GroupVectors gv;
+    load_group_vectors<true>(gv, max_row, lane_row, p.groups, g0, lane, 32);
 #pragma unroll
-    for (int b = 0; b < kWarpBatch; ++b) {
-      const int64_t g = g0 + 32 * b + lane;
-      y[b] = g < p.groups ? max_row[g] : fp::neg_inf();
-      c[b] = g < p.groups ? lane_row[g] : kNoCandidateLane;
-    }
+    for (int b = 0; b < kGroupBatch; ++b)
 #pragma unroll
-    for (int b = 0; b < kWarpBatch; ++b) {
-      if (c[b] == kNoCandidateLane || y[b] < floor_y) continue;
-      const int64_t g = g0 + 32 * b + lane;
-      listed.offer(y[b], [&] { return topk_key(y[b], fp::is_nan(y[b]) ? group_last_id(g) : group_tile_id(g) + c[b]); });
-    }
-    if (g0 == 0) {  // the floor after the first batch
+      for (int e = 0; e < kGroupVector; ++e) {
+        const float y = group_vector_max(gv.max[b], e);
+        const auto c = static_cast<uint8_t>(gv.lane[b] >> (8 * e));
+        if (c == kNoCandidateLane || y < floor_y) continue;
+        const int64_t g = g0 + int64_t{kGroupVector} * (32 * b + lane) + e;
+        listed.offer(y, [&] { return topk_key(y, fp::is_nan(y) ? group_last_id(g) : group_tile_id(g) + c); });
+      }
+    if (g0 == 0) {  // the floor after the first round
       uint64_t v[kListed];
 #pragma unroll
       for (int r = 0; r < kListed; ++r) v[r] = listed.key[r];
