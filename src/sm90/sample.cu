@@ -194,6 +194,76 @@ __device__ void cut_among_candidates(Shared& sh, int count, bool top_k, uint64_t
   __syncthreads();
 }
 
+// The first k of a row's merged slice lists into sh.cand.key[0, k), descending: each list holds its
+// slice's k largest keys, descending, key 0 past the slice's real lanes, and the real keys are
+// distinct lanes, so a key's place among all of them is its index in its own list plus, in each
+// other list, the count of larger keys (a binary search): a selection by a total order, the same
+// array as a sort of every listed key. The lists are staged in sh.cand.mass.
+__device__ void merge_slice_lists(Shared& sh, const uint64_t* lists, int slices, int k) {
+  const int n = slices * k;
+  uint64_t* staged = sh.cand.mass;
+  for (int i = threadIdx.x; i < n; i += kThreads) staged[i] = lists[i];
+  for (int i = threadIdx.x; i < k; i += kThreads) sh.cand.key[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint64_t key = staged[i];
+    if (key == 0) continue;
+    const int own = i / k;
+    int place = i - own * k;
+    for (int t = 0; t < slices && place < k; ++t) {
+      if (t == own) continue;
+      const uint64_t* list = staged + t * k;
+      int lo = 0, hi = k;  // the first entry below key: the count of larger ones
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (list[mid] > key)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      place += lo;
+    }
+    if (place < k) sh.cand.key[place] = key;
+  }
+  __syncthreads();
+}
+
+// The block's token among the threads' draws in sh.best_*: the first under score_precedes, a total
+// order over the drawn lanes (distinct ids), so the reduction's order does not matter. Warp shuffles,
+// then thread 0 over the warps' winners. Called by every thread; thread 0 gets the token in `pass`.
+__device__ void block_token(Shared& sh, SupportPass& pass) {
+  const int t = static_cast<int>(threadIdx.x);
+  float score = sh.best_score[t], y = sh.best_y[t];
+  int64_t id = sh.best_id[t];
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+    const float other_score = __shfl_xor_sync(0xFFFFFFFFu, score, o);
+    const float other_y = __shfl_xor_sync(0xFFFFFFFFu, y, o);
+    const auto other_id = static_cast<int64_t>(__shfl_xor_sync(0xFFFFFFFFu, static_cast<long long>(id), o));
+    const bool take = other_id != kNoToken && (id == kNoToken || score_precedes(other_score, other_id, score, id));
+    score = take ? other_score : score;
+    y = take ? other_y : y;
+    id = take ? other_id : id;
+  }
+  __syncthreads();
+  if (t % 32 == 0) {
+    sh.best_score[t / 32] = score;
+    sh.best_y[t / 32] = y;
+    sh.best_id[t / 32] = id;
+  }
+  __syncthreads();
+  if (t != 0) return;
+  float best = fp::neg_inf();
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (sh.best_id[w] == kNoToken) continue;
+    if (pass.token == kNoToken || score_precedes(sh.best_score[w], sh.best_id[w], best, pass.token)) {
+      best = sh.best_score[w];
+      pass.token = sh.best_id[w];
+      pass.token_logit = sh.best_y[w];
+    }
+  }
+}
+
 // The candidate path's cut (see the top of the file): true with the rank-ordered candidates in
 // sh.cand.key[0, gathered) and the cut at sh.cut_index, or false (nothing decided) where the path
 // does not apply. `my_max`: this thread's maximum over its lanes, `listed` its largest keys (step 1).
@@ -227,10 +297,37 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
   return true;
 }
 
+// The support's keys (kept[]: each thread's, slots j = threadIdx.x + kThreads * slot of the first c
+// candidates; key 0 for a lane outside the support), whose order is ascending id, into
+// sh.cand.key[0, support size) in that order, zeros after. Distinct keys: with c <= kThreads each
+// support key's place is the count of larger ones (every thread reads the c staged keys); more
+// candidates take the sort.
+__device__ void order_support_by_id(Shared& sh, const uint64_t (&kept)[kCandidates / kThreads], int c) {
+  if (c <= kThreads) {
+    const int j = static_cast<int>(threadIdx.x);
+    const uint64_t mine = j < c ? kept[0] : 0;
+    sh.cand.mass[j] = mine;  // staged (the masses are not needed past the cut)
+    __syncthreads();
+    int place = 0;
+    for (int i = 0; i < c; ++i) place += sh.cand.mass[i] > mine ? 1 : 0;
+    sh.cand.key[j] = 0;
+    __syncthreads();
+    if (mine != 0) sh.cand.key[place] = mine;
+    __syncthreads();
+    return;
+  }
+  int slot = 0;
+  for (int j = threadIdx.x; j < c; j += kThreads, ++slot) sh.cand.key[j] = kept[slot];
+  const int size = pow2_at_least(c);
+  for (int i = c + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
+  __syncthreads();
+  sort_descending<kThreads>(sh.cand.key, size);
+}
+
 // The support pass over the candidates (a cut exists and candidate_cut decided it): the support's
 // lanes by ascending id, their tiles' masked summaries, the chain over those tiles, the draw.
-__device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lanes, float inv_t,
-                                         const SupportRow& support, bool draw, uint64_t stream, float* y) {
+__device__ SupportPass candidate_support(Shared& sh, const float* z, float inv_t, const SupportRow& support, bool draw,
+                                         uint64_t stream) {
   const int c = sh.cut_index + 1;
   float best = fp::neg_inf();
   int64_t best_id = kNoToken;
@@ -254,16 +351,13 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
     }
   }
   __syncthreads();
-  slots = 0;
-  for (int j = threadIdx.x; j < c; j += kThreads, ++slots) sh.cand.key[j] = kept[slots];
-  const int size = pow2_at_least(c);
-  for (int i = c + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
   sh.best_score[threadIdx.x] = best;
   sh.best_id[threadIdx.x] = best_id;
   sh.best_y[threadIdx.x] = best_y;
   const int support_size = static_cast<int>(block_sum<kThreads>(sh.warp_total, static_cast<unsigned long long>(count)));
-  sort_descending<kThreads>(sh.cand.key, size);
-  // Each run of support lanes in one tile: its first entry forms the tile's masked summary.
+  order_support_by_id(sh, kept, c);
+  // Each run of support lanes in one tile: its first entry forms the tile's masked summary, from
+  // registers (only the tile's support lanes are read).
   for (int j = threadIdx.x; j < support_size; j += kThreads) {
     const int64_t id = rank_key_id(sh.cand.key[j]);
     const int64_t g = id / kVocabTile;
@@ -276,8 +370,11 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, int64_t lan
       if (lane / kVocabTile != g) break;
       mask |= uint64_t{1} << (lane - g * kVocabTile);
     }
-    load_tile(z, g, lanes, inv_t, y);
-    const TileSummary t = tile_summary_masked(y, mask);
+    float tile[kVocabTile];
+#pragma unroll
+    for (int v = 0; v < kVocabTile; ++v)
+      tile[v] = ((mask >> v) & 1u) != 0 ? lane_y(z, g * kVocabTile + v, inv_t) : 0.0f;
+    const TileSummary t = tile_summary_masked(tile, mask);
     sh.cand.run.sum[j] = t.sum;
     sh.cand.run.factor[j] = chain_factor_or_skip(t, support.max);
   }
@@ -309,12 +406,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   //    its bits are the chain's over these logits).
   bool merged = p.slice_keys != nullptr && r.keep < lanes && r.keep <= p.slice_k;
   if (merged) {
-    const int n_keys = p.slices * p.slice_k;
-    const uint64_t* lists = p.slice_keys + int64_t{blockIdx.x} * n_keys;
-    const int size = pow2_at_least(n_keys);
-    for (int i = threadIdx.x; i < size; i += kThreads) sh.cand.key[i] = i < n_keys ? lists[i] : 0;
-    __syncthreads();
-    sort_descending<kThreads>(sh.cand.key, size);
+    merge_slice_lists(sh, p.slice_keys + int64_t{blockIdx.x} * p.slices * p.slice_k, p.slices, p.slice_k);
     merged = !fp::is_nan(rank_key_logit(sh.cand.key[0]));
   }
   float m = fp::neg_inf();
@@ -359,7 +451,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   SupportPass pass{0.0f, 0, kNoToken, 0.0f};
   float best = fp::neg_inf();
   if (candidates) {
-    pass = candidate_support(sh, z, lanes, inv_t, support, draw, stream, y);
+    pass = candidate_support(sh, z, inv_t, support, draw, stream);
   } else if (samplable && whole_support(support)) {  // every lane; lse_Sigma is lse
     int64_t best_id = kNoToken;
     float best_y = 0.0f;
@@ -412,19 +504,8 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   __syncthreads();
 
   // 4. The token, the outputs.
+  if (samplable && draw) block_token(sh, pass);  // uniform over the block
   if (threadIdx.x != 0) return;
-  best = fp::neg_inf();
-  if (samplable && draw) {
-    for (int t = 0; t < kThreads; ++t) {
-      const int64_t id = sh.best_id[t];
-      if (id == kNoToken) continue;
-      if (pass.token == kNoToken || score_precedes(sh.best_score[t], id, best, pass.token)) {
-        best = sh.best_score[t];
-        pass.token = id;
-        pass.token_logit = sh.best_y[t];
-      }
-    }
-  }
   float target_logit = 0.0f;
   if (q.replay) {
     const int64_t t = q.target(n);

@@ -134,15 +134,26 @@ __device__ void sort_descending(uint64_t* key, int n) {
 }
 
 // The k-th largest (1 <= k <= kThreads) of the threads' keys, one a thread (distinct, or 0 and
-// interchangeable), sorted in scratch[kThreads] of shared memory; every thread returns it.
+// interchangeable), staged in scratch[kThreads] of shared memory; every thread returns it. By
+// counting: a nonzero key's place in the descending order is the count of larger keys, so the key at
+// place k - 1 is the k-th, and none there (fewer than k nonzero keys) leaves 0, as a sort would.
+// Every thread reads every staged key (one broadcast read each), with no network of barriers.
 template <int kThreads>
 __device__ uint64_t kth_largest_of_threads(uint64_t* scratch, uint64_t mine, int k) {
+  __shared__ uint64_t kth;
+  if (threadIdx.x == 0) kth = 0;
   scratch[threadIdx.x] = mine;
   __syncthreads();
-  sort_descending<kThreads>(scratch, kThreads);
-  const uint64_t kth = scratch[k - 1];
-  __syncthreads();  // every thread has read it before scratch is reused
-  return kth;
+  if (mine != 0) {
+    int place = 0;
+#pragma unroll 8
+    for (int t = 0; t < kThreads; ++t) place += scratch[t] > mine ? 1 : 0;
+    if (place == k - 1) kth = mine;
+  }
+  __syncthreads();
+  const uint64_t out = kth;
+  __syncthreads();  // every thread has read it before scratch or kth is reused
+  return out;
 }
 
 // Each thread's kListed largest keys (key_of(y, v)) over a row of serving logits, into `listed`,
@@ -238,6 +249,21 @@ __device__ int sort_listed(uint64_t* key, int* offset, int* total, const ListedK
   for (int i = 0; i < kListed; ++i)
     if (listed.key[i] >= bound) key[slot++] = listed.key[i];
   const int size = pow2_at_least(count > k ? count : k);
+  if (count <= kThreads) {
+    // At most one listed key a thread: its place is the count of larger ones (distinct keys, none
+    // 0), the array a sort gives.
+    __syncthreads();
+    const int t = static_cast<int>(threadIdx.x);
+    const uint64_t v = t < count ? key[t] : 0;
+    int place = 0;
+    if (t < count)
+      for (int i = 0; i < count; ++i) place += key[i] > v ? 1 : 0;
+    __syncthreads();
+    if (t < count) key[place] = v;
+    for (int i = count + t; i < size; i += kThreads) key[i] = 0;
+    __syncthreads();
+    return count;
+  }
   for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) key[i] = 0;
   __syncthreads();
   sort_descending<kThreads>(key, size);
