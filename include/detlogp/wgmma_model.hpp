@@ -211,21 +211,17 @@ DETLOGP_HD ProductParts product_parts(uint16_t a, uint16_t b) {
 
 // One block FMA over n <= kBlockK products: the fp32 bits of the model's a . b + c.
 DETLOGP_HD uint32_t block_fma_bits(const uint16_t* a, const uint16_t* b, int n, uint32_t c_bits) {
-  // The loops unroll where n is a constant (a device thread's whole block): pp[] stays in registers.
   BlockSpecials special = accumulator_specials(c_bits);
-  DETLOGP_UNROLL
   for (int i = 0; i < n; ++i) note_product_specials(a[i], b[i], special);
   if (special.any()) return special.bits();
   ProductParts pp[kBlockK];
   int32_t product_max = kZeroExp;
-  DETLOGP_UNROLL
   for (int i = 0; i < n; ++i) {
     pp[i] = product_parts(a[i], b[i]);
     if (pp[i].nonzero && pp[i].exp > product_max) product_max = pp[i].exp;
   }
   const int32_t e = block_exponent(product_max, static_cast<int32_t>(c_bits));
   int32_t product_sum = 0;
-  DETLOGP_UNROLL
   for (int i = 0; i < n; ++i)
     if (pp[i].nonzero) product_sum += align_product<int32_t>(pp[i].sig, e - pp[i].exp);
   return finish_block(product_sum, e, c_bits);

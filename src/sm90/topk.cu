@@ -211,19 +211,16 @@ struct GroupMaxKeys {
   }
 };
 
-constexpr int kRecomputeGroupLanes = 16;                        // a group's lanes, one thread each
-constexpr int kGroupsAtOnce = kThreads / kRecomputeGroupLanes;  // flagged groups recomputed together
-static_assert(kGroupsAtOnce * kRecomputeGroupLanes == kThreads && kMaxTopk <= kThreads, "whole groups, a thread a K");
+constexpr int kRecomputeGroupLanes = 16;  // a group's lanes, one half warp each
+static_assert(kThreads == 16 * kRecomputeGroupLanes, "one group's lanes recomputed by the whole block");
 constexpr int kFlaggedWindow = 512;  // flagged groups listed per scan of the row
 
 struct CandidateShared {
   TopkShared top;
   uint64_t best[kMaxTopk];  // the row's K largest keys so far, descending (0: none)
   float best_y[kMaxTopk];   // their y
-  uint64_t next[kMaxTopk];  // the next list, by place
-  float next_y[kMaxTopk];
-  uint64_t lane_key[kThreads];  // the recomputed lanes (0: none)
-  float lane_y[kThreads];
+  uint64_t lane_key[kRecomputeGroupLanes];
+  float lane_y[kRecomputeGroupLanes];
   int flagged[kFlaggedWindow];
   int total;
 };
@@ -309,39 +306,37 @@ __device__ __forceinline__ uint64_t shfl_u64(uint64_t v, int from) {
 
 // Sorts the warp's 32 * R keys descending, element lane * R + r in v[r] of each lane: the bitonic
 // network of sort_descending (the same compare-exchanges), its distances below R inside a lane's
-// registers and the others between lanes by shuffles. Every stage's k and j are template constants,
-// so every register index is one and v[] stays in registers. Called by the whole warp.
-template <int R, int K, int J>
-__device__ __forceinline__ void warp_sort_stage(uint64_t (&v)[R], int lane) {
-  if constexpr (J < R) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if ((r & J) != 0) continue;  // the pair's lower element takes the exchange
-      const bool descending = ((lane * R + r) & K) == 0;
-      const uint64_t a = v[r], b = v[r ^ J];
-      const bool swap = descending ? a < b : a > b;
-      v[r] = swap ? b : a;
-      v[r ^ J] = swap ? a : b;
-    }
-  } else {
-    constexpr int m = J / R;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const uint64_t other = shfl_xor_u64(v[r], m);
-      const bool lower = (lane & m) == 0;
-      const bool descending = ((lane * R + r) & K) == 0;
-      const bool keep_larger = lower == descending;
-      v[r] = keep_larger ? (v[r] > other ? v[r] : other) : (v[r] < other ? v[r] : other);
-    }
-  }
-  if constexpr (J > 1) warp_sort_stage<R, K, J / 2>(v, lane);
-}
-
-template <int R, int K = 2>
+// registers and the others between lanes by shuffles. Called by the whole warp.
+template <int R>
 __device__ __forceinline__ void warp_sort_descending(uint64_t (&v)[R]) {
   static_assert((R & (R - 1)) == 0 && R <= 32, "a power of two of keys a lane");
-  warp_sort_stage<R, K, K / 2>(v, static_cast<int>(threadIdx.x % 32));
-  if constexpr (K < 32 * R) warp_sort_descending<R, 2 * K>(v);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int k = 2; k <= 32 * R; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      if (j < R) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if ((r & j) != 0) continue;  // the pair's lower element takes the exchange
+          const bool descending = ((lane * R + r) & k) == 0;
+          const uint64_t a = v[r], b = v[r ^ j];
+          const bool swap = descending ? a < b : a > b;
+          v[r] = swap ? b : a;
+          v[r ^ j] = swap ? a : b;
+        }
+      } else {
+        const int m = j / R;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint64_t other = shfl_xor_u64(v[r], m);
+          const bool lower = (lane & m) == 0;
+          const bool descending = ((lane * R + r) & k) == 0;
+          const bool keep_larger = lower == descending;
+          v[r] = keep_larger ? (v[r] > other ? v[r] : other) : (v[r] < other ? v[r] : other);
+        }
+      }
+    }
 }
 
 // Element i of the warp's sorted keys (every lane returns it).
@@ -459,60 +454,51 @@ __global__ void __launch_bounds__(kThreads) topk_candidates_kernel(const TopkCan
     });
     __syncthreads();
     const int here = flagged - window < kFlaggedWindow ? flagged - window : kFlaggedWindow;
-    for (int f0 = 0; f0 < here; f0 += kGroupsAtOnce) {
-      const int now = here - f0 < kGroupsAtOnce ? here - f0 : kGroupsAtOnce;
-      // Thread t recomputes lane t % 16 of flagged group f0 + t / 16: z by the wgmma model, then the
-      // epilogue's bias and scale.
-      const int t = static_cast<int>(threadIdx.x);
-      uint64_t key = 0;
+    for (int f = 0; f < here; ++f) {
+      const int64_t g = sh.flagged[f];
+      // The group's lanes, one half warp each: z by the wgmma model, then the epilogue's bias and scale.
+      const int lane = static_cast<int>(threadIdx.x / 16);
+      const int64_t id = group_first_id(g) + 8 * (lane / 2) + lane % 2;
+      // Every thread runs the dot (the warp together); a half warp past the lanes runs lane 0's and drops it.
+      const bool real = id < p.lanes;
+      float z = wgmma_model_dot_half_warp(hidden_row, p.weight + (real ? id : 0) * p.weight_stride, p.dim);
       float y = 0.0f;
-      if (t / kRecomputeGroupLanes < now) {
-        const int64_t g = sh.flagged[f0 + t / kRecomputeGroupLanes];
-        const int lane = t % kRecomputeGroupLanes;
-        const int64_t id = group_first_id(g) + 8 * (lane / 2) + lane % 2;
-        if (id < p.lanes) {
-          float z = wgmma_model_dot(hidden_row, p.weight + id * p.weight_stride, p.dim);
-          if (p.bias) z = add_bias(z, p.bias[id]);
-          y = scale_logit(z, inv_t);
-          key = topk_key(y, id);
-        }
+      uint64_t key = 0;
+      if (real) {
+        if (p.bias) z = add_bias(z, p.bias[id]);
+        y = scale_logit(z, inv_t);
+        key = topk_key(y, id);
       }
-      sh.lane_key[t] = key;
-      sh.lane_y[t] = y;
-      // These groups' entries leave the list (a max, or a NaN max's lower bound).
-      if (t < k && sh.best[t] != 0) {
-        const int64_t g = group_of_id(rank_key_id(sh.best[t]));
-        for (int i = 0; i < now; ++i)
-          if (sh.flagged[f0 + i] == g) sh.best[t] = 0;
+      if (threadIdx.x % 16 == 0) {
+        sh.lane_key[lane] = key;
+        sh.lane_y[lane] = y;
       }
-      if (t < k) sh.next[t] = 0;
+      // The group's entries leave the list (its max, or a NaN max's lower bound).
+      for (int j = threadIdx.x; j < k; j += kThreads)
+        if (sh.best[j] != 0 && group_of_id(rank_key_id(sh.best[j])) == g) sh.best[j] = 0;
       __syncthreads();
-      // The K largest of the list and the groups' lanes, each with its y: an entry's place is the
-      // count of larger keys among them (distinct keys; 0 is none), so no sort.
-      const auto place_of = [&](uint64_t v) {
-        int place = 0;
-        for (int i = 0; i < k; ++i) place += sh.best[i] > v ? 1 : 0;
-        for (int i = 0; i < kRecomputeGroupLanes * now; ++i) place += sh.lane_key[i] > v ? 1 : 0;
-        return place;
-      };
-      if (key != 0) {
-        const int place = place_of(key);
-        if (place < k) {
-          sh.next[place] = key;
-          sh.next_y[place] = y;
-        }
-      }
-      if (t < k && sh.best[t] != 0) {
-        const int place = place_of(sh.best[t]);
-        if (place < k) {
-          sh.next[place] = sh.best[t];
-          sh.next_y[place] = sh.best_y[t];
+      // The K largest of the list and the group's lanes, each with its y.
+      constexpr int kMerge = 256;  // a power of two above the list and one group's lanes
+      static_assert(kMerge >= kMaxTopk + kRecomputeGroupLanes && kMerge <= kCandidates);
+      for (int i = threadIdx.x; i < kMerge; i += kThreads)
+        sh.top.key[i] = i < k ? sh.best[i] : (i < k + kRecomputeGroupLanes ? sh.lane_key[i - k] : 0);
+      __syncthreads();
+      sort_descending<kThreads>(sh.top.key, pow2_at_least(k + kRecomputeGroupLanes));
+      uint64_t kept = 0;
+      float kept_y = 0.0f;
+      if (threadIdx.x < k) {
+        kept = sh.top.key[threadIdx.x];
+        if (kept != 0) {
+          for (int i = 0; i < kRecomputeGroupLanes; ++i)
+            if (sh.lane_key[i] == kept) kept_y = sh.lane_y[i];
+          for (int i = 0; i < k; ++i)
+            if (sh.best[i] == kept) kept_y = sh.best_y[i];
         }
       }
       __syncthreads();
-      if (t < k) {
-        sh.best[t] = sh.next[t];
-        sh.best_y[t] = sh.next_y[t];
+      if (threadIdx.x < k) {
+        sh.best[threadIdx.x] = kept;
+        sh.best_y[threadIdx.x] = kept_y;
       }
       __syncthreads();
     }

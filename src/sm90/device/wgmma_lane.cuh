@@ -2,10 +2,10 @@
 // (detlogp/wgmma_model.hpp, docs/contract.md §3.1.1): z = the model's dot of a hidden row and a
 // weight row, ascending blocks of 16 products on one accumulator from +0, which is what the fused
 // kernel's wgmma computes. The top-k output's candidate path uses it for the few lane groups whose
-// lanes it did not keep. One thread a lane runs the model's own block FMA (wgmma::block_fma_bits):
-// a block's 16 products are independent work for one thread, while only the accumulator's rounding
-// is a chain from block to block, so spreading a block over threads would put their shuffles on
-// that chain.
+// lanes it did not keep. A block's 16 products are spread over 16 consecutive threads (a half
+// warp): each notes its product's specials and parts; the block exponent is their integer max and
+// the aligned sum their exact integer sum (both order-free), so every thread of the half warp
+// finishes the block with the model's own finish_block and holds the same accumulator.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,56 +16,64 @@
 
 namespace detlogp::sm90 {
 
-// The model's scalar dot, out of line: inlined beside the vector path below, its blocks of a
-// runtime length would move that path's per-block arrays to local memory too.
-__device__ __noinline__ float wgmma_model_dot_scalar(const uint16_t* a, const uint16_t* b, int64_t dim) {
-  return wgmma::dot(a, b, dim);
-}
-
-// The model's fp32 z of hidden row `a` and weight row `b` (bf16 bits, `dim` each), by one thread.
-// With 16-byte aligned rows and whole blocks the operands come as 16-byte vectors, kAhead blocks
-// loaded before the block being summed (the chain would otherwise wait a memory latency a block);
-// otherwise the model's scalar dot.
-__device__ __forceinline__ float wgmma_model_dot(const uint16_t* a, const uint16_t* b, int64_t dim) {
-  constexpr int kBlock = wgmma::kBlockK;
-  static_assert(kBlock == 16, "a block is two 16-byte vectors of bf16");
-  if (dim % kBlock != 0 || ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15u) != 0)
-    return wgmma_model_dot_scalar(a, b, dim);
-  constexpr int kAhead = 2;
-  uint4 va[kAhead][2], vb[kAhead][2];
-  const auto load = [&](int slot, int64_t k0) {
-    const uint4* pa = reinterpret_cast<const uint4*>(a + k0);
-    const uint4* pb = reinterpret_cast<const uint4*>(b + k0);
-    va[slot][0] = pa[0];
-    va[slot][1] = pa[1];
-    vb[slot][0] = pb[0];
-    vb[slot][1] = pb[1];
+// The model's fp32 z of hidden row `a` and weight row `b` (bf16 bits, `dim` each), by the 16 threads
+// of a half warp (threadIdx.x / 16 the same); the two half warps of a warp may run different lanes,
+// but all 32 threads call it together with the same `dim`. Every one of the 16 returns its half's z.
+// The warp never diverges inside: full-warp votes and shuffles (offsets below 16 stay in the half
+// warp), and a block with specials still runs the integer sum, whose result it discards. A vote or
+// shuffle under a per-half mask would make the compiler gather the warp's masks with a REDUX.
+// The operands are loaded kDotBatch blocks ahead of the blocks being summed: the sum is one serial
+// chain of blocks, so a load per block would put a memory latency on every step of it.
+template <int kDotBatch = 8>
+__device__ __forceinline__ float wgmma_model_dot_half_warp(const uint16_t* a, const uint16_t* b, int64_t dim) {
+  constexpr unsigned kWarp = 0xFFFFFFFFu;
+  constexpr int64_t kBatchK = int64_t{wgmma::kBlockK} * kDotBatch;
+  const int j = static_cast<int>(threadIdx.x % 16);
+  const unsigned half = 0xFFFFu << (threadIdx.x % 32 & 16u);
+  // Past D: a zero product, which takes no part (a shorter block).
+  const auto load = [&](int64_t k0, uint16_t(&x)[kDotBatch], uint16_t(&y)[kDotBatch]) {
+#pragma unroll
+    for (int i = 0; i < kDotBatch; ++i) {
+      const int64_t k = k0 + int64_t{wgmma::kBlockK} * i + j;
+      x[i] = k < dim ? a[k] : uint16_t{0};
+      y[i] = k < dim ? b[k] : uint16_t{0};
+    }
   };
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i)
-    if (int64_t{kBlock} * i < dim) load(i, int64_t{kBlock} * i);
+  uint16_t x[kDotBatch], y[kDotBatch];
+  load(0, x, y);
   uint32_t c = 0;
-  for (int64_t k0 = 0; k0 < dim; k0 += int64_t{kBlock} * kAhead) {
+  for (int64_t k0 = 0; k0 < dim; k0 += kBatchK) {
+    uint16_t x_next[kDotBatch], y_next[kDotBatch];
+    load(k0 + kBatchK, x_next, y_next);
 #pragma unroll
-    for (int i = 0; i < kAhead; ++i) {
-      const int64_t kb = k0 + int64_t{kBlock} * i;
-      if (kb >= dim) break;
-      uint16_t x[kBlock], y[kBlock];
+    for (int i = 0; i < kDotBatch; ++i) {
+      if (k0 + int64_t{wgmma::kBlockK} * i >= dim) break;  // uniform: every thread has the same dim
+      wgmma::BlockSpecials mine;
+      wgmma::note_product_specials(x[i], y[i], mine);
+      const unsigned nan = __ballot_sync(kWarp, mine.nan) & half, pos = __ballot_sync(kWarp, mine.pos_inf) & half,
+                     neg = __ballot_sync(kWarp, mine.neg_inf) & half;
+      wgmma::BlockSpecials block = wgmma::accumulator_specials(c);
+      block.nan = block.nan || nan != 0;
+      block.pos_inf = block.pos_inf || pos != 0;
+      block.neg_inf = block.neg_inf || neg != 0;
+      const wgmma::ProductParts pp = wgmma::product_parts(x[i], y[i]);
+      int32_t product_max = pp.nonzero ? pp.exp : wgmma::kZeroExp;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t wa[4] = {va[i][h].x, va[i][h].y, va[i][h].z, va[i][h].w};
-        const uint32_t wb[4] = {vb[i][h].x, vb[i][h].y, vb[i][h].z, vb[i][h].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          x[8 * h + 2 * q] = static_cast<uint16_t>(wa[q]);
-          x[8 * h + 2 * q + 1] = static_cast<uint16_t>(wa[q] >> 16);
-          y[8 * h + 2 * q] = static_cast<uint16_t>(wb[q]);
-          y[8 * h + 2 * q + 1] = static_cast<uint16_t>(wb[q] >> 16);
-        }
+      for (int o = 8; o >= 1; o /= 2) {
+        const int32_t other = __shfl_xor_sync(kWarp, product_max, o);
+        product_max = other > product_max ? other : product_max;
       }
-      const int64_t next = kb + int64_t{kBlock} * kAhead;
-      if (next < dim) load(i, next);
-      c = wgmma::block_fma_bits(x, y, kBlock, c);
+      const int32_t e = wgmma::block_exponent(product_max, static_cast<int32_t>(c));
+      int32_t sum = pp.nonzero ? wgmma::align_product<int32_t>(pp.sig, e - pp.exp) : 0;
+#pragma unroll
+      for (int o = 8; o >= 1; o /= 2) sum += __shfl_xor_sync(kWarp, sum, o);
+      // A block with a special (uniform over the half warp) makes the accumulator that special.
+      c = block.any() ? block.bits() : wgmma::finish_block(sum, e, c);
+    }
+#pragma unroll
+    for (int i = 0; i < kDotBatch; ++i) {
+      x[i] = x_next[i];
+      y[i] = y_next[i];
     }
   }
   return fp::from_bits(c);
