@@ -70,6 +70,13 @@ def _dtype_name(x) -> str:
 def _field(value, name: str, shape, integer: bool, tensor_type=None):
     """(scalar, rows) of one field: rows is None for a scalar, else the caller's array of `shape`
     (no cast, no broadcast)."""
+    # The common case first, as the checks below would take it: a Python int (an integer field) or
+    # float (a float field); bool is neither type.
+    kind = type(value)
+    if kind is int and integer:
+        return value, None
+    if kind is float and not integer:
+        return value, None
     kinds = ("int32", "int64") if integer else ("float32",)
     forms = (
         f"an integer or an int32/int64 array of shape {list(shape)}"
@@ -120,6 +127,8 @@ def program_tuple(params, shape, tensor_type=None, flatten=None):
 def seed_args(seed, shape, tensor_type=None, flatten=None):
     """(seed, seed_rows) the extension takes: an integer in [0, 2^64 - 1] for every row, or a uint64 or
     int64 array of `shape` (each row's seed, its 64 bits), passed as int64."""
+    if type(seed) is int and 0 <= seed <= _UINT64_MAX:  # the common case, as the checks below take it
+        return seed, None
     flatten = flatten or (lambda a: a)
     forms = f"an integer in [0, 2^64 - 1] or a uint64/int64 array of shape {list(shape)}"
     if isinstance(seed, (bool, np.bool_)):

@@ -231,6 +231,27 @@ def test_torch_sample_is_the_numpy_sample_and_replays():
     assert r2.token.shape == (3, 4) and (r2.support_size == 5).all()
 
 
+def test_torch_sample_takes_grad_tensors_and_strided_rows():
+    # Weights that require grad (an nn.Parameter) and strided per-row tensors give the bits of plain
+    # contiguous ones: the rollout reads them outside autograd, the strided ones as contiguous copies.
+    h, w, b = torch_problem(12, 16, 150, seed=7)
+    params = torch_params(12)
+    key = torch.arange(12) * 7
+    ref = dt.sample(h, w, params, 11, key, bias=b)
+    wide = {f: torch.stack([getattr(params, f), getattr(params, f)], 1) for f in ("temperature", "top_k", "top_p",
+                                                                                     "min_p")}  # fmt: skip
+    strided = detlogp.SamplingParams(**{f: a[:, 0] for f, a in wide.items()})
+    assert not strided.temperature.is_contiguous()
+    key2 = torch.stack([key, key], 1)[:, 1]
+    r = dt.sample(h.clone().requires_grad_(), torch.nn.Parameter(w.clone()), strided, 11, key2,
+                  bias=b.clone().requires_grad_())  # fmt: skip
+    for name in ("token", "support_size"):
+        assert torch.equal(getattr(r, name), getattr(ref, name))
+    for name in ("logp", "logp_raw", "lse"):
+        assert torch.equal(getattr(r, name).view(torch.int32), getattr(ref, name).view(torch.int32))
+        assert not getattr(r, name).requires_grad
+
+
 def test_torch_sample_topk_is_the_numpy_sample_topk():
     h, w, b = torch_problem(12, 16, 150, seed=9)
     params = torch_params(12)

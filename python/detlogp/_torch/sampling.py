@@ -63,6 +63,11 @@ def _head_operands(hidden: Tensor, weight: Tensor, backend: str):
     return aligned_operands(contiguous_rows(hidden), contiguous_rows(weight), backend or "")
 
 
+def _no_grad(t: Tensor) -> Tensor:
+    """t as the rollout reads it, outside autograd (a detached view only where t requires grad)."""
+    return t.detach() if t.requires_grad else t
+
+
 def _tensors(named) -> None:
     for name, t in named:
         if t is not None and not isinstance(t, Tensor):
@@ -112,12 +117,17 @@ def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, re
     if hidden.dim() < 1 or tuple(hidden.shape[:-1]) != shape:
         raise InputError(f"hidden must be [..., D] with leading dims {list(shape)} (key), got {list(hidden.shape)}")
     n = key.numel()
-    flat = lambda t: t.reshape(n).contiguous()  # noqa: E731
+    one_dim = len(shape) == 1  # the common [N] rows: no views to make
+
+    def flat(t):
+        return t if one_dim and t.is_contiguous() else t.reshape(n).contiguous()
+
     program = _sampling.program_tuple(params, shape, Tensor, flat)
     seed_scalar, seed_rows = _sampling.seed_args(seed, shape, Tensor, flat)
     rv = -1 if real_vocab is None else _int_arg(real_vocab, "real_vocab")
-    h2, w2, copies = _head_operands(hidden.detach().reshape(n, hidden.shape[-1]), weight.detach(), backend)
-    head = (h2, w2, vec(None if bias is None else bias.detach()), rv, _int_arg(vocab_start, "vocab_start"))
+    rows = _no_grad(hidden) if hidden.dim() == 2 else _no_grad(hidden).reshape(n, hidden.shape[-1])
+    h2, w2, copies = _head_operands(rows, _no_grad(weight), backend)
+    head = (h2, w2, vec(None if bias is None else _no_grad(bias)), rv, _int_arg(vocab_start, "vocab_start"))
     v = rows_of(weight)
     dev = hidden.device
     token = torch.empty(n, dtype=torch.int64, device=dev)
@@ -131,18 +141,25 @@ def _sample(hidden, weight, params, seed, key, bias, vocab_start, real_vocab, re
         backend or "", bool(strict), stream_of(hidden),
     )  # fmt: skip
     extra = {"topk_ids": topk_ids, "topk_logp": topk_logp}
-    out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
-    logits_out = None if logits is None else logits.reshape(shape + (v,))
-    topk_out = [None if t is None else t.reshape(shape + (topk,)) for t in (topk_ids, topk_logp)]
+    if one_dim:
+        out = [token, logp, logp_raw, lse, support_size]
+        logits_out, topk_out = logits, [topk_ids, topk_logp]
+    else:
+        out = [t.reshape(shape) for t in (token, logp, logp_raw, lse, support_size)]
+        logits_out = None if logits is None else logits.reshape(shape + (v,))
+        topk_out = [None if t is None else t.reshape(shape + (topk,)) for t in (topk_ids, topk_logp)]
     if check_only:
         _ext.sample(*args, check_only=True, **extra)
         return (SampleResult(*out, logits_out, {"copies": copies}, *topk_out),
                 lambda tp: _ext.sample(*args, tp=tp, **extra))  # fmt: skip
     # One call: the tensors as DLPack capsules where torch's __dlpack__ would export them as they
     # are (each capsule is imported once; the names above keep the tensors alive through the call).
-    c_h, c_w, c_b, c_key, c_seed = dlpack_exports((head[0], head[1], head[2], args[4], seed_rows))
-    c_program = tuple(dlpack_exports(program))
-    c_outs = dlpack_exports((token, logp, logp_raw, lse, support_size, logits, topk_ids, topk_logp))
+    c = dlpack_exports(
+        (head[0], head[1], head[2], args[4], seed_rows) + program
+        + (token, logp, logp_raw, lse, support_size, logits, topk_ids, topk_logp)
+    )  # fmt: skip
+    c_h, c_w, c_b, c_key, c_seed = c[:5]
+    c_program, c_outs = tuple(c[5:13]), c[13:]
     report = _ext.sample(
         (c_h, c_w, c_b) + head[3:], c_program, seed_scalar, c_seed, c_key, *c_outs[:6], *args[11:],
         topk_ids=c_outs[6], topk_logp=c_outs[7],
