@@ -299,20 +299,13 @@ __device__ bool candidate_cut(Shared& sh, const float* z, int64_t lanes, float i
 
 // The support's keys (kept[]: each thread's, slots j = threadIdx.x + kThreads * slot of the first c
 // candidates; key 0 for a lane outside the support), whose order is ascending id, into
-// sh.cand.key[0, support size) in that order, zeros after. Distinct keys: with c <= kThreads each
-// support key's place is the count of larger ones (every thread reads the c staged keys); more
-// candidates take the sort.
+// sh.cand.key[0, support size) in that order (what lies after it is not read). Distinct keys: with
+// c <= kThreads by place (order_by_place), more candidates take the sort.
 __device__ void order_support_by_id(Shared& sh, const uint64_t (&kept)[kCandidates / kThreads], int c) {
   if (c <= kThreads) {
     const int j = static_cast<int>(threadIdx.x);
-    const uint64_t mine = j < c ? kept[0] : 0;
-    sh.cand.mass[j] = mine;  // staged (the masses are not needed past the cut)
-    __syncthreads();
-    int place = 0;
-    for (int i = 0; i < c; ++i) place += sh.cand.mass[i] > mine ? 1 : 0;
-    sh.cand.key[j] = 0;
-    __syncthreads();
-    if (mine != 0) sh.cand.key[place] = mine;
+    if (j < c) sh.cand.mass[j] = kept[0];  // staged (the masses are not needed past the cut)
+    order_by_place<kThreads>(sh.cand.key, sh.cand.mass, c);
     __syncthreads();
     return;
   }

@@ -229,6 +229,23 @@ __device__ int block_offsets(int* count, int* total, int mine) {
   return all;
 }
 
+// The nonzero keys of staged[0, count) (count <= kThreads; the nonzero ones distinct) in descending
+// order into out[0, nonzero count): a key's place is the count of larger keys, so the array is the one
+// a sort gives, with no network of barriers. out may be staged itself; out's other entries are left
+// as they are. Called by every thread of the block; out is ready for every thread after its own
+// __syncthreads().
+template <int kThreads>
+__device__ void order_by_place(uint64_t* out, const uint64_t* staged, int count) {
+  __syncthreads();  // staged is written
+  const int t = static_cast<int>(threadIdx.x);
+  const uint64_t v = t < count ? staged[t] : 0;
+  int place = 0;
+  if (v != 0)
+    for (int i = 0; i < count; ++i) place += staged[i] > v ? 1 : 0;
+  __syncthreads();  // every read of staged is done (out may be it)
+  if (v != 0) out[place] = v;
+}
+
 // Sorts into key[] (descending, 0-padded to a power of two >= k) the threads' listed keys that can
 // be among the k largest of the row, and returns how many there are (every thread the same): with
 // k <= kThreads only those at or above the k-th largest of the threads' maxima (distinct lanes, so
@@ -249,18 +266,9 @@ __device__ int sort_listed(uint64_t* key, int* offset, int* total, const ListedK
   for (int i = 0; i < kListed; ++i)
     if (listed.key[i] >= bound) key[slot++] = listed.key[i];
   const int size = pow2_at_least(count > k ? count : k);
-  if (count <= kThreads) {
-    // At most one listed key a thread: its place is the count of larger ones (distinct keys, none
-    // 0), the array a sort gives.
-    __syncthreads();
-    const int t = static_cast<int>(threadIdx.x);
-    const uint64_t v = t < count ? key[t] : 0;
-    int place = 0;
-    if (t < count)
-      for (int i = 0; i < count; ++i) place += key[i] > v ? 1 : 0;
-    __syncthreads();
-    if (t < count) key[place] = v;
-    for (int i = count + t; i < size; i += kThreads) key[i] = 0;
+  if (count <= kThreads) {  // the compacted keys are distinct and none is 0
+    order_by_place<kThreads>(key, key, count);
+    for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) key[i] = 0;
     __syncthreads();
     return count;
   }

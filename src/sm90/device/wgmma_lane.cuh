@@ -22,59 +22,35 @@ namespace detlogp::sm90 {
 // The warp never diverges inside: full-warp votes and shuffles (offsets below 16 stay in the half
 // warp), and a block with specials still runs the integer sum, whose result it discards. A vote or
 // shuffle under a per-half mask would make the compiler gather the warp's masks with a REDUX.
-// The operands are loaded kDotBatch blocks ahead of the blocks being summed: the sum is one serial
-// chain of blocks, so a load per block would put a memory latency on every step of it.
-template <int kDotBatch = 8>
 __device__ __forceinline__ float wgmma_model_dot_half_warp(const uint16_t* a, const uint16_t* b, int64_t dim) {
   constexpr unsigned kWarp = 0xFFFFFFFFu;
-  constexpr int64_t kBatchK = int64_t{wgmma::kBlockK} * kDotBatch;
   const int j = static_cast<int>(threadIdx.x % 16);
   const unsigned half = 0xFFFFu << (threadIdx.x % 32 & 16u);
-  // Past D: a zero product, which takes no part (a shorter block).
-  const auto load = [&](int64_t k0, uint16_t(&x)[kDotBatch], uint16_t(&y)[kDotBatch]) {
-#pragma unroll
-    for (int i = 0; i < kDotBatch; ++i) {
-      const int64_t k = k0 + int64_t{wgmma::kBlockK} * i + j;
-      x[i] = k < dim ? a[k] : uint16_t{0};
-      y[i] = k < dim ? b[k] : uint16_t{0};
-    }
-  };
-  uint16_t x[kDotBatch], y[kDotBatch];
-  load(0, x, y);
   uint32_t c = 0;
-  for (int64_t k0 = 0; k0 < dim; k0 += kBatchK) {
-    uint16_t x_next[kDotBatch], y_next[kDotBatch];
-    load(k0 + kBatchK, x_next, y_next);
+  for (int64_t k0 = 0; k0 < dim; k0 += wgmma::kBlockK) {
+    const bool in = k0 + j < dim;  // past D: a zero product, which takes no part (a shorter block)
+    const uint16_t x = in ? a[k0 + j] : uint16_t{0}, y = in ? b[k0 + j] : uint16_t{0};
+    wgmma::BlockSpecials mine;
+    wgmma::note_product_specials(x, y, mine);
+    const unsigned nan = __ballot_sync(kWarp, mine.nan) & half, pos = __ballot_sync(kWarp, mine.pos_inf) & half,
+                   neg = __ballot_sync(kWarp, mine.neg_inf) & half;
+    wgmma::BlockSpecials block = wgmma::accumulator_specials(c);
+    block.nan = block.nan || nan != 0;
+    block.pos_inf = block.pos_inf || pos != 0;
+    block.neg_inf = block.neg_inf || neg != 0;
+    const wgmma::ProductParts pp = wgmma::product_parts(x, y);
+    int32_t product_max = pp.nonzero ? pp.exp : wgmma::kZeroExp;
 #pragma unroll
-    for (int i = 0; i < kDotBatch; ++i) {
-      if (k0 + int64_t{wgmma::kBlockK} * i >= dim) break;  // uniform: every thread has the same dim
-      wgmma::BlockSpecials mine;
-      wgmma::note_product_specials(x[i], y[i], mine);
-      const unsigned nan = __ballot_sync(kWarp, mine.nan) & half, pos = __ballot_sync(kWarp, mine.pos_inf) & half,
-                     neg = __ballot_sync(kWarp, mine.neg_inf) & half;
-      wgmma::BlockSpecials block = wgmma::accumulator_specials(c);
-      block.nan = block.nan || nan != 0;
-      block.pos_inf = block.pos_inf || pos != 0;
-      block.neg_inf = block.neg_inf || neg != 0;
-      const wgmma::ProductParts pp = wgmma::product_parts(x[i], y[i]);
-      int32_t product_max = pp.nonzero ? pp.exp : wgmma::kZeroExp;
-#pragma unroll
-      for (int o = 8; o >= 1; o /= 2) {
-        const int32_t other = __shfl_xor_sync(kWarp, product_max, o);
-        product_max = other > product_max ? other : product_max;
-      }
-      const int32_t e = wgmma::block_exponent(product_max, static_cast<int32_t>(c));
-      int32_t sum = pp.nonzero ? wgmma::align_product<int32_t>(pp.sig, e - pp.exp) : 0;
-#pragma unroll
-      for (int o = 8; o >= 1; o /= 2) sum += __shfl_xor_sync(kWarp, sum, o);
-      // A block with a special (uniform over the half warp) makes the accumulator that special.
-      c = block.any() ? block.bits() : wgmma::finish_block(sum, e, c);
+    for (int o = 8; o >= 1; o /= 2) {
+      const int32_t other = __shfl_xor_sync(kWarp, product_max, o);
+      product_max = other > product_max ? other : product_max;
     }
+    const int32_t e = wgmma::block_exponent(product_max, static_cast<int32_t>(c));
+    int32_t sum = pp.nonzero ? wgmma::align_product<int32_t>(pp.sig, e - pp.exp) : 0;
 #pragma unroll
-    for (int i = 0; i < kDotBatch; ++i) {
-      x[i] = x_next[i];
-      y[i] = y_next[i];
-    }
+    for (int o = 8; o >= 1; o /= 2) sum += __shfl_xor_sync(kWarp, sum, o);
+    // A block with a special (uniform over the half warp) makes the accumulator that special.
+    c = block.any() ? block.bits() : wgmma::finish_block(sum, e, c);
   }
   return fp::from_bits(c);
 }
