@@ -560,7 +560,7 @@ SamplingReport Sm90Backend::run_sample(const detail::SampleProblem& p) const {
   if (!radix_only && list_k >= 1) {
     int sms = 0;
     DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
-    split = topk_split(chunk, p.real_vocab, sms);  // valid for the last, shorter chunk too
+    split = topk_split(chunk, p.real_vocab, sms, list_k);  // valid for the last, shorter chunk too
   }
   // One workspace: the chunk's logits (unless the caller's), scratch summaries and factors, the
   // fused entry's ignored targets and logp/lse, the replay's outside flags, the fused kernel's
@@ -706,7 +706,7 @@ void Sm90Backend::run_topk(const detail::LogpProblem& p) const {
   const int64_t lanes = std::clamp<int64_t>(p.real_vocab - p.vocab_start, 0, v);
   int sms = 0;
   DETLOGP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device));
-  const TopkSplit split = topk_split(chunk, lanes, sms);  // valid for the last, shorter chunk too
+  const TopkSplit split = topk_split(chunk, lanes, sms, p.topk);  // valid for the last, shorter chunk too
   // One workspace: the chunk's logits (unless the caller's) and the split's slice lists.
   const StreamBuffers work({p.logits ? 0 : static_cast<size_t>(chunk * v) * 4,
                             split.slices > 1 ? static_cast<size_t>(chunk * split.slices * p.topk) * 8 : 0},

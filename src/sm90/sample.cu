@@ -36,6 +36,7 @@
 #include "detlogp/sample.hpp"
 #include "sm90/device/block_select.cuh"
 #include "sm90/sample.hpp"
+#include "sm90/topk.hpp"
 
 namespace detlogp::sm90 {
 namespace {
@@ -48,6 +49,7 @@ constexpr int kListed = kCandidates / kThreads;
 static_assert(kListed * kThreads == kCandidates, "every thread lists the same number of keys");
 static_assert((kCandidates & (kCandidates - 1)) == 0 && kCandidates >= kThreads, "a power-of-two sort size");
 static_assert(kThreads % 32 == 0 && (kThreads & (kThreads - 1)) == 0, "whole warps, a power-of-two sort");
+static_assert(kMaxSliceKeys <= kCandidates, "a row's slice lists fit the staging array");
 
 struct Shared {
   union {
@@ -190,40 +192,6 @@ __device__ void cut_among_candidates(Shared& sh, int count, bool top_k, uint64_t
       if (running >= tau) break;
     }
     sh.cut_index = j;
-  }
-  __syncthreads();
-}
-
-// The first k of a row's merged slice lists into sh.cand.key[0, k), descending: each list holds its
-// slice's k largest keys, descending, key 0 past the slice's real lanes, and the real keys are
-// distinct lanes, so a key's place among all of them is its index in its own list plus, in each
-// other list, the count of larger keys (a binary search): a selection by a total order, the same
-// array as a sort of every listed key. The lists are staged in sh.cand.mass.
-__device__ void merge_slice_lists(Shared& sh, const uint64_t* lists, int slices, int k) {
-  const int n = slices * k;
-  uint64_t* staged = sh.cand.mass;
-  for (int i = threadIdx.x; i < n; i += kThreads) staged[i] = lists[i];
-  for (int i = threadIdx.x; i < k; i += kThreads) sh.cand.key[i] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const uint64_t key = staged[i];
-    if (key == 0) continue;
-    const int own = i / k;
-    int place = i - own * k;
-    for (int t = 0; t < slices && place < k; ++t) {
-      if (t == own) continue;
-      const uint64_t* list = staged + t * k;
-      int lo = 0, hi = k;  // the first entry below key: the count of larger ones
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (list[mid] > key)
-          lo = mid + 1;
-        else
-          hi = mid;
-      }
-      place += lo;
-    }
-    if (place < k) sh.cand.key[place] = key;
   }
   __syncthreads();
 }
@@ -399,7 +367,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsP
   //    its bits are the chain's over these logits).
   bool merged = p.slice_keys != nullptr && r.keep < lanes && r.keep <= p.slice_k;
   if (merged) {
-    merge_slice_lists(sh, p.slice_keys + int64_t{blockIdx.x} * p.slices * p.slice_k, p.slices, p.slice_k);
+    // The lists staged in sh.cand.mass (free until the cut).
+    merge_sorted_lists<kThreads>(sh.cand.key, sh.cand.mass, p.slice_keys + int64_t{blockIdx.x} * p.slices * p.slice_k,
+                                 p.slices, p.slice_k);
     merged = !fp::is_nan(rank_key_logit(sh.cand.key[0]));
   }
   float m = fp::neg_inf();

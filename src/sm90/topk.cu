@@ -41,16 +41,17 @@ constexpr int kListed = 8;  // keys each thread keeps in its first pass
 constexpr int kCandidates = kThreads * kListed;
 static_assert(kMaxTopk <= kCandidates, "the bound is the K-th of the listed keys: K <= kCandidates");
 static_assert((kCandidates & (kCandidates - 1)) == 0, "a power-of-two sort size");
-static_assert(kMaxTopk * kMaxTopkSlices <= kCandidates, "a row's slice lists fit the merge's sort");
+static_assert(kMaxSliceKeys <= kCandidates, "a row's slice lists fit the staging array");
 
 struct TopkShared {
   union {
     RadixScratch<kThreads> radix;  // a row with more than kCandidates lanes above the bound
-    uint64_t key[kCandidates];     // the gathered keys, then sorted descending
+    uint64_t key[kCandidates];     // the gathered keys, then sorted descending; or the staged slice lists
   };
-  int offset[kThreads];  // each thread's first slot among the gathered lanes
-  int total;             // lanes gathered
-  int uncertain;         // some thread may hold more lanes at or above the bound than it listed
+  uint64_t merged[kMaxTopk];  // a row's K largest keys from its slice lists
+  int offset[kThreads];       // each thread's first slot among the gathered lanes
+  int total;                  // lanes gathered
+  int uncertain;              // some thread may hold more lanes at or above the bound than it listed
 };
 
 // The lanes a CTA selects from: a whole row of the chunk's logits or one slice of it.
@@ -181,13 +182,8 @@ __global__ void __launch_bounds__(kThreads) topk_merge_slices_kernel(const TopkR
   __shared__ TopkShared sh;
   const int64_t local = blockIdx.x;
   const int64_t row = p.row_begin + local;
-  const int n = p.slices * p.k;
-  const uint64_t* lists = p.slice_keys + local * n;
-  const int size = pow2_at_least(n);
-  for (int i = threadIdx.x; i < size; i += kThreads) sh.key[i] = i < n ? lists[i] : 0;
-  __syncthreads();
-  sort_descending<kThreads>(sh.key, size);
-  write_outputs(p, row, p.logits + local * p.logits_stride, row_inverse_temperature(p, row), sh.key);
+  merge_sorted_lists<kThreads>(sh.merged, sh.key, p.slice_keys + local * p.slices * p.k, p.slices, p.k);
+  write_outputs(p, row, p.logits + local * p.logits_stride, row_inverse_temperature(p, row), sh.merged);
 }
 
 // The candidate path (topk.hpp, TopkCandidatesParams). Group g of a row holds the lanes
@@ -543,9 +539,10 @@ __global__ void topk_merge_kernel(const TopkMergeParams p) {
 
 }  // namespace
 
-TopkSplit topk_split(int64_t rows, int64_t lanes, int sms) {
+TopkSplit topk_split(int64_t rows, int64_t lanes, int sms, int64_t k) {
   constexpr int64_t kRound = int64_t{32} * kThreads;  // visit_row's float4 round, list_largest's first
-  const int64_t want = rows > 0 ? std::min<int64_t>(kMaxTopkSlices, 2 * int64_t{sms} / rows) : 1;
+  const int64_t most = kMaxSliceKeys / std::max<int64_t>(k, 1);
+  const int64_t want = rows > 0 ? std::min<int64_t>(most, 2 * int64_t{sms} / rows) : 1;
   if (want < 2 || lanes < 2 * kRound) return {1, lanes};
   const int64_t slice = ((lanes + want - 1) / want + kRound - 1) / kRound * kRound;
   const auto slices = static_cast<int32_t>((lanes + slice - 1) / slice);
@@ -555,7 +552,7 @@ TopkSplit topk_split(int64_t rows, int64_t lanes, int sms) {
 
 void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  DETLOGP_CHECK(p.slices == 1 || (p.slices <= kMaxTopkSlices && p.slice_keys != nullptr),
+  DETLOGP_CHECK(p.slices == 1 || (int64_t{p.slices} * p.k <= kMaxSliceKeys && p.slice_keys != nullptr),
                 "internal error: a split top-k launch without its scratch lists");
   topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();
@@ -566,7 +563,8 @@ void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
 
 void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  DETLOGP_CHECK(p.slices > 1 && p.slices <= kMaxTopkSlices && p.slice_keys != nullptr && p.k >= 1 && p.k <= kMaxTopk,
+  DETLOGP_CHECK(p.slices > 1 && p.k >= 1 && p.k <= kMaxTopk && int64_t{p.slices} * p.k <= kMaxSliceKeys &&
+                    p.slice_keys != nullptr,
                 "internal error: slice lists without a split, its scratch or a valid k");
   topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
   DETLOGP_CUDA_CHECK_LAUNCH();

@@ -13,12 +13,14 @@ namespace detlogp::sm90 {
 // loads: the row's lanes are then split into slices of whole rounds of the row reads, each slice's
 // top K found by its own CTA into a scratch list, and a second kernel merges a row's slice lists
 // (an exact selection over distinct keys: the same ids and bits as one CTA a row).
-inline constexpr int kMaxTopkSlices = 16;
+// A row's slices hold at most kMaxSliceKeys keys together (slices * K), merged in shared memory: so
+// up to 16 slices at K = 128 and more at smaller K, each at least one round of the row reads.
+inline constexpr int kMaxSliceKeys = 2048;
 struct TopkSplit {
   int32_t slices = 1;
   int64_t slice_lanes = 0;  // lanes of every slice but the last (a multiple of the row-read round)
 };
-TopkSplit topk_split(int64_t rows, int64_t lanes, int sms);
+TopkSplit topk_split(int64_t rows, int64_t lanes, int sms, int64_t k);
 
 struct TopkRowsParams {
   const float* logits = nullptr;  // the chunk's z [rows][logits_stride]; column c is global id vocab_start + c

@@ -278,6 +278,44 @@ __device__ int sort_listed(uint64_t* key, int* offset, int* total, const ListedK
   return count;
 }
 
+// The first k keys of `slices` lists merged, into out[0, k) descending (key 0 where there are fewer):
+// list s is lists[s * k, s * k + k), descending, key 0 past its real keys, and the real keys of all
+// lists are distinct (lanes). A key's place in the merged order is its index in its own list plus, in
+// each other list, the count of larger keys (a binary search), so the result is a sort's. Only keys
+// at or above the largest of the lists' k-th keys are placed: that list alone holds k keys at or
+// above it, so a smaller key's place is k or more. `staged`: slices * k keys of shared memory (the
+// lists are read from there). Called by every thread of the block.
+template <int kThreads>
+__device__ void merge_sorted_lists(uint64_t* out, uint64_t* staged, const uint64_t* lists, int slices, int k) {
+  const int n = slices * k;
+  for (int i = threadIdx.x; i < n; i += kThreads) staged[i] = lists[i];
+  for (int i = threadIdx.x; i < k; i += kThreads) out[i] = 0;
+  __syncthreads();
+  uint64_t floor = 0;
+  for (int s = 0; s < slices; ++s) floor = staged[s * k + k - 1] > floor ? staged[s * k + k - 1] : floor;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const uint64_t key = staged[i];
+    if (key == 0 || key < floor) continue;
+    const int own = i / k;
+    int place = i - own * k;
+    for (int t = 0; t < slices && place < k; ++t) {
+      if (t == own) continue;
+      const uint64_t* list = staged + t * k;
+      int lo = 0, hi = k;  // the first entry below key: the count of larger ones
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (list[mid] > key)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      place += lo;
+    }
+    if (place < k) out[place] = key;
+  }
+  __syncthreads();
+}
+
 // The radix selection's shared state: each thread's digit histogram row, the selected key's digits
 // so far and what remains to select inside them.
 template <int kThreads>
