@@ -13,6 +13,7 @@
 #include "detlogp/detlogp.hpp"
 #include "sm90/combine.hpp"
 #include "sm90/device/combine_chain.cuh"
+#include "sm90/device/ptx.cuh"
 
 namespace detlogp::sm90 {
 namespace {
@@ -42,7 +43,8 @@ template <int kRows, bool kEntropy>
 __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const CombineParams p) {
   const int64_t first_row = int64_t{blockIdx.x} * kRows;
   prefetch_rows_l2(p, first_row, p.rows - first_row < kRows ? p.rows - first_row : kRows);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();  // a row kernel after it may start now and wait for it
   chain_rows_lanes<kRows, kEntropy>(p);
 }
 
@@ -51,7 +53,8 @@ __global__ void __launch_bounds__(kLanesThreads) combine_rows_lanes_kernel(const
 template <bool kEntropy>
 __global__ void __launch_bounds__(kCombineCtaThreads) combine_rows_cta_kernel(const CombineParams p) {
   prefetch_rows_l2(p, blockIdx.x, 1);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::grid_dependency_wait();
+  ptx::launch_dependents();  // a row kernel after it may start now and wait for it
   if (p.status->code != kStatusOk) return;
   const MergeSegment whole{p.summaries, p.tiles, p.target_logit, nullptr, p.usums, nullptr, nullptr};
   chain_row_cta_held<kHeldTiles, 16, kEntropy>(&whole, 1, blockIdx.x, p.row_begin + blockIdx.x, p.targets,

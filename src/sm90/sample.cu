@@ -35,6 +35,8 @@
 #include "cuda/check.hpp"
 #include "detlogp/sample.hpp"
 #include "sm90/device/block_select.cuh"
+#include "sm90/device/ptx.cuh"
+#include "sm90/launch_dependent.cuh"
 #include "sm90/sample.hpp"
 #include "sm90/topk.hpp"
 
@@ -348,6 +350,8 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, float inv_t
 
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsParams p) {
   __shared__ Shared sh;
+  ptx::grid_dependency_wait();  // the logits, lse and slice lists of the kernels before
+  ptx::launch_dependents();
   const detail::SampleProblem& q = p.problem;
   const int64_t n = p.row_begin + blockIdx.x;
   const float* z = p.logits + int64_t{blockIdx.x} * q.vocab_local;
@@ -494,8 +498,7 @@ void launch_program_temperatures(const float* temperature, float* out, int64_t r
 
 void launch_sample_rows(const SampleRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
-  sample_rows_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  launch_dependent(sample_rows_kernel, p.rows, kThreads, stream, p);
 }
 
 }  // namespace detlogp::sm90

@@ -29,7 +29,9 @@
 #include "detlogp/reduce.hpp"
 #include "detlogp/topk.hpp"
 #include "sm90/device/block_select.cuh"
+#include "sm90/device/ptx.cuh"
 #include "sm90/device/wgmma_lane.cuh"
+#include "sm90/launch_dependent.cuh"
 #include "sm90/params.hpp"
 #include "sm90/topk.hpp"
 
@@ -159,6 +161,8 @@ __device__ __forceinline__ float row_inverse_temperature(const TopkRowsParams& p
 // One CTA a row (slices == 1), or one a slice of a row, whose k largest keys go to slice_keys.
 __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParams p) {
   __shared__ TopkShared sh;
+  ptx::grid_dependency_wait();  // the logits (and lse) of the kernels before
+  ptx::launch_dependents();
   const int64_t local = p.slices == 1 ? int64_t{blockIdx.x} : int64_t{blockIdx.x} / p.slices;
   const int64_t row = p.row_begin + local;
   const float* z = p.logits + local * p.logits_stride;
@@ -180,6 +184,8 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsParam
 // A row's slice lists merged: the k largest of their slices * k keys (distinct, or 0), the outputs.
 __global__ void __launch_bounds__(kThreads) topk_merge_slices_kernel(const TopkRowsParams p) {
   __shared__ TopkShared sh;
+  ptx::grid_dependency_wait();  // the slice lists
+  ptx::launch_dependents();
   const int64_t local = blockIdx.x;
   const int64_t row = p.row_begin + local;
   merge_sorted_lists<kThreads>(sh.merged, sh.key, p.slice_keys + local * p.slices * p.k, p.slices, p.k);
@@ -554,11 +560,9 @@ void launch_topk_rows(const TopkRowsParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;
   DETLOGP_CHECK(p.slices == 1 || (int64_t{p.slices} * p.k <= kMaxSliceKeys && p.slice_keys != nullptr),
                 "internal error: a split top-k launch without its scratch lists");
-  topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  launch_dependent(topk_rows_kernel, p.rows * p.slices, kThreads, stream, p);
   if (p.slices == 1) return;
-  topk_merge_slices_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  launch_dependent(topk_merge_slices_kernel, p.rows, kThreads, stream, p);
 }
 
 void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream) {
@@ -566,8 +570,7 @@ void launch_topk_slice_lists(const TopkRowsParams& p, cudaStream_t stream) {
   DETLOGP_CHECK(p.slices > 1 && p.k >= 1 && p.k <= kMaxTopk && int64_t{p.slices} * p.k <= kMaxSliceKeys &&
                     p.slice_keys != nullptr,
                 "internal error: slice lists without a split, its scratch or a valid k");
-  topk_rows_kernel<<<static_cast<unsigned>(p.rows * p.slices), kThreads, 0, stream>>>(p);
-  DETLOGP_CUDA_CHECK_LAUNCH();
+  launch_dependent(topk_rows_kernel, p.rows * p.slices, kThreads, stream, p);
 }
 
 void launch_topk_candidates(const TopkCandidatesParams& p, cudaStream_t stream) {

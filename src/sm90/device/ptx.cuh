@@ -1,5 +1,6 @@
-// Header-only SM90 device layer: the few PTX instructions the fused kernel needs (mbarrier,
-// TMA bulk tensor copies, proxy fences, wgmma fences and shared-memory descriptors, setmaxnreg).
+// Header-only SM90 device layer: the few PTX instructions the kernels need (mbarrier, TMA bulk
+// tensor copies, proxy fences, wgmma fences and shared-memory descriptors, setmaxnreg, programmatic
+// dependent launch).
 // Own wrappers keep every bit-relevant instruction visible in one place.
 #pragma once
 
@@ -12,6 +13,14 @@ namespace detlogp::sm90::ptx {
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+
+// ---- programmatic dependent launch ----------------------------------------------------------
+// A kernel launched as a programmatic dependent may start while the kernel before it in the stream
+// runs: grid_dependency_wait() returns once that grid has completed and its memory is visible (at
+// once for a plain launch), so it comes before the first read of what that grid wrote.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Lets the next kernel in the stream, when launched as a programmatic dependent, start now.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 // ---- mbarrier -------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
