@@ -348,7 +348,9 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, float inv_t
   return pass;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_rows_kernel(const SampleRowsParams p) {
+// Three CTAs a multiprocessor (80 registers): with many rows the kernel is a wave of rows' latencies,
+// not a stream of their logits, so rows in flight are what it needs.
+__global__ void __launch_bounds__(kThreads, 3) sample_rows_kernel(const SampleRowsParams p) {
   __shared__ Shared sh;
   ptx::grid_dependency_wait();  // the logits, lse and slice lists of the kernels before
   ptx::launch_dependents();
