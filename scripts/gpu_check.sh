@@ -4,8 +4,8 @@
 # compute-sanitizer memcheck/racecheck/synccheck on a small-shape test, the SASS check, then the
 # benchmark; the summary table prints last. Full logs go to "$OUT" (else ./out), at most 8 files.
 # Needs nvcc, CMake, ninja (or make); no network (no FetchContent, no package installs).
-#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,shapes]
-#   [,mainloop][,combine][,cycles][,wgmma] (default: all but profile, pyprofile, shapes, mainloop,
+#   GPU_CHECK_STEPS=build,tests,sanitizer,sass,bench,python,golden[,profile][,pyprofile][,rowprofile][,shapes]
+#   [,mainloop][,combine][,cycles][,wgmma] (default: all but profile, pyprofile, rowprofile, shapes, mainloop,
 #   combine, cycles and wgmma). wgmma: tests/gpu/sm90_wgmma_proof, the SM90 logits against the wgmma
 #   model on this machine's CPUs (WGMMA_PROOF_ARGS, default --quick; "--logits 1e8" for the full
 #   proof; WGMMA_PROOF_TIMEOUT_S, default 590), into wgmma_proof_cases.csv and wgmma_proof.csv
@@ -19,7 +19,8 @@
 #   only summary.txt, the CSVs and logs.tgz (all logs), refreshed after every step (the device
 #   tool returns at most 8 files). Every step's duration goes to the summary. BENCH_GIT_SHA=<sha>:
 #   the commit the CSV rows name (a device copy's .git can lag its files; not a DETLOGP_* name,
-#   because the library rejects unknown DETLOGP_* variables). GPU_CHECK_TARGETS="t1 t2": build only
+#   because the library rejects unknown DETLOGP_* variables). GPU_CHECK_CMAKE_ARGS="-DCMAKE_CUDA_FLAGS=-lineinfo": more
+#   configure arguments. GPU_CHECK_TARGETS="t1 t2": build only
 #   these targets (a quicker build for a focused run). GPU_CHECK_TESTS=regex: the GPU tests to run
 #   (ctest -R; every gtest case is its own ctest test, named <binary>.<Suite>.<Test>).
 #   GPU_CHECK_TEST_TIMEOUT_S: per-test limit (default 180 s), so a hang cannot eat the call. The python step runs scripts/gpu_python_check.sh on this build tree
@@ -77,7 +78,7 @@ if has build; then
   python3 -c "import nanobind" >/dev/null 2>&1 && PYOPT=(-DDETLOGP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)")
   # The mainloop step's binary lives in bench/experiments, built only when asked for.
   [[ ",$STEPS," == *",mainloop,"* ]] && PYOPT+=(-DDETLOGP_BUILD_EXPERIMENTS=ON)
-  if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" "${PYOPT[@]}" >>"$OUT/build.log" 2>&1 &&
+  if cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" "${PYOPT[@]}" ${GPU_CHECK_CMAKE_ARGS:-} >>"$OUT/build.log" 2>&1 &&
      cmake --build "$BUILD" -j "$JOBS" ${GPU_CHECK_TARGETS:+--target $GPU_CHECK_TARGETS} >>"$OUT/build.log" 2>&1; then
     mode="top-level"
   else
@@ -311,6 +312,38 @@ if has pyprofile; then
     grep -vE "^GPU" "$OUT/profile_forward.log" | cut -c1-160 >>"$SUMMARY"
   else
     say "pyprofile: skipped (no Python module in $BUILD/python)"
+  fi
+fi
+done_step
+
+# Optional: hardware counters of the row kernels (top-k, sampling, candidate kernels) as the torch
+# face launches them: ncu (clocks left alone) on bench/profile_forward.py's top-k and sampling calls
+# at each N of ROWPROFILE_ROWS (default "1024 256": the logits path, the candidate path), the
+# kernels matching ROWPROFILE_KERNELS, into rowprofile.log (warp states, issue, memory, occupancy)
+# and rowprofile_N_sass.csv.gz (every SASS instruction's counters, for a build with
+# -DCMAKE_CUDA_FLAGS=-lineinfo to name source lines).
+if has rowprofile; then
+  NCU="$(command -v ncu || true)"
+  if [[ -n "$NCU" ]] && ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+    rcs=""
+    for n in ${ROWPROFILE_ROWS:-1024 256}; do
+      echo "== ncu row kernels N=$n" >>"$OUT/rowprofile.log"
+      PYTHONPATH="$BUILD/python" timeout 240 "$NCU" --clock-control none \
+        --kernel-name "regex:${ROWPROFILE_KERNELS:-sample_rows|topk_rows|topk_merge|topk_candidates}" --launch-count 4 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --export "$OUT/rowprofile_$n" -f python3 "$ROOT/bench/profile_forward.py" --rows "$n" --topk 20 --sample \
+        --iters 1 --warmup 0 >>"$OUT/rowprofile.log" 2>&1
+      rcs+=" N=$n:$?"
+      timeout 120 "$NCU" --import "$OUT/rowprofile_$n.ncu-rep" --page source --print-source sass --csv 2>/dev/null |
+        gzip >"$OUT/rowprofile_${n}_sass.csv.gz"
+      rm -f "$OUT/rowprofile_$n.ncu-rep"
+    done
+    say "rowprofile: rc$rcs (rowprofile.log, rowprofile_*_sass.csv.gz)"
+    grep -E "^  [a-z_:<>(), ]*kernel|Duration|Issued Ipc Active|Warp Cycles Per Issued|Achieved Occupancy|DRAM Throughput|Registers Per" \
+      "$OUT/rowprofile.log" | cut -c1-160 >>"$SUMMARY"
+  else
+    say "rowprofile: skipped (no ncu, or no Python module in $BUILD/python)"
   fi
 fi
 done_step
