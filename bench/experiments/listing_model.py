@@ -4,11 +4,15 @@ sort of the row's keys, and a count of the warp insertions each way of setting t
 
 A thread lists its 8 largest keys in registers; offering a lane costs its warp the 64-bit insertion
 whenever one thread of the warp inserts, so the count that matters is of (warp, round, lane place)
-events with at least one insertion. Three ways of setting the floor below which no lane is offered:
+events with at least one insertion (for `masked`, the insertion loop's turns). The ways of setting the
+floor below which no lane is offered, and of offering:
   before:  the first round offered whole, then the k-th of the threads' maxima over that round;
   first:   the floor from the first round's maxima before that round is offered;
-  raised:  as `first`, then raised after rounds 2, 4, 8, 16 from the threads' largest listed keys
-           (the library's way), as the k-th of the keys' upper 32 bits.
+  raised:  as `first`, then raised after rounds 2, 4, 8, 16 from the threads' largest listed keys,
+           as the k-th of the keys' upper 32 bits;
+  masked:  as `raised`, each round's lanes at or above the bar (the floor and the thread's last
+           listed key) when the round is read gathered in a mask and offered by one insertion loop
+           (pending/0003): a warp runs it as often as its busiest thread has lanes there.
 
     python3 bench/experiments/listing_model.py [--lanes 151936] [--k 1,20,50,128,256]
 
@@ -95,6 +99,15 @@ class Listed:
         return True
 
 
+def max_nan_free(a, b):
+    """fmaxf: the larger, the other where one is NaN."""
+    if np.isnan(a):
+        return b
+    if np.isnan(b):
+        return a
+    return max(a, b)
+
+
 def kth_nonzero(values, k):
     nonzero = sorted([v for v in values if v != 0], reverse=True)
     return nonzero[k - 1] if len(nonzero) >= k else 0
@@ -108,9 +121,10 @@ def run(y, k, way):
     """(same top k as a full sort, the certainty test's verdict, warp insertion events)."""
     lanes = len(y)
     keys = row_keys(y)
-    lanes_of, place_of = visit_order(lanes, way == "raised")
+    lanes_of, place_of = visit_order(lanes, way in ("raised", "masked"))
     lists = [Listed() for _ in range(THREADS)]
     events = set()
+    passing = {}  # (warp, round) -> {thread: lanes at or above its bar when the round was read}
 
     def offer(t, v, place, floor):
         if floor is not None and y[v] < floor:
@@ -123,7 +137,7 @@ def run(y, k, way):
         for v, p in zip(lanes_of[t], place_of[t]):
             by_round.setdefault(p[0], []).append((t, v, p))
     rounds = max(by_round) + 1 if by_round else 0
-    if way in ("first", "raised") and 1 <= k <= THREADS and lanes > (THREADS if way == "raised" else ROUND):
+    if way in ("first", "raised", "masked") and 1 <= k <= THREADS and lanes > (ROUND if way == "first" else THREADS):
         reps = []
         for t in range(THREADS):
             first = [v for v, p in zip(lanes_of[t], place_of[t]) if p[0] == 0]
@@ -137,8 +151,14 @@ def run(y, k, way):
             reps.append(int(keys[best]))
         floor = kth_upper_bits_floor(reps, k)
         for r in range(rounds):
-            if way == "raised" and r >= 2 and (r & (r - 1)) == 0:
+            if way in ("raised", "masked") and r >= 2 and (r & (r - 1)) == 0:
                 floor = kth_upper_bits_floor([lst.key[0] for lst in lists], k)
+            bars = [max_nan_free(floor, lst.last_y) for lst in lists]
+            for t, v, p in by_round[r]:
+                if not y[v] < bars[t]:
+                    key = (t // 32, r)
+                    passing.setdefault(key, {}).setdefault(t, 0)
+                    passing[key][t] += 1
             for t, v, p in by_round[r]:
                 offer(t, v, p, floor)
     else:
@@ -160,7 +180,8 @@ def run(y, k, way):
     else:
         got = sorted([int(x) for x in keys if int(x) >= kth_listed], reverse=True)[:k]
     want = sorted([int(x) for x in keys], reverse=True)[:k]
-    return got == want, uncertain, len(events)
+    masked = sum(max(per_thread.values()) for per_thread in passing.values())
+    return got == want, uncertain, masked if way == "masked" else len(events)
 
 
 def make_row(kind, rng, lanes):
@@ -198,12 +219,12 @@ def main():
     rng = np.random.default_rng(1)
     wrong = 0
     print(f"lanes = {args.lanes}: warp insertion events a row (and whether the top k equals a full sort's)")
-    print(f"{'row':10s} {'k':>4s} {'before':>12s} {'first':>12s} {'raised':>12s}")
+    print(f"{'row':10s} {'k':>4s} {'before':>12s} {'first':>12s} {'raised':>12s} {'masked':>12s}")
     for kind in ["gaussian", "peaked", "tied", "clustered", "zeros", "neginf", "nan"]:
         for k in [int(x) for x in args.k.split(",")]:
             y = make_row(kind, rng, args.lanes)
             cells = []
-            for way in ("before", "first", "raised"):
+            for way in ("before", "first", "raised", "masked"):
                 ok, _, events = run(y, k, way)
                 wrong += 0 if ok else 1
                 cells.append(f"{events:7d} {'ok' if ok else 'WRONG'}")
