@@ -1,0 +1,54 @@
+// The few CUDA names src/sm90/device/block_select.cuh's listing pass uses, for running that device
+// code on the host with one std::thread a CUDA thread (test_block_select_host.cpp): threadIdx is
+// thread-local, the block barriers are a std::barrier over the block's threads, and __syncthreads_count
+// is an exact count between two barriers. Shuffles are not emulated (the listing pass uses none).
+#pragma once
+
+#include <atomic>
+#include <barrier>
+#include <cstdint>
+#include <cstdlib>
+
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct float4 {
+  float x, y, z, w;
+};
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+
+struct EmulatedThreadIndex {
+  unsigned x;
+};
+extern thread_local EmulatedThreadIndex threadIdx;
+
+// The block the calling threads form: set before they start.
+struct EmulatedBlock {
+  std::barrier<>* barrier = nullptr;
+  std::atomic<int> count{0};
+};
+extern EmulatedBlock emulated_block;
+
+inline void __syncthreads() { emulated_block.barrier->arrive_and_wait(); }
+inline int __syncthreads_count(int predicate) {
+  emulated_block.barrier->arrive_and_wait();  // the last count is read by every thread
+  if (threadIdx.x == 0) emulated_block.count.store(0);
+  emulated_block.barrier->arrive_and_wait();
+  if (predicate) emulated_block.count.fetch_add(1);
+  emulated_block.barrier->arrive_and_wait();
+  return emulated_block.count.load();
+}
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline int __ffs(uint32_t x) { return __builtin_ffs(static_cast<int>(x)); }
+template <class V>
+inline V __shfl_xor_sync(unsigned, V, int) {
+  std::abort();
+}
+template <class V>
+inline V __shfl_up_sync(unsigned, V, int) {
+  std::abort();
+}
