@@ -14,6 +14,7 @@
 #include "sm90/combine.hpp"
 #include "sm90/device/combine_chain.cuh"
 #include "sm90/device/ptx.cuh"
+#include "sm90/launch_dependent.cuh"
 
 namespace detlogp::sm90 {
 namespace {
@@ -195,9 +196,7 @@ void launch_combine(const CombineParams& p, cudaStream_t stream, bool programmat
   DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "combine grid of " << p.rows << " rows out of range");
   cudaLaunchConfig_t config{};
   config.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr = programmatic_dependent_attribute();
   config.attrs = &attr;
   config.numAttrs = programmatic ? 1 : 0;
   // Schedules as measured by bench_sm90_combine (H200, 2374 tiles, cold L2): above kCombineHeldMaxRows rows, chains on

@@ -27,7 +27,7 @@ namespace detlogp::sm90 {
 // for one), and it lets the combine, a programmatic dependent, launch now and wait for the grid.
 __device__ __forceinline__ bool fused_kernel_starts(const FusedParams& p) {
   if (p.validate_in_kernel == 0 && p.status->code != kStatusOk) return false;
-  asm volatile("griddepcontrol.launch_dependents;");
+  ptx::launch_dependents();
   return true;
 }
 

@@ -141,10 +141,7 @@ __device__ int gather_candidates(Shared& sh, const float* z, int64_t lanes, floa
   visit_row<kThreads>(z, lanes, inv_t, [&](int64_t v, float y) {
     if (y >= bound) sh.cand.key[slot++] = rank_key(y, v);
   });
-  const int size = pow2_at_least(count);
-  for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
-  __syncthreads();
-  sort_descending<kThreads>(sh.cand.key, size);
+  sort_padded_descending<kThreads>(sh.cand.key, count, pow2_at_least(count));
   return count;
 }
 
@@ -281,10 +278,7 @@ __device__ void order_support_by_id(Shared& sh, const uint64_t (&kept)[kCandidat
   }
   int slot = 0;
   for (int j = threadIdx.x; j < c; j += kThreads, ++slot) sh.cand.key[j] = kept[slot];
-  const int size = pow2_at_least(c);
-  for (int i = c + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.cand.key[i] = 0;
-  __syncthreads();
-  sort_descending<kThreads>(sh.cand.key, size);
+  sort_padded_descending<kThreads>(sh.cand.key, c, pow2_at_least(c));
 }
 
 // The support pass over the candidates (a cut exists and candidate_cut decided it): the support's

@@ -127,10 +127,7 @@ __device__ void top_keys(TopkShared& sh, const RowSlice& r, float inv_t, int k, 
       floor = radix_select<kThreads>(sh.radix, r.lanes, lane, floor, static_cast<unsigned long long>(k));
       count = gather_at_or_above(sh, r, inv_t, floor, key_of);  // exactly K: the keys are distinct
     }
-    const int size = pow2_at_least(count > k ? count : k);
-    for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) sh.key[i] = 0;
-    __syncthreads();
-    sort_descending<kThreads>(sh.key, size);
+    sort_padded_descending<kThreads>(sh.key, count, pow2_at_least(count > k ? count : k));
   }
 }
 

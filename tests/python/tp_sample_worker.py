@@ -8,13 +8,13 @@ check passed; each check prints one line with what it compared.
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
 import detlogp
 import detlogp.torch as dt
+from tp_worker import finish  # the same barrier, verdict line and exit (this directory)
 
 
 def bits(x):
@@ -162,15 +162,7 @@ def main():
     again = shard_sample()
     check("the group is in step after the refusals", torch.equal(again.token, one.token)
           and torch.equal(bits(again.logp), bits(one.logp)))  # fmt: skip
-    dist.barrier()
-    dist.destroy_process_group()
-    print(f"[rank {rank}] {'TP_OK' if not failures else 'TP_FAILED ' + ','.join(failures)}", flush=True)
-    # The verdict is printed and the group destroyed: leave without the interpreter's finalization,
-    # where torch.distributed's background threads can abort a process that has passed (SIGABRT,
-    # "terminate called without an active exception", seen once on a 2-core CI machine).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":

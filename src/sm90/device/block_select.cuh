@@ -133,6 +133,15 @@ __device__ void sort_descending(uint64_t* key, int n) {
     }
 }
 
+// key[0, count) sorted descending over key[0, size) (size a power of two >= count), the entries past
+// count padded with key 0 (below every lane's key), as the listing's candidates are read.
+template <int kThreads>
+__device__ void sort_padded_descending(uint64_t* key, int count, int size) {
+  for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) key[i] = 0;
+  __syncthreads();
+  sort_descending<kThreads>(key, size);
+}
+
 // The k-th largest (1 <= k <= kThreads) of the threads' keys, one a thread (distinct, or 0 and
 // interchangeable), staged in scratch[kThreads] of shared memory; every thread returns it. By
 // counting: a nonzero key's place in the descending order is the count of larger keys, so the key at
@@ -272,9 +281,7 @@ __device__ int sort_listed(uint64_t* key, int* offset, int* total, const ListedK
     __syncthreads();
     return count;
   }
-  for (int i = count + static_cast<int>(threadIdx.x); i < size; i += kThreads) key[i] = 0;
-  __syncthreads();
-  sort_descending<kThreads>(key, size);
+  sort_padded_descending<kThreads>(key, count, size);
   return count;
 }
 
