@@ -206,7 +206,7 @@ def finish(rank, failures):
     print(f"[rank {rank}] {'TP_OK' if not failures else 'TP_FAILED ' + ','.join(failures)}", flush=True)
     # The verdict is printed and the group destroyed: leave without the interpreter's finalization,
     # where torch.distributed's background threads can abort a process that has passed (SIGABRT,
-    # "terminate called without an active exception", seen once on a 2-core CI machine).
+    # "terminate called without an active exception"), which would turn a pass into a failure.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if failures else 0)
