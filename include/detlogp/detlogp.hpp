@@ -97,6 +97,26 @@ struct GradLogitsArgs {
 CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
                                    const CallOptions& opt = {});
 
+// The same logit gradient from given logits instead of a recompute: in.logits [N, C] f32 (row
+// stride >= C) are the chunk's z, bias included (the serving entry's logits of columns vocab_start
+// .. vocab_start + C - 1), and dz[n][v] gets the bits linear_logp_grad_logits gives for that z
+// (detlogp/grad.hpp). For a caller that keeps a chunk's logits from the forward (a loss computed
+// inside the op, without the recompute's GEMM). dz may overwrite the logits in place: dz.data ==
+// logits.data with dz.row_stride == 2 * logits.row_stride (row n's gradient fills the first half
+// of its logits' bytes); any other overlap is refused. Host memory runs on the CPU, CUDA memory on
+// the SM90 backend's kernel (opt.cuda_stream). Bad inputs throw and write nothing.
+struct GradFromLogitsInputs {
+  TensorView logits;   // [N, C] f32
+  TensorView targets;  // [N] or [N, K] i32/i64 global ids (or ignore_index)
+  float temperature = 1.0f;
+  TensorView temperature_rows;  // optional [N] f32
+  int64_t vocab_start = 0;      // global id of logits column 0
+  int64_t real_vocab = -1;      // -1: vocab_start + C
+  int64_t ignore_index = kDefaultIgnoreIndex;
+};
+CallReport linear_logp_grad_from_logits(const GradFromLogitsInputs& in, const GradLogitsArgs& args,
+                                        const MutableTensorView& dz, const CallOptions& opt = {});
+
 // What one shard's partials were computed for. linear_logp_partials records it; merge_partials
 // checks the ranks' layouts against each other and against its own targets and ignore_index
 // before writing anything (docs/tensor-parallel.md). Trivially copyable: gather it with the

@@ -30,6 +30,7 @@ from ._errors import InputError, NotImplementedYetError, StrictModeError
 from ._torch import backward as _backward
 from ._torch.backward import FUSED_BACKWARD_ENV, SM90_BACKEND_ID, last_backward_path  # noqa: F401 (re-exported)
 from ._torch.grad_logits import grad_logits
+from ._torch.loss import LOSS_CHUNK_BYTES, LossResult, linear_logp_loss
 from ._torch.op import check_errors, last_report, set_deferred_errors
 from ._torch.op import eager_operands as _eager_operands
 from ._torch.op import linear_logp_op as _linear_logp_op
@@ -43,12 +44,15 @@ from ._torch.tensors import check_tensors as _check_tensors
 __all__ = [
     "BACKWARD_FUSED_CHUNK_BYTES",
     "BACKWARD_VOCAB_CHUNK",
+    "LOSS_CHUNK_BYTES",
+    "LossResult",
     "TORCH_BACKEND_ID",
     "check_errors",
     "grad_logits",
     "last_backward_path",
     "last_report",
     "linear_logp",
+    "linear_logp_loss",
     "sample",
     "set_deferred_errors",
     "weight_fingerprint",

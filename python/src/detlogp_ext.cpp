@@ -262,6 +262,19 @@ detlogp::LinearLogpInputs inputs(const Problem& problem) {
   return in;
 }
 
+// The logit gradient's per-row inputs: the forward's lse (and entropy), the upstream gradients.
+detlogp::GradLogitsArgs grad_args(const InArray& lse, const std::optional<InArray>& g_logp,
+                                  const std::optional<InArray>& g_lse, const std::optional<InArray>& entropy,
+                                  const std::optional<InArray>& g_entropy) {
+  detlogp::GradLogitsArgs args;
+  args.lse = view_of(lse, "lse", 1, false);
+  if (g_logp) args.g_logp = view_of(*g_logp, "g_logp", target_rank(*g_logp, "g_logp"), false);
+  if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
+  if (auto h = opt_view(entropy, "entropy", 1)) args.entropy = *h;
+  if (auto g = opt_view(g_entropy, "g_entropy", 1)) args.g_entropy = *g;
+  return args;
+}
+
 detlogp::LinearLogpOutputs outputs(const OutArray& logp, const OutArray& lse, const std::optional<OutArray>& logits) {
   detlogp::LinearLogpOutputs out{out_view(logp, "logp", target_rank(logp, "logp")), out_view(lse, "lse", 1), {}};
   if (logits) out.logits = out_view(*logits, "logits", 2);
@@ -660,15 +673,39 @@ NB_MODULE(_detlogp, m) {
          const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream,
          const std::optional<InArray>& entropy, const std::optional<InArray>& g_entropy) {
         const detlogp::LinearLogpInputs in = inputs(problem);
-        detlogp::GradLogitsArgs args;
-        args.lse = view_of(lse, "lse", 1, false);
-        if (g_logp) args.g_logp = view_of(*g_logp, "g_logp", target_rank(*g_logp, "g_logp"), false);
-        if (auto g = opt_view(g_lse, "g_lse", 1)) args.g_lse = *g;
-        if (auto h = opt_view(entropy, "entropy", 1)) args.entropy = *h;
-        if (auto g = opt_view(g_entropy, "g_entropy", 1)) args.g_entropy = *g;
+        const detlogp::GradLogitsArgs args = grad_args(lse, g_logp, g_lse, entropy, g_entropy);
         const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
         const detlogp::CallOptions opt = options("", false, stream);
         return reported([&] { return detlogp::linear_logp_grad_logits(in, args, out, opt); });
+      },
+      "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a, "entropy"_a.none() = nb::none(),
+      "g_entropy"_a.none() = nb::none());
+
+  // The same logit gradient from given logits (detlogp.torch's linear_logp_loss): logits [N, C] f32
+  // the chunk's z (row stride >= C), dz [N, C] bf16, which may be the logits' bytes in place (row
+  // stride twice theirs). problem = (logits, targets, temperature, temperature_rows | None,
+  // real_vocab, vocab_start, ignore_index).
+  m.def(
+      "linear_logp_grad_from_logits",
+      [](const nb::tuple& problem, const InArray& lse, const std::optional<InArray>& g_logp,
+         const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream,
+         const std::optional<InArray>& entropy, const std::optional<InArray>& g_entropy) {
+        if (problem.size() != 7)
+          value_error("the problem tuple has " + std::to_string(problem.size()) + " entries, expected 7");
+        detlogp::GradFromLogitsInputs in;
+        in.logits = view_of(array_arg(problem[0], "logits"), "logits", 2, true);
+        const InArray targets = array_arg(problem[1], "targets");
+        in.targets = view_of(targets, "targets", target_rank(targets, "targets"), false);
+        in.temperature = temperature_arg(problem[2]);
+        if (auto t = opt_view(opt_array_arg(problem[3], "temperature_rows"), "temperature_rows", 1))
+          in.temperature_rows = *t;
+        in.real_vocab = int64_arg(problem[4], "real_vocab");
+        in.vocab_start = int64_arg(problem[5], "vocab_start");
+        in.ignore_index = int64_arg(problem[6], "ignore_index");
+        const detlogp::GradLogitsArgs args = grad_args(lse, g_logp, g_lse, entropy, g_entropy);
+        const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
+        const detlogp::CallOptions opt = options("", false, stream);
+        return reported([&] { return detlogp::linear_logp_grad_from_logits(in, args, out, opt); });
       },
       "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a, "entropy"_a.none() = nb::none(),
       "g_entropy"_a.none() = nb::none());

@@ -6,31 +6,41 @@
 #include "registry/registry.hpp"
 
 namespace detlogp {
+namespace {
 
-CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
-                                   const CallOptions& opt) {
+// Validates with make_problem, then runs the problem where its tensors live with dispatch.
+template <class MakeProblem, class Dispatch>
+CallReport run_grad(const CallOptions& opt, MakeProblem&& make_problem, Dispatch&& dispatch) {
   detail::check_environment();
   CallReport report;
   report.requested_backend = "auto";
   report.strict = opt.strict || detail::env_strict();
-  detail::GradLogitsProblem p = detail::make_grad_logits_problem(in, args, dz);
+  detail::GradLogitsProblem p = make_problem();
   p.stream = opt.cuda_stream;
   p.defer_errors = opt.defer_errors;
-  detail::dispatch_grad_logits(p, report);
+  dispatch(p, report);
   return report;
+}
+
+}  // namespace
+
+CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const GradLogitsArgs& args, const MutableTensorView& dz,
+                                   const CallOptions& opt) {
+  return run_grad(
+      opt, [&] { return detail::make_grad_logits_problem(in, args, dz); }, detail::dispatch_grad_logits);
 }
 
 CallReport linear_logp_grad_logits(const LinearLogpInputs& in, const SamplingProgram& program,
                                    const SampledGradArgs& args, const MutableTensorView& dz, const CallOptions& opt) {
-  detail::check_environment();
-  CallReport report;
-  report.requested_backend = "auto";
-  report.strict = opt.strict || detail::env_strict();
-  detail::GradLogitsProblem p = detail::make_sampled_grad_logits_problem(in, program, args, dz);
-  p.stream = opt.cuda_stream;
-  p.defer_errors = opt.defer_errors;
-  detail::dispatch_grad_logits(p, report);
-  return report;
+  return run_grad(
+      opt, [&] { return detail::make_sampled_grad_logits_problem(in, program, args, dz); },
+      detail::dispatch_grad_logits);
+}
+
+CallReport linear_logp_grad_from_logits(const GradFromLogitsInputs& in, const GradLogitsArgs& args,
+                                        const MutableTensorView& dz, const CallOptions& opt) {
+  return run_grad(
+      opt, [&] { return detail::make_grad_from_logits_problem(in, args, dz); }, detail::dispatch_grad_from_logits);
 }
 
 }  // namespace detlogp

@@ -15,32 +15,10 @@ const float* checked_vector(const TensorView& t, const char* name, int64_t n, Me
   return static_cast<const float*>(t.data);
 }
 
-}  // namespace
-
-void write_target_columns(const GradEntries& e, const GradRow& r, int64_t real_cols, int64_t col0, int64_t cols,
-                          const float* z, uint16_t* out) {
-  float adds[kMaxTargetsPerRow];
-  for (int i = 0; i < e.count; ++i) {
-    const int64_t c = e.col[i] - col0;
-    if (c < 0 || c >= cols) continue;
-    bool first = true;  // a repeated id: written once, at its first entry, with every entry's term
-    for (int j = 0; j < i; ++j) first = first && e.col[j] != e.col[i];
-    if (!first) continue;
-    int n_adds = 0;
-    for (int j = i; j < e.count; ++j)
-      if (e.col[j] == e.col[i]) adds[n_adds++] = e.g[j];
-    out[c] = grad_logit_entries_bf16(z[c], r, e.col[i] < real_cols, adds, n_adds);
-  }
-}
-
-GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const GradLogitsArgs& args,
-                                           const MutableTensorView& dz) {
-  GradLogitsProblem p;
-  p.cols = check_operands(in, "C", "chunk", p);
+// The forward's outputs and upstream gradients (args) and dz, for the problem's rows and columns.
+void check_args_and_dz(GradLogitsProblem& p, const GradLogitsArgs& args, const MutableTensorView& dz) {
   const Memory mem = p.memory;
   const int dev = p.device;
-  p.real_vocab = checked_real_vocab(in, p.cols, "C");
-
   DETLOGP_CHECK(args.lse.present(), "lse is required (the forward's [N] f32 lse)");
   p.lse = checked_vector(args.lse, "lse", p.rows, mem, dev);
   if (args.g_logp.present() && !p.targets_2d) p.g_logp = checked_vector(args.g_logp, "g_logp", p.rows, mem, dev);
@@ -69,7 +47,17 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
   DETLOGP_CHECK(p.rows == 0 || dz.data != nullptr, "dz data pointer is null");
   p.dz = static_cast<uint16_t*>(dz.mutable_data());
   p.dz_stride = dz.row_stride;
+}
 
+}  // namespace
+
+GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const GradLogitsArgs& args,
+                                           const MutableTensorView& dz) {
+  GradLogitsProblem p;
+  p.cols = check_operands(in, "C", "chunk", p);
+  p.real_vocab = checked_real_vocab(in, p.cols, "C");
+
+  check_args_and_dz(p, args, dz);
   check_host_values(p);
   return p;
 }
@@ -106,23 +94,80 @@ GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, c
   return p;
 }
 
-void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride) {
-  const int64_t real = p.real_cols();
-  GradEntries e;
-  for (int64_t n = 0; n < p.rows; ++n) {
-    const float* zr = z + n * z_stride;
-    uint16_t* out = p.dz + n * p.dz_stride;
-    if (p.sampled) {
-      int64_t target_col = -1;
-      const SampledGradRow r = p.sampled_grad_row(n, &target_col);
-      for (int64_t c = 0; c < p.cols; ++c)
-        out[c] = bf16_round(sampled_grad_logit(zr[c], p.vocab_start + c, r, c < real, c == target_col));
-      continue;
-    }
-    const GradRow r = p.grad_row(n, &e);
-    for (int64_t c = 0; c < p.cols; ++c) out[c] = grad_logit_bf16(zr[c], r, c < real, false);
-    write_target_columns(e, r, real, 0, p.cols, zr, out);
+GradLogitsProblem make_grad_from_logits_problem(const GradFromLogitsInputs& in, const GradLogitsArgs& args,
+                                                const MutableTensorView& dz) {
+  GradLogitsProblem p;
+  const TensorView& z = in.logits;
+  check_matrix(z, "logits", DType::f32);
+  p.rows = z.rows;
+  p.cols = z.cols;
+  p.memory = z.memory;
+  p.device = z.device;
+  DETLOGP_CHECK(p.cols > 0, "logits has C=0 columns; the vocabulary chunk must be non-empty");
+  DETLOGP_CHECK(p.rows == 0 || z.data != nullptr, "logits data pointer is null");
+  p.logits = static_cast<const float*>(z.data);
+  p.logits_stride = z.row_stride;
+
+  p.targets_per_row = check_targets_tensor(in.targets, p.rows);
+  p.targets_2d = in.targets.ndim == 2;
+  check_memory(in.targets, "targets", p.memory, p.device);
+  p.targets = in.targets.data;
+  p.targets_i64 = in.targets.dtype == DType::i64;
+  check_temperature_value(in.temperature, "temperature", -1);
+  p.temperature = in.temperature;
+  if (in.temperature_rows.present()) {
+    check_vector(in.temperature_rows, "temperature_rows", p.rows, {DType::f32});
+    check_memory(in.temperature_rows, "temperature_rows", p.memory, p.device);
+    p.temperature_rows = static_cast<const float*>(in.temperature_rows.data);
   }
+  DETLOGP_CHECK(in.vocab_start >= 0, "vocab_start=" << in.vocab_start << " must be >= 0");
+  p.vocab_start = in.vocab_start;
+  p.ignore_index = in.ignore_index;
+  DETLOGP_CHECK(in.real_vocab == -1 || in.real_vocab > 0,
+                "real_vocab=" << in.real_vocab << " must be > 0 (or -1 for vocab_start + C)");
+  p.real_vocab = in.real_vocab < 0 ? in.vocab_start + p.cols : in.real_vocab;
+
+  check_args_and_dz(p, args, dz);
+  if (p.rows > 0) {  // dz over the logits only in the in-place layout
+    const auto* z0 = static_cast<const uint8_t*>(z.data);
+    const auto* z1 = z0 + ((p.rows - 1) * p.logits_stride + p.cols) * 4;
+    const auto* d0 = reinterpret_cast<const uint8_t*>(p.dz);
+    const auto* d1 = d0 + ((p.rows - 1) * p.dz_stride + p.cols) * 2;
+    const bool overlap = d0 < z1 && z0 < d1;
+    DETLOGP_CHECK(!overlap || (d0 == z0 && p.dz_stride == 2 * p.logits_stride),
+                  "dz overlaps logits but is not their in-place layout (dz.data == logits.data and dz.row_stride "
+                  "== 2 * logits.row_stride = "
+                      << 2 * p.logits_stride << "; got dz.row_stride=" << p.dz_stride << ")");
+  }
+  check_host_values(p);
+  return p;
+}
+
+void grad_row_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride, int64_t n) {
+  const int64_t real = p.real_cols();
+  const float* zr = z + n * z_stride;
+  uint16_t* out = p.dz + n * p.dz_stride;
+  if (p.sampled) {
+    int64_t target_col = -1;
+    const SampledGradRow r = p.sampled_grad_row(n, &target_col);
+    const float z_target = target_col >= 0 ? zr[target_col] : 0.0f;
+    for (int64_t c = 0; c < p.cols; ++c) {
+      const float zc = c == target_col ? z_target : zr[c];
+      out[c] = bf16_round(sampled_grad_logit(zc, p.vocab_start + c, r, c < real, c == target_col));
+    }
+    return;
+  }
+  GradEntries e;
+  const GradRow r = p.grad_row(n, &e);
+  float z_entry[kMaxTargetsPerRow];  // read before the sweep writes dz over them (in place)
+  for (int i = 0; i < e.count; ++i) z_entry[i] = zr[e.col[i]];
+  for (int64_t c = 0; c < p.cols; ++c) out[c] = grad_logit_bf16(zr[c], r, c < real, false);
+  write_target_columns(
+      e, r, real, 0, p.cols, [&](int i) { return z_entry[i]; }, out);
+}
+
+void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride) {
+  for (int64_t n = 0; n < p.rows; ++n) grad_row_from_logits(p, z, z_stride, n);
 }
 
 }  // namespace detlogp::detail

@@ -64,6 +64,13 @@ struct GradLogitsProblem : HeadOperands {
   uint16_t* dz = nullptr;  // bf16 bits [rows][dz_stride]
   int64_t dz_stride = 0;
 
+  // linear_logp_grad_from_logits: z is read from these logits [rows][logits_stride] (bias
+  // included), hidden, weight and bias are not read. dz may be the same bytes (in place: dz ==
+  // logits and dz_stride == 2 * logits_stride, so row n's dz element c overwrites logit c / 2,
+  // already read by a pass that reads each row's columns in ascending order before it writes them).
+  const float* logits = nullptr;
+  int64_t logits_stride = 0;
+
   // The sampling replay's gradient (sampled_grad_logit) instead of the plain one: the program and
   // the replay's per-row outputs (all [rows]).
   bool sampled = false;
@@ -122,21 +129,46 @@ GradLogitsProblem make_grad_logits_problem(const LinearLogpInputs& in, const Gra
 GradLogitsProblem make_sampled_grad_logits_problem(const LinearLogpInputs& in, const SamplingProgram& program,
                                                    const SampledGradArgs& args, const MutableTensorView& dz);
 
-// Rewrites the columns [col0, col0 + cols) of dz row `out` (out[0] is column col0; z likewise)
-// that the row's target entries name, with their terms in entry order (grad_logit_entries_bf16);
-// the other columns hold grad_logit_bf16(..., false) already.
+// Rewrites the columns [col0, col0 + cols) of dz row `out` (out[0] is column col0) that the row's
+// target entries name, with their terms in entry order (grad_logit_entries_bf16); the other
+// columns hold grad_logit_bf16(..., false) already. z_of_entry(i) is the logit of entry i's column.
+template <class ZOfEntry>
 void write_target_columns(const GradEntries& e, const GradRow& r, int64_t real_cols, int64_t col0, int64_t cols,
-                          const float* z, uint16_t* out);
+                          ZOfEntry&& z_of_entry, uint16_t* out) {
+  float adds[kMaxTargetsPerRow];
+  for (int i = 0; i < e.count; ++i) {
+    const int64_t c = e.col[i] - col0;
+    if (c < 0 || c >= cols) continue;
+    bool first = true;  // a repeated id: written once, at its first entry, with every entry's term
+    for (int j = 0; j < i; ++j) first = first && e.col[j] != e.col[i];
+    if (!first) continue;
+    int n_adds = 0;
+    for (int j = i; j < e.count; ++j)
+      if (e.col[j] == e.col[i]) adds[n_adds++] = e.g[j];
+    out[c] = grad_logit_entries_bf16(z_of_entry(i), r, e.col[i] < real_cols, adds, n_adds);
+  }
+}
 
 // Host: recomputes z on the CPU contract GEMM and writes dz.
 void cpu_grad_logits(const GradLogitsProblem& p);
 // CUDA memory: the SM90 kernel on p.stream (throws where CUDA or an SM90 device is missing).
 void sm90_grad_logits(const GradLogitsProblem& p);
 
+// The checks of linear_logp_grad_from_logits: the logits, targets, temperatures, the forward's
+// outputs and upstream gradients as linear_logp_grad_logits checks them, dz, and any overlap of
+// dz with the logits other than the in-place layout.
+GradLogitsProblem make_grad_from_logits_problem(const GradFromLogitsInputs& in, const GradLogitsArgs& args,
+                                                const MutableTensorView& dz);
+
 // Host: dz from given logits z [rows][z_stride] f32 that already include the bias (the serving
 // entry's logits of the chunk's columns); p.bias, p.hidden and p.weight are not read. Applying it
 // to an arch's own serving logits gives that arch's linear_logp_grad_logits bits (the sampled form
-// too, with p.sampled).
+// too, with p.sampled). One row: every column read before the row's dz is written over it, so dz
+// may be the logits' bytes in place (the layout of GradLogitsProblem::logits).
+void grad_row_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride, int64_t row);
 void grad_logits_from_logits(const GradLogitsProblem& p, const float* z, int64_t z_stride);
+// linear_logp_grad_from_logits on the host (rows in parallel) and on the SM90 backend's stream.
+void cpu_grad_from_logits(const GradLogitsProblem& p);
+void sm90_grad_from_logits(const GradLogitsProblem& p);
 
 }  // namespace detlogp::detail

@@ -61,8 +61,14 @@ void cpu_grad_logits(const GradLogitsProblem& p) {
       p, [&](int64_t n, GradEntries* e) { return p.grad_row(n, e); },
       [&](const float* z, const GradRow& g, const GradEntries& e, int64_t col0, int cols, uint16_t* out) {
         for (int c = 0; c < cols; ++c) out[c] = grad_logit_bf16(z[c], g, col0 + c < real, false);
-        write_target_columns(e, g, real, col0, cols, z, out);
+        write_target_columns(
+            e, g, real, col0, cols, [&](int i) { return z[e.col[i] - col0]; }, out);
       });
+}
+
+void cpu_grad_from_logits(const GradLogitsProblem& p) {
+  cpu::parallel_for(p.rows, cpu::cpu_threads(),
+                    [&](int64_t n, int) { grad_row_from_logits(p, p.logits, p.logits_stride, n); });
 }
 
 }  // namespace detlogp::detail

@@ -87,10 +87,14 @@ void dispatch(const Backend& backend, const LogpProblem& problem) {
     backend.run_from_host(problem);
 }
 
-void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
+namespace {
+
+// Host memory: the CPU implementation. CUDA memory: the SM90 backend's kernel, one target a row.
+template <class Cpu, class Sm90>
+void dispatch_grad(const GradLogitsProblem& p, CallReport& report, Cpu&& cpu, Sm90&& sm90_kernel) {
   if (p.memory == Memory::host) {
     report.provenance = cpu_contract_backend().provenance();
-    if (p.rows > 0) cpu_grad_logits(p);
+    if (p.rows > 0) cpu(p);
     return;
   }
   DETLOGP_CHECK(p.targets_per_row <= 1, "the SM90 logit gradient takes one target per row, but targets has K="
@@ -101,7 +105,17 @@ void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
   DETLOGP_CHECK(sm90.available(&why),
                 "tensors are in CUDA memory but the SM90 backend is unavailable for the logit gradient: " << why);
   report.provenance = sm90.provenance();
-  if (p.rows > 0) sm90_grad_logits(p);
+  if (p.rows > 0) sm90_kernel(p);
+}
+
+}  // namespace
+
+void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report) {
+  dispatch_grad(p, report, cpu_grad_logits, sm90_grad_logits);
+}
+
+void dispatch_grad_from_logits(const GradLogitsProblem& p, CallReport& report) {
+  dispatch_grad(p, report, cpu_grad_from_logits, sm90_grad_from_logits);
 }
 
 }  // namespace detlogp::detail

@@ -22,5 +22,7 @@ void dispatch(const Backend& backend, const LogpProblem& problem);
 // Runs the logit gradient where its tensors live (host: the CPU, CUDA memory: the SM90 kernel,
 // which must be available) and names the implementation in report.provenance.
 void dispatch_grad_logits(const GradLogitsProblem& p, CallReport& report);
+// The same for the gradient from given logits (p.logits set): the CPU, or the SM90 backend's kernel.
+void dispatch_grad_from_logits(const GradLogitsProblem& p, CallReport& report);
 
 }  // namespace detlogp::detail

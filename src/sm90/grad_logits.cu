@@ -68,6 +68,111 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
+// dz from given logits: one CTA a row, its columns in ascending segments of kFromLogitsThreads *
+// kFromLogitsPerThread, every load of a segment before any store of it (a barrier). So the row's
+// dz may overwrite its own logits in place: dz column c lands on logit c / 2, which this segment
+// or an earlier one has read, while later segments read only logits past this one.
+constexpr int kFromLogitsThreads = 256;
+constexpr int kFromLogitsPerThread = 16;
+static_assert(kFromLogitsPerThread % 4 == 0, "whole float4 loads a thread");
+
+// vec4: logits and dz rows start 16- and 8-byte aligned (checked on the host).
+__global__ void __launch_bounds__(kFromLogitsThreads)
+    grad_from_logits_kernel(const GradLogitsParams p, const float* logits, const int64_t logits_stride,
+                            const int vec4) {
+  if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
+  const int64_t row = blockIdx.x;
+  const float* zr = logits + row * logits_stride;
+  uint16_t* out = p.dz + row * p.dz_stride;
+  const int64_t tgt = load_target(p.targets, p.targets_i64, row);
+  const bool ignored = tgt == p.ignore_index;
+  const GradRow r = plain_grad_row(p, row, ignored);
+  const int64_t rel = tgt - p.vocab_start;
+  const int64_t target_col = (!ignored && rel >= 0 && rel < p.cols) ? rel : -1;
+  constexpr int kQuads = kFromLogitsPerThread / 4;
+  constexpr int64_t kSegment = int64_t{kFromLogitsThreads} * kFromLogitsPerThread;
+  for (int64_t s0 = 0; s0 < p.cols; s0 += kSegment) {
+    float z[kFromLogitsPerThread];
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int64_t c = s0 + (int64_t{u} * kFromLogitsThreads + threadIdx.x) * 4;
+      if (vec4 && c + 3 < p.cols) {
+        const float4 q = __ldcs(reinterpret_cast<const float4*>(zr + c));
+        z[4 * u] = q.x;
+        z[4 * u + 1] = q.y;
+        z[4 * u + 2] = q.z;
+        z[4 * u + 3] = q.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) z[4 * u + e] = c + e < p.cols ? zr[c + e] : 0.0f;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int64_t c = s0 + (int64_t{u} * kFromLogitsThreads + threadIdx.x) * 4;
+      uint16_t g[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g[e] = grad_logit_bf16(z[4 * u + e], r, c + e < p.real_cols, c + e == target_col);
+      if (vec4 && c + 3 < p.cols) {
+        const uint2 w{g[0] | (uint32_t{g[1]} << 16), g[2] | (uint32_t{g[3]} << 16)};
+        *reinterpret_cast<uint2*>(out + c) = w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (c + e < p.cols) out[c + e] = g[e];
+      }
+    }
+  }
+}
+
+// The per-row operands both logit-gradient kernels read, and dz, at their element alignment.
+void check_row_operand_alignment(const detail::GradLogitsProblem& p) {
+  check_alignment(p.lse, 4, "lse");
+  if (p.g_logp) check_alignment(p.g_logp, 4, "g_logp");
+  if (p.g_lse) check_alignment(p.g_lse, 4, "g_lse");
+  if (p.g_entropy) {
+    check_alignment(p.g_entropy, 4, "g_entropy");
+    check_alignment(p.entropy, 4, "entropy");
+  }
+  check_alignment(p.dz, 2, "dz");
+}
+
+// The device validation of the targets and row temperatures into the call's status word.
+void launch_row_validation(const detail::GradLogitsProblem& p, DeviceStatus* status, const cuda::Verdict& verdict,
+                           cudaStream_t stream) {
+  cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, 1, p.real_vocab, p.ignore_index,
+                                       p.temperature_rows, status, verdict.device, verdict.seq},
+                        stream);
+}
+
+// The kernels' parameters of a validated problem (the launch fields, k_blocks and the tile counts,
+// are the recomputing kernel's to fill).
+GradLogitsParams grad_params(const detail::GradLogitsProblem& p, const DeviceStatus* status) {
+  GradLogitsParams g{};
+  g.rows = p.rows;
+  g.cols = p.cols;
+  g.real_cols = p.real_cols();
+  g.vocab_start = p.vocab_start;
+  g.ignore_index = p.ignore_index;
+  g.bias = p.bias;
+  g.targets = p.targets;
+  g.targets_i64 = p.targets_i64 ? 1 : 0;
+  g.temperature = p.temperature;
+  g.temperature_rows = p.temperature_rows;
+  g.lse = p.lse;
+  g.g_logp = p.g_logp;
+  g.g_lse = p.g_lse;
+  g.entropy = p.entropy;
+  g.g_entropy = p.g_entropy;
+  g.dz = p.dz;
+  g.dz_stride = p.dz_stride;
+  g.status = status;
+  g.real_vocab = p.real_vocab;
+  g.replay = p.replay;
+  return g;
+}
+
 // Cluster size of the grad-logits kernel: DETLOGP_SM90_GRAD_CLUSTER=1 or 2 (default 2).
 int grad_cluster_m() { return static_cast<int>(detail::env_integer("DETLOGP_SM90_GRAD_CLUSTER", 2)); }
 
@@ -109,14 +214,7 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   check_sm90_device(p.device);
   check_head_operands(p.hidden, p.hidden_stride, p.weight, p.weight_stride, p.rows, p.cols, "C", p.dim, p.targets,
                       p.targets_i64, p.bias, p.temperature_rows);
-  check_alignment(p.lse, 4, "lse");
-  if (p.g_logp) check_alignment(p.g_logp, 4, "g_logp");
-  if (p.g_lse) check_alignment(p.g_lse, 4, "g_lse");
-  if (p.g_entropy) {
-    check_alignment(p.g_entropy, 4, "g_entropy");
-    check_alignment(p.entropy, 4, "entropy");
-  }
-  check_alignment(p.dz, 2, "dz");
+  check_row_operand_alignment(p);
   cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (p.sampled) {
     const SampledGradOperands& r = p.replay;
@@ -138,31 +236,9 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   const Verdict verdict = cuda::prepare_verdict(stream);  // none under stream capture
   StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "SM90 grad-logits status word");
   auto* status = reinterpret_cast<DeviceStatus*>(status_word.get());
-  cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, 1, p.real_vocab, p.ignore_index,
-                                       p.temperature_rows, status, verdict.device, verdict.seq},
-                        stream);
+  launch_row_validation(p, status, verdict, stream);
 
-  GradLogitsParams g{};
-  g.rows = p.rows;
-  g.cols = p.cols;
-  g.real_cols = p.real_cols();
-  g.vocab_start = p.vocab_start;
-  g.ignore_index = p.ignore_index;
-  g.bias = p.bias;
-  g.targets = p.targets;
-  g.targets_i64 = p.targets_i64 ? 1 : 0;
-  g.temperature = p.temperature;
-  g.temperature_rows = p.temperature_rows;
-  g.lse = p.lse;
-  g.g_logp = p.g_logp;
-  g.g_lse = p.g_lse;
-  g.entropy = p.entropy;
-  g.g_entropy = p.g_entropy;
-  g.dz = p.dz;
-  g.dz_stride = p.dz_stride;
-  g.status = status;
-  g.real_vocab = p.real_vocab;
-  g.replay = p.replay;
+  const GradLogitsParams g = grad_params(p, status);
   const bool vec2 = reinterpret_cast<uintptr_t>(p.dz) % 4 == 0 && p.dz_stride % 2 == 0;
   if (cluster_m == 2)
     launch_grad_logits<GradC2Cfg>(p, g, vec2, stream);
@@ -173,6 +249,32 @@ void sm90_grad_logits(const GradLogitsProblem& p) {
   // no host wait is possible: the kernel still writes nothing on invalid input, but the error
   // cannot be raised from here.
   cuda::settle_verdict(verdict, stream, p, "linear_logp_grad_logits");
+}
+
+void sm90_grad_from_logits(const GradLogitsProblem& p) {
+  using namespace detlogp::sm90;
+  DETLOGP_CHECK(p.memory == Memory::cuda, "the SM90 logit gradient needs tensors in CUDA memory");
+  if (p.rows == 0) return;
+  cuda::DeviceGuard guard(p.device);
+  check_sm90_device(p.device);
+  DETLOGP_CHECK(p.rows < (int64_t{1} << 31), "N=" << p.rows << " rows exceed the kernel's grid (2^31 - 1 rows)");
+  check_alignment(p.logits, 4, "logits");
+  check_row_operand_alignment(p);
+  check_alignment(p.targets, p.targets_i64 ? 8 : 4, "targets");
+  if (p.temperature_rows) check_alignment(p.temperature_rows, 4, "temperature_rows");
+  cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+
+  const cuda::Verdict verdict = cuda::prepare_verdict(stream);  // none under stream capture
+  cuda::StreamBuffer status_word(sizeof(DeviceStatus), stream, p.device, "SM90 grad-from-logits status word");
+  auto* status = reinterpret_cast<DeviceStatus*>(status_word.get());
+  launch_row_validation(p, status, verdict, stream);
+  const GradLogitsParams g = grad_params(p, status);
+  const bool vec4 = reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 && p.logits_stride % 4 == 0 &&
+                    reinterpret_cast<uintptr_t>(p.dz) % 8 == 0 && p.dz_stride % 4 == 0;
+  grad_from_logits_kernel<<<static_cast<unsigned>(p.rows), kFromLogitsThreads, 0, stream>>>(g, p.logits,
+                                                                                            p.logits_stride, vec4);
+  DETLOGP_CUDA_CHECK(cudaGetLastError());
+  cuda::settle_verdict(verdict, stream, p, "linear_logp_grad_from_logits");
 }
 
 }  // namespace detlogp::detail

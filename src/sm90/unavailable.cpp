@@ -41,6 +41,9 @@ void device_merge_topk(const std::vector<DeviceTopkList>&, int64_t, int64_t, con
 }
 
 void sm90_grad_logits(const GradLogitsProblem&) { DETLOGP_FAIL("SM90 logit gradient unavailable: " << kNoCudaReason); }
+void sm90_grad_from_logits(const GradLogitsProblem&) {
+  DETLOGP_FAIL("SM90 logit gradient unavailable: " << kNoCudaReason);
+}
 
 const Backend& sm90_contract_backend() {
   static const Sm90Unavailable backend;

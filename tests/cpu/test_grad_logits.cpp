@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -690,5 +691,167 @@ TEST(CpuGradLogits, BadInputsAreRefusedByNameAndWriteNothing) {
                      detlogp::linear_logp_grad_logits(g.inputs(), a, g.dz_view());
                    },
                    {"entropy must be f32, got i32"});
+  }
+}
+
+// linear_logp_grad_from_logits: the public entry over given logits (the CPU backend's serving logits
+// of the chunk), written to its own dz or over the logits in place (each row's bf16 dz in the first
+// half of its fp32 bytes), gives linear_logp_grad_logits's bits; the entropy term too.
+namespace {
+
+struct FromLogits {
+  std::vector<float> logits;  // the chunk's serving logits [N][cols], contiguous
+  detlogp::GradFromLogitsInputs in;
+};
+
+FromLogits chunk_logits(const GradCase& g) {
+  const Outputs fwd = run_linear_logp(g.full, /*with_logits=*/true);
+  FromLogits f;
+  f.logits.resize(static_cast<size_t>(g.full.rows * g.cols));
+  for (int64_t n = 0; n < g.full.rows; ++n)
+    for (int64_t c = 0; c < g.cols; ++c)
+      f.logits[static_cast<size_t>(n * g.cols + c)] =
+          fwd.logits[static_cast<size_t>(n * g.full.vocab + g.vocab_start + c)];
+  const detlogp::LinearLogpInputs head = g.inputs();
+  f.in.logits = detlogp::TensorView::matrix(f.logits.data(), detlogp::DType::f32, g.full.rows, g.cols);
+  f.in.targets = head.targets;
+  f.in.temperature = head.temperature;
+  f.in.temperature_rows = head.temperature_rows;
+  f.in.vocab_start = g.vocab_start;
+  f.in.real_vocab = g.full.real_vocab;
+  f.in.ignore_index = head.ignore_index;
+  return f;
+}
+
+// dz of the in-place layout, copied out of the logits buffer into [N][cols] bf16.
+std::vector<uint16_t> in_place_dz(const GradCase& g, FromLogits& f) {
+  const detlogp::MutableTensorView dz{detlogp::TensorView::matrix(f.logits.data(), detlogp::DType::bf16, g.full.rows,
+                                                                  g.cols, detlogp::Memory::host, 2 * g.cols)};
+  detlogp::linear_logp_grad_from_logits(f.in, g.args(), dz);
+  std::vector<uint16_t> out(static_cast<size_t>(g.full.rows * g.cols));
+  const auto* bits = reinterpret_cast<const uint16_t*>(f.logits.data());
+  for (int64_t n = 0; n < g.full.rows; ++n)
+    for (int64_t c = 0; c < g.cols; ++c)
+      out[static_cast<size_t>(n * g.cols + c)] = bits[static_cast<size_t>(n * 2 * g.cols + c)];
+  return out;
+}
+
+std::vector<uint16_t> packed(const GradCase& g) {  // g.dz without its row padding
+  std::vector<uint16_t> out(static_cast<size_t>(g.full.rows * g.cols));
+  for (int64_t n = 0; n < g.full.rows; ++n)
+    for (int64_t c = 0; c < g.cols; ++c) out[static_cast<size_t>(n * g.cols + c)] = g.at(n, c);
+  return out;
+}
+
+}  // namespace
+
+TEST(CpuGradFromLogits, BitsEqualTheRecomputingEntryOwnBufferAndInPlace) {
+  uint64_t seed = 41;
+  for (bool entropy : {false, true}) {
+    for (const Shape& s : kShapes) {
+      GradCase g(shaped_problem(s, seed), s.vocab_start, s.cols, s.stride_pad, seed);
+      if (entropy) g.with_entropy_term(seed);
+      ++seed;
+      g.run();
+      const std::vector<uint16_t> want = packed(g);
+
+      FromLogits f = chunk_logits(g);
+      std::vector<uint16_t> own(want.size(), kPoison16);
+      detlogp::linear_logp_grad_from_logits(
+          f.in, g.args(), detlogp::mutable_matrix(own.data(), detlogp::DType::bf16, g.full.rows, g.cols));
+      int64_t first = -1;
+      EXPECT_EQ(count_diff(want, own, &first), 0)
+          << "own dz, entropy=" << entropy << " N=" << s.rows << " C=" << s.cols << ", first at " << first;
+      EXPECT_EQ(count_diff(want, in_place_dz(g, f), &first), 0)
+          << "in place, entropy=" << entropy << " N=" << s.rows << " C=" << s.cols << ", first at " << first;
+    }
+  }
+}
+
+TEST(CpuGradFromLogits, KTargetsARowInPlace) {
+  const Shape s{40, 64, 300, 280, 0, 300, 0, true, false};
+  Problem p = shaped_problem(s, 9);
+  const int64_t k = 3;
+  std::vector<int64_t> ids(static_cast<size_t>(p.rows * k));
+  std::vector<float> g_logp(ids.size());
+  Rng rng(5);
+  for (int64_t n = 0; n < p.rows; ++n)
+    for (int64_t i = 0; i < k; ++i) {
+      const size_t j = static_cast<size_t>(n * k + i);
+      ids[j] = (n % 7 == 3 && i == 1) ? p.ignore_index : (i == 2 ? ids[j - 2] : (n * 31 + i * 17) % p.real_vocab);
+      g_logp[j] = static_cast<float>(rng.uniform() - 0.3);
+    }
+  GradCase g(p, 0, s.cols, 0, 9);
+  detlogp::LinearLogpInputs in = g.inputs();
+  in.targets = detlogp::TensorView::matrix(ids.data(), detlogp::DType::i64, p.rows, k);
+  detlogp::GradLogitsArgs args = g.args();
+  args.g_logp = detlogp::TensorView::matrix(g_logp.data(), detlogp::DType::f32, p.rows, k);
+  std::vector<uint16_t> want(static_cast<size_t>(p.rows * s.cols), kPoison16);
+  detlogp::linear_logp_grad_logits(in, args,
+                                   detlogp::mutable_matrix(want.data(), detlogp::DType::bf16, p.rows, s.cols));
+  FromLogits f = chunk_logits(g);
+  f.in.targets = in.targets;
+  const detlogp::MutableTensorView dz{detlogp::TensorView::matrix(f.logits.data(), detlogp::DType::bf16, p.rows, s.cols,
+                                                                  detlogp::Memory::host, 2 * s.cols)};
+  detlogp::linear_logp_grad_from_logits(f.in, args, dz);
+  const auto* bits = reinterpret_cast<const uint16_t*>(f.logits.data());
+  int64_t diff = 0;
+  for (int64_t n = 0; n < p.rows; ++n)
+    for (int64_t c = 0; c < s.cols; ++c)
+      diff += bits[static_cast<size_t>(n * 2 * s.cols + c)] != want[static_cast<size_t>(n * s.cols + c)];
+  EXPECT_EQ(diff, 0);
+}
+
+TEST(CpuGradFromLogits, BadInputsAreRefusedByNameAndWriteNothing) {
+  const Shape s{9, 32, 300, 250, 64, 200, 0, true, true};
+  auto fresh = [&] { return GradCase(shaped_problem(s, 4), s.vocab_start, s.cols, 0, 4); };
+  auto refused = [](const std::function<void()>& call, std::initializer_list<const char*> words,
+                    const std::vector<uint16_t>& dz) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted";
+    } catch (const detlogp::Error& e) {
+      for (const char* w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    }
+    for (uint16_t b : dz) ASSERT_EQ(b, kPoison16) << "written before the error";
+  };
+  {
+    GradCase g = fresh();
+    FromLogits f = chunk_logits(g);
+    g.full.targets[4] = 250;
+    f.in.targets = g.inputs().targets;
+    refused([&] { detlogp::linear_logp_grad_from_logits(f.in, g.args(), g.dz_view()); },
+            {"targets[4]=250", "real_vocab=250"}, g.dz);
+  }
+  {
+    GradCase g = fresh();
+    FromLogits f = chunk_logits(g);
+    g.full.temperature_rows[6] = -1.0f;
+    f.in.temperature_rows = g.inputs().temperature_rows;
+    refused([&] { detlogp::linear_logp_grad_from_logits(f.in, g.args(), g.dz_view()); }, {"temperature_rows[6]=-1"},
+            g.dz);
+  }
+  {
+    GradCase g = fresh();
+    FromLogits f = chunk_logits(g);
+    f.in.logits = detlogp::TensorView::matrix(f.logits.data(), detlogp::DType::f32, g.full.rows, g.cols - 1);
+    refused([&] { detlogp::linear_logp_grad_from_logits(f.in, g.args(), g.dz_view()); },
+            {"dz must be [N=9, C=199], got [9, 200]"}, g.dz);
+  }
+  {  // dz over the logits, but not the in-place layout: refused, the logits untouched
+    GradCase g = fresh();
+    FromLogits f = chunk_logits(g);
+    const std::vector<float> before = f.logits;
+    const detlogp::MutableTensorView dz{detlogp::TensorView::matrix(
+        f.logits.data() + 1, detlogp::DType::bf16, g.full.rows, g.cols, detlogp::Memory::host, 2 * g.cols)};
+    refused([&] { detlogp::linear_logp_grad_from_logits(f.in, g.args(), dz); },
+            {"dz overlaps logits but is not their in-place layout"}, g.dz);
+    EXPECT_EQ(std::memcmp(before.data(), f.logits.data(), before.size() * 4), 0);
+  }
+  {
+    GradCase g = fresh();
+    FromLogits f = chunk_logits(g);
+    f.in.vocab_start = -1;
+    refused([&] { detlogp::linear_logp_grad_from_logits(f.in, g.args(), g.dz_view()); }, {"vocab_start=-1"}, g.dz);
   }
 }

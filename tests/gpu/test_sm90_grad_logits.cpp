@@ -4,10 +4,11 @@
 // reduce_logits is for logp/lse), on odd shapes: N in {1, 77, 300}, C in {17, 123, 2053, 4096},
 // D in {64, 200, 4096}, with bias, per-row temperatures, ignored rows, padding columns,
 // vocab_start > 0 (also not a multiple of 64), strided and 2-byte-offset dz, i32/i64 targets and
-// absent upstream gradients. Also: close to the CPU implementation, deterministic across runs,
-// columns past C never written, and a bad target or temperature refused with nothing written. With
-// the entropy term (g_entropy and the rows' entropy H, the CPU reduce_logits of the same SM90
-// logits): bit-identical to the pinned formula on SM90 logits, and the logp-only bits without it.
+// absent upstream gradients. The same bits from linear_logp_grad_from_logits over the serving logits
+// (also with dz written over its own logits in place). Also: close to the CPU implementation, deterministic across
+// runs, columns past C never written, and a bad target or temperature refused with nothing written. With the entropy
+// term (g_entropy and the rows' entropy H, the CPU reduce_logits of the same SM90 logits): bit-identical to the pinned
+// formula on SM90 logits, and the logp-only bits without it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -488,4 +489,104 @@ TEST_F(Sm90GradLogits, AMisalignedHiddenIsRefusedOnTheHost) {
       EXPECT_NE(std::string(e.what()).find("16-byte"), std::string::npos) << "message: " << e.what();
     }
   }
+}
+
+// linear_logp_grad_from_logits on SM90: the kernel over given logits (the forward's serving logits
+// of the chunk, read in place with the full row stride, or copied into a contiguous buffer whose
+// rows then receive their own bf16 dz in place) gives the recomputing kernel's bits; a bad target
+// is refused with nothing written, the logits left as they were.
+namespace {
+
+GradFromLogitsInputs from_logits_inputs(const GradCase& g, const float* logits, int64_t stride) {
+  GradFromLogitsInputs in;
+  in.logits = TensorView::matrix(logits, DType::f32, g.s.n, g.s.c, Memory::cuda, stride);
+  in.targets = g.targets_view();
+  if (g.s.temp_rows)
+    in.temperature_rows = TensorView::vector(g.d_temps.get(), DType::f32, g.s.n, Memory::cuda);
+  else
+    in.temperature = 0.8f;
+  in.vocab_start = g.s.vocab_start;
+  in.real_vocab = g.s.real_vocab;
+  return in;
+}
+
+// The chunk's serving logits copied into a contiguous [n][c] device buffer.
+DevBuf<float> contiguous_chunk(const GradCase& g) {
+  DevBuf<float> z(static_cast<size_t>(g.s.n * g.s.c));
+  EXPECT_EQ(cudaMemcpy2D(z.get(), g.s.c * 4, g.fwd.logits.get() + g.s.vocab_start, g.s.vocab * 4, g.s.c * 4, g.s.n,
+                         cudaMemcpyDeviceToDevice),
+            cudaSuccess);
+  return z;
+}
+
+// The first half of each row's bytes of an in-place buffer, as [n][dz_stride] bf16 (padding poison).
+std::vector<uint16_t> in_place_bits(const GradCase& g, const DevBuf<float>& z) {
+  const std::vector<float> host = z.to_host();
+  const auto* bits = reinterpret_cast<const uint16_t*>(host.data());
+  std::vector<uint16_t> out(static_cast<size_t>(g.s.n * g.dz_stride), kPoison);
+  for (int64_t n = 0; n < g.s.n; ++n)
+    for (int64_t c = 0; c < g.s.c; ++c)
+      out[static_cast<size_t>(n * g.dz_stride + c)] = bits[static_cast<size_t>(n * 2 * g.s.c + c)];
+  return out;
+}
+
+}  // namespace
+
+TEST_F(Sm90GradLogits, FromLogitsMatchesTheRecomputingKernelBitForBitOwnBufferAndInPlace) {
+  int idx = 0;
+  for (bool entropy : {false, true})
+    for (int64_t n : {1, 77, 300})
+      for (int64_t c : {17, 123, 2053, 4101}) {
+        Spec s{};
+        s.n = n;
+        s.c = c;
+        s.d = idx % 2 ? 200 : 64;
+        s.vocab_start = (idx % 3) * 37;
+        s.real_vocab = s.vocab_start + c - (idx % 2 ? c / 4 : 0);
+        s.vocab = s.vocab_start + c + 64;
+        s.bias = idx % 2 == 0;
+        s.temp_rows = idx % 3 != 1;
+        s.g_logp = idx % 5 != 4;
+        s.g_lse = true;
+        s.i64 = idx % 2 == 1;
+        s.offset_dz = idx % 4 == 3;
+        s.stride_pad = idx % 4 == 2 ? 5 : 0;
+        GradCase g(s, 3000 + idx);
+        if (entropy) g.with_entropy_term(3000 + idx);
+        g.run();
+        const std::vector<uint16_t> want = g.dz_host();
+
+        g.dz.poison();
+        const CallReport r = linear_logp_grad_from_logits(
+            from_logits_inputs(g, g.fwd.logits.get() + s.vocab_start, s.vocab), g.args(), g.dz_view());
+        EXPECT_EQ(r.provenance.backend_id, kId) << describe(s);
+        expect_bits(want, g.dz_host(), s, g.dz_stride, "from the serving logits vs the recomputing kernel");
+
+        DevBuf<float> z = contiguous_chunk(g);
+        const MutableTensorView over{TensorView::matrix(z.get(), DType::bf16, s.n, s.c, Memory::cuda, 2 * s.c)};
+        linear_logp_grad_from_logits(from_logits_inputs(g, z.get(), s.c), g.args(), over);
+        expect_bits(want, in_place_bits(g, z), s, g.dz_stride, "in place vs the recomputing kernel");
+        ++idx;
+      }
+  std::printf("   %d shapes checked (serving logits in place of the recompute, and dz over its own logits)\n", idx);
+}
+
+TEST_F(Sm90GradLogits, FromLogitsRefusesABadTargetWithNothingWritten) {
+  Spec s{77, 123, 64, 64, 64 + 123, 64 + 123 + 64, true, true, true, true, true, false, 0};
+  GradCase g(s, 11);
+  DevBuf<float> z = contiguous_chunk(g);
+  const std::vector<float> before = z.to_host();
+  std::vector<int64_t> bad = g.targets;
+  bad[6] = s.real_vocab + 3;
+  g.set_targets(bad);
+  const MutableTensorView over{TensorView::matrix(z.get(), DType::bf16, s.n, s.c, Memory::cuda, 2 * s.c)};
+  try {
+    linear_logp_grad_from_logits(from_logits_inputs(g, z.get(), s.c), g.args(), over);
+    ADD_FAILURE() << "a target past real_vocab was not refused";
+  } catch (const detlogp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("targets[6]=" + std::to_string(s.real_vocab + 3)), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(z.to_host(), before) << "the logits were written despite an invalid target";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "CUDA error state left behind";
 }

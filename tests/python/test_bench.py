@@ -59,6 +59,7 @@ def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path
         (("detlogp-entropy", "trainer-forward"), ["70"]),
         (("torch-materializing", "trainer-forward"), ["70"]),
         (("detlogp-trainer", "forward+backward"), ["8"]),
+        (("detlogp-loss", "forward+backward"), ["8"]),
         (("torch-materializing", "forward+backward"), ["8"]),
     ):
         got = by[(key, mode)]
@@ -73,6 +74,8 @@ def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path
     assert entropy["ref_method"] == "detlogp-trainer" and float(entropy["ratio_vs_ref"]) > 0
     (fb,) = by[("detlogp-trainer", "forward+backward")]
     assert fb["ref_method"] == "torch-materializing" and fb["detlogp_backend"].startswith("cpu-")
+    (fl,) = by[("detlogp-loss", "forward+backward")]
+    assert fl["ref_method"] == "torch-materializing" and fl["batch_invariant"] == "yes", fl
     for key in ("detlogp-trainer", "detlogp-serving", "detlogp-entropy"):
         for r in by[(key, "trainer-forward")]:
             assert r["batch_invariant"] == "yes", r

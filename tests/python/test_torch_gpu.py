@@ -674,3 +674,43 @@ def test_grad_logits_op_gpu_with_entropy_close_to_cpu():
     assert torch.equal(i16(plain), i16(alone))  # no g_entropy: the logp-only bits
     with pytest.raises(ValueError, match="g_entropy needs entropy"):
         dt.grad_logits(h, wc, t, lse, g_logp, g_lse, bias=bc, temperature=temp, g_entropy=g_entropy, **kw)
+
+
+def test_linear_logp_loss_on_sm90():
+    """detlogp.torch.linear_logp_loss on CUDA: the serving run's logp / lse / entropy bits equal
+    linear_logp's, the gradients are close to linear_logp's backward and equal run to run, and the
+    peak extra memory is the gradients plus one fp32 chunk of logits (dz written over them)."""
+    n, d, v = 1000, 512, 20011
+    h, w, b, t, temp = problem(n, d, v, seed=12)
+    adv = torch.randn(n, device="cuda")
+
+    def fn(logp, lse, entropy, rows):
+        return -(logp * adv[rows]).sum() - 0.01 * entropy.sum()
+
+    runs = []
+    for _ in range(2):
+        hh, ww, bb = (x.clone().requires_grad_() for x in (h, w, b))
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        r = dt.linear_logp_loss(hh, ww, t, fn, bias=bb, temperature=temp, return_entropy=True, chunk_rows=256)
+        r.loss.backward()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - base
+        runs.append((r, hh.grad, ww.grad, bb.grad, extra))
+    r, gh, gw, gb, extra = runs[0]
+    logp, lse, entropy = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_entropy=True)
+    assert torch.equal(i32(r.logp), i32(logp)) and torch.equal(i32(r.lse), i32(lse))
+    assert torch.equal(i32(r.entropy), i32(entropy))
+    for a, c in zip(runs[0][1:4], runs[1][1:4]):
+        assert torch.equal(a, c)
+    hh, ww, bb = (x.clone().requires_grad_() for x in (h, w, b))
+    logp2, lse2, ent2 = dt.linear_logp(hh, ww, t, bias=bb, temperature=temp, return_entropy=True)
+    fn(logp2, lse2, ent2, slice(None)).backward()
+    for got, want, name in ((gh, hh.grad, "hidden"), (gw, ww.grad, "weight"), (gb, bb.grad, "bias")):
+        err = (got.float() - want.float()).abs().max().item()
+        assert err <= 2e-2 * want.float().abs().max().item() + 1e-6, f"grad_{name}: max |err| {err}"
+    grads_out = n * d * 2 + v * d * 2 + v * 4 * 2  # bf16 grad_hidden, grad_weight; bias grad (fp32 + sum)
+    bound = grads_out + 256 * v * 4 + (16 << 20)
+    print(f"linear_logp_loss: peak extra {extra / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB")
+    assert extra <= bound

@@ -150,11 +150,12 @@ def eager_operands(tensors) -> Optional[list]:
 
 
 def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_index, return_logits, real_vocab,
-           backend, strict, return_entropy, topk):  # fmt: skip
+           backend, strict, return_entropy, topk, logits_out=None):  # fmt: skip
     """The body of ``detlogp::linear_logp`` on real tensors, for the op and for detlogp.torch's eager
     path that needs no dispatcher (no autograd, no tracing, no capture): the same outputs, except that
     an output the call does not ask for (logits, entropy, the top-k pair) is None here, which the op
-    replaces by its (0,) placeholder."""
+    replaces by its (0,) placeholder. logits_out: a contiguous [N, V] f32 tensor the logits are
+    written into (with return_logits) instead of a new one."""
     if backend == TORCH_BACKEND_ID:
         _ext.check_environment()  # the C++ lanes check it in the library; this lane here
         check_lane_values(targets, temperature, temperature_rows, real_vocab, ignore_index)
@@ -186,7 +187,9 @@ def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_
     else:
         logp = hidden.new_empty(per_target_shape(targets, n), dtype=torch.float32)
     lse = hidden.new_empty((n,), dtype=torch.float32)
-    logits = hidden.new_empty((n, v), dtype=torch.float32) if return_logits else None
+    logits = None
+    if return_logits:
+        logits = hidden.new_empty((n, v), dtype=torch.float32) if logits_out is None else logits_out
     entropy = None
     if return_entropy:
         entropy = (hidden.new_full((n,), _NAN, dtype=torch.float32) if defer

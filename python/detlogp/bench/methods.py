@@ -222,6 +222,14 @@ REPLAY_PROGRAM = {"temperature": 1.0, "top_k": 50, "top_p": 0.95}
 SAMPLE_SEED = 1234
 
 
+def _detlogp_loss(h, w, t, g):
+    return _dt().linear_logp_loss(h, w, t, lambda logp, lse, rows: (logp * g[rows]).sum()).loss
+
+
+def _detlogp_loss_forward(h, w, t):
+    return (_dt().linear_logp_loss(h, w, t, lambda logp, lse, rows: logp.sum()).logp,)
+
+
 def _params(fields):
     import detlogp
 
@@ -442,6 +450,12 @@ def _register_builtins() -> None:
     register_method(Method(
         "detlogp-serving", "detlogp.torch.linear_logp(return_logits=True) (serving entry)", (DECODE, TRAINER),
         forward=_detlogp_serving, available=_detlogp_available, ratio_ref="torch-mm-fp32out", kind="detlogp", **lp,
+    ))  # fmt: skip
+    register_method(Method(
+        "detlogp-loss", "detlogp.torch.linear_logp_loss (the loss inside the op: three GEMMs)", (FWDBWD,),
+        forward=_detlogp_loss_forward, loss=_detlogp_loss, available=_detlogp_available, kind="detlogp", **lp,
+        notes="the same loss, sum(logp * g), computed per row chunk inside the op: the forward's logits kept a "
+        "chunk at a time, no recompute in the backward",
     ))  # fmt: skip
     register_method(Method(
         "detlogp-entropy", "detlogp.torch.linear_logp(return_entropy=True)", (TRAINER, FWDBWD),

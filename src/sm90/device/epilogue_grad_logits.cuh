@@ -17,6 +17,22 @@
 
 namespace detlogp::sm90 {
 
+// Row `row`'s operands of the plain gradient (detlogp/grad.hpp GradRow): ignored rows take no
+// dL/dlogp term.
+__device__ __forceinline__ GradRow plain_grad_row(const GradLogitsParams& p, int64_t row, bool ignored) {
+  GradRow r;
+  r.inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
+  r.lse = p.lse[row];
+  r.gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
+  r.gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
+  if (p.g_entropy != nullptr) {
+    r.entropy_term = true;
+    r.gh = p.g_entropy[row];
+    r.h = p.entropy[row];
+  }
+  return r;
+}
+
 // Epilogue of one m64 accumulator fragment: its 64 rows start at `row_tile0`, its BlockN columns
 // at chunk column `col0`. vec2: dz base 4-byte aligned and row stride even (checked on the host).
 template <int BlockN, bool kSampled>
@@ -53,15 +69,7 @@ __device__ __forceinline__ void epilogue_grad_logits(const float (&acc)[BlockN /
       if constexpr (kSampled) {
         r[h] = p.replay.row(row, p.real_vocab, ignored, p.lse, p.g_logp, p.g_lse);
       } else {
-        r[h].inv_t = inverse_temperature(p.temperature_rows ? p.temperature_rows[row] : p.temperature);
-        r[h].lse = p.lse[row];
-        r[h].gl = (ignored || p.g_logp == nullptr) ? 0.0f : p.g_logp[row];
-        r[h].gs = p.g_lse == nullptr ? 0.0f : p.g_lse[row];
-        if (p.g_entropy != nullptr) {
-          r[h].entropy_term = true;
-          r[h].gh = p.g_entropy[row];
-          r[h].h = p.entropy[row];
-        }
+        r[h] = plain_grad_row(p, row, ignored);
       }
       const int64_t rel = tgt - p.vocab_start - col0;
       if (!ignored && rel >= 0 && rel < cols) target[h] = static_cast<int>(rel);
