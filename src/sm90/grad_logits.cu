@@ -17,6 +17,7 @@
 #include "cuda/status.hpp"
 #include "sm90/device/configs.cuh"
 #include "sm90/device/epilogue_grad_logits.cuh"
+#include "sm90/device/grad_from_logits.cuh"
 #include "sm90/device/mainloop.cuh"
 #include "sm90/launch_persistent.cuh"
 #include "sm90/sample.hpp"
@@ -68,62 +69,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #endif
 }
 
-// dz from given logits: one CTA a row, its columns in ascending segments of kFromLogitsThreads *
-// kFromLogitsPerThread, every load of a segment before any store of it (a barrier). So the row's
-// dz may overwrite its own logits in place: dz column c lands on logit c / 2, which this segment
-// or an earlier one has read, while later segments read only logits past this one.
-constexpr int kFromLogitsThreads = 256;
-constexpr int kFromLogitsPerThread = 16;
-static_assert(kFromLogitsPerThread % 4 == 0, "whole float4 loads a thread");
-
-// vec4: logits and dz rows start 16- and 8-byte aligned (checked on the host).
+// dz from given logits, one CTA a row (device/grad_from_logits.cuh).
 __global__ void __launch_bounds__(kFromLogitsThreads)
     grad_from_logits_kernel(const GradLogitsParams p, const float* logits, const int64_t logits_stride,
                             const int vec4) {
   if (p.status->code != kStatusOk) return;  // invalid input: write nothing (uniform over the grid)
-  const int64_t row = blockIdx.x;
-  const float* zr = logits + row * logits_stride;
-  uint16_t* out = p.dz + row * p.dz_stride;
-  const int64_t tgt = load_target(p.targets, p.targets_i64, row);
-  const bool ignored = tgt == p.ignore_index;
-  const GradRow r = plain_grad_row(p, row, ignored);
-  const int64_t rel = tgt - p.vocab_start;
-  const int64_t target_col = (!ignored && rel >= 0 && rel < p.cols) ? rel : -1;
-  constexpr int kQuads = kFromLogitsPerThread / 4;
-  constexpr int64_t kSegment = int64_t{kFromLogitsThreads} * kFromLogitsPerThread;
-  for (int64_t s0 = 0; s0 < p.cols; s0 += kSegment) {
-    float z[kFromLogitsPerThread];
-#pragma unroll
-    for (int u = 0; u < kQuads; ++u) {
-      const int64_t c = s0 + (int64_t{u} * kFromLogitsThreads + threadIdx.x) * 4;
-      if (vec4 && c + 3 < p.cols) {
-        const float4 q = __ldcs(reinterpret_cast<const float4*>(zr + c));
-        z[4 * u] = q.x;
-        z[4 * u + 1] = q.y;
-        z[4 * u + 2] = q.z;
-        z[4 * u + 3] = q.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) z[4 * u + e] = c + e < p.cols ? zr[c + e] : 0.0f;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < kQuads; ++u) {
-      const int64_t c = s0 + (int64_t{u} * kFromLogitsThreads + threadIdx.x) * 4;
-      uint16_t g[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) g[e] = grad_logit_bf16(z[4 * u + e], r, c + e < p.real_cols, c + e == target_col);
-      if (vec4 && c + 3 < p.cols) {
-        const uint2 w{g[0] | (uint32_t{g[1]} << 16), g[2] | (uint32_t{g[3]} << 16)};
-        *reinterpret_cast<uint2*>(out + c) = w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (c + e < p.cols) out[c + e] = g[e];
-      }
-    }
-  }
+  grad_from_logits_row(p, logits, logits_stride, vec4 != 0, blockIdx.x);
 }
 
 // The per-row operands both logit-gradient kernels read, and dz, at their element alignment.
@@ -144,33 +95,6 @@ void launch_row_validation(const detail::GradLogitsProblem& p, DeviceStatus* sta
   cuda::launch_validate(ValidateParams{p.rows, p.targets, p.targets_i64 ? 1 : 0, 1, p.real_vocab, p.ignore_index,
                                        p.temperature_rows, status, verdict.device, verdict.seq},
                         stream);
-}
-
-// The kernels' parameters of a validated problem (the launch fields, k_blocks and the tile counts,
-// are the recomputing kernel's to fill).
-GradLogitsParams grad_params(const detail::GradLogitsProblem& p, const DeviceStatus* status) {
-  GradLogitsParams g{};
-  g.rows = p.rows;
-  g.cols = p.cols;
-  g.real_cols = p.real_cols();
-  g.vocab_start = p.vocab_start;
-  g.ignore_index = p.ignore_index;
-  g.bias = p.bias;
-  g.targets = p.targets;
-  g.targets_i64 = p.targets_i64 ? 1 : 0;
-  g.temperature = p.temperature;
-  g.temperature_rows = p.temperature_rows;
-  g.lse = p.lse;
-  g.g_logp = p.g_logp;
-  g.g_lse = p.g_lse;
-  g.entropy = p.entropy;
-  g.g_entropy = p.g_entropy;
-  g.dz = p.dz;
-  g.dz_stride = p.dz_stride;
-  g.status = status;
-  g.real_vocab = p.real_vocab;
-  g.replay = p.replay;
-  return g;
 }
 
 // Cluster size of the grad-logits kernel: DETLOGP_SM90_GRAD_CLUSTER=1 or 2 (default 2).

@@ -192,4 +192,31 @@ struct GradLogitsParams {
   detail::SampledGradOperands replay;
 };
 
+// The kernels' parameters of a validated problem (the launch fields, k_blocks and the tile counts,
+// are the recomputing kernel's to fill).
+inline GradLogitsParams grad_params(const detail::GradLogitsProblem& p, const DeviceStatus* status) {
+  GradLogitsParams g{};
+  g.rows = p.rows;
+  g.cols = p.cols;
+  g.real_cols = p.real_cols();
+  g.vocab_start = p.vocab_start;
+  g.ignore_index = p.ignore_index;
+  g.bias = p.bias;
+  g.targets = p.targets;
+  g.targets_i64 = p.targets_i64 ? 1 : 0;
+  g.temperature = p.temperature;
+  g.temperature_rows = p.temperature_rows;
+  g.lse = p.lse;
+  g.g_logp = p.g_logp;
+  g.g_lse = p.g_lse;
+  g.entropy = p.entropy;
+  g.g_entropy = p.g_entropy;
+  g.dz = p.dz;
+  g.dz_stride = p.dz_stride;
+  g.status = status;
+  g.real_vocab = p.real_vocab;
+  g.replay = p.replay;
+  return g;
+}
+
 }  // namespace detlogp::sm90

@@ -159,6 +159,43 @@ def test_gradients_through_the_whole_model_match_a_float64_head(tied):
     assert torch.equal(_grads(m, ids, mask)[head], got[head])  # deterministic
 
 
+def _head_loss(m, ids, mask, adv, loss_entry: bool):
+    """A policy-gradient loss with an entropy bonus on the model's hidden states, through
+    linear_logp + autograd or through linear_logp_loss (the loss inside the op): (logp, grads)."""
+    m.zero_grad(set_to_none=True)
+    h = dtx.hidden_states(m, ids, mask)
+    t = dtx.shift_labels(ids, mask).reshape(-1)
+    h2, a2 = h.reshape(-1, h.shape[-1]), adv.reshape(-1)
+
+    def loss_fn(logp, lse, entropy, rows):
+        return -(logp * a2[rows]).sum() - 0.1 * entropy.sum()
+
+    if loss_entry:
+        r = dt.linear_logp_loss(h2, m.lm_head.weight, t, loss_fn, temperature=T, return_entropy=True, chunk_rows=8)
+        r.loss.backward()
+        logp = r.logp
+    else:
+        logp, lse, entropy = dt.linear_logp(h2, m.lm_head.weight, t, temperature=T, return_entropy=True)
+        loss_fn(logp, lse, entropy, slice(None)).backward()
+        logp = logp.detach()
+    return logp, {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+
+
+def test_the_loss_entry_trains_the_whole_model_as_linear_logp_does():
+    m = tiny()
+    ids, mask, _ = padded_batch(torch.Generator().manual_seed(5))
+    adv = torch.randn(ids.shape, generator=torch.Generator().manual_seed(6))
+    want_logp, want = _head_loss(m, ids, mask, adv, loss_entry=False)
+    got_logp, got = _head_loss(m, ids, mask, adv, loss_entry=True)
+    assert torch.equal(got_logp.view(torch.int32), want_logp.view(torch.int32))
+    assert got.keys() == want.keys() and "model.layers.0.self_attn.q_proj.weight" in got
+    for name in got:
+        g, r = got[name].double().flatten(), want[name].double().flatten()
+        cos = (g @ r / (g.norm() * r.norm())).item()
+        assert cos > 0.999, f"{name}: cosine {cos}"
+    assert all(torch.equal(a, b) for a, b in zip(_head_loss(m, ids, mask, adv, True)[1].values(), got.values()))
+
+
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
 def test_gradient_checkpointing_gives_the_same_gradients():
     m = tiny()

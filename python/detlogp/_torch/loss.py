@@ -210,7 +210,9 @@ def _run(hidden, weight, bias, config, need):
         _ext.linear_logp_grad_from_logits(
             problem, ls, vec(g_logp), vec(g_lse), dz, stream, vec(ent) if g_ent is not None else None, vec(g_ent)
         )  # fmt: skip
-        if need_h:
+        if need_h and dz.is_cuda:
+            torch.mm(dz, weight_d, out=grad_h[rows])  # cuBLAS: fp32 inside, one rounding to bf16
+        elif need_h:
             grad_h[rows] = _mm(dz, weight_d, hidden_d.dtype)
         if need_w:
             if grad_w is None:

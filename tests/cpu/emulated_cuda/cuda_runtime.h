@@ -1,7 +1,9 @@
-// The few CUDA names src/sm90/device/block_select.cuh's listing pass uses, for running that device
-// code on the host with one std::thread a CUDA thread (test_block_select_host.cpp): threadIdx is
-// thread-local, the block barriers are a std::barrier over the block's threads, and __syncthreads_count
-// is an exact count between two barriers. Shuffles are not emulated (the listing pass uses none).
+// The few CUDA names that src/sm90/device/block_select.cuh's listing pass and
+// src/sm90/device/grad_from_logits.cuh use, for running that device code on the host with one
+// std::thread a CUDA thread (test_block_select_host.cpp, test_grad_from_logits_host.cpp): threadIdx
+// is thread-local, the block barriers are a std::barrier over the block's threads, and
+// __syncthreads_count is an exact count between two barriers. Shuffles and warp votes are not
+// emulated (neither pass uses them; a header beside them may name them).
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,10 @@ struct float4 {
   float x, y, z, w;
 };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct uint2 {
+  uint32_t x, y;
+};
+using cudaStream_t = struct CUstream_st*;
 
 struct EmulatedThreadIndex {
   unsigned x;
@@ -43,6 +49,11 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
+template <class T>
+inline T __ldcs(const T* p) {
+  return *p;
+}
+inline bool __all_sync(unsigned, bool) { std::abort(); }
 inline int __ffs(uint32_t x) { return __builtin_ffs(static_cast<int>(x)); }
 template <class V>
 inline V __shfl_xor_sync(unsigned, V, int) {
