@@ -684,12 +684,12 @@ NB_MODULE(_detlogp, m) {
   // The same logit gradient from given logits (detlogp.torch's linear_logp_loss): logits [N, C] f32
   // the chunk's z (row stride >= C), dz [N, C] bf16, which may be the logits' bytes in place (row
   // stride twice theirs). problem = (logits, targets, temperature, temperature_rows | None,
-  // real_vocab, vocab_start, ignore_index).
+  // real_vocab, vocab_start, ignore_index). defer_errors: CallOptions::defer_errors (CUDA).
   m.def(
       "linear_logp_grad_from_logits",
       [](const nb::tuple& problem, const InArray& lse, const std::optional<InArray>& g_logp,
          const std::optional<InArray>& g_lse, const OutArray& dz, uintptr_t stream,
-         const std::optional<InArray>& entropy, const std::optional<InArray>& g_entropy) {
+         const std::optional<InArray>& entropy, const std::optional<InArray>& g_entropy, bool defer_errors) {
         if (problem.size() != 7)
           value_error("the problem tuple has " + std::to_string(problem.size()) + " entries, expected 7");
         detlogp::GradFromLogitsInputs in;
@@ -704,11 +704,12 @@ NB_MODULE(_detlogp, m) {
         in.ignore_index = int64_arg(problem[6], "ignore_index");
         const detlogp::GradLogitsArgs args = grad_args(lse, g_logp, g_lse, entropy, g_entropy);
         const detlogp::MutableTensorView out{view_of(dz, "dz", 2, true)};
-        const detlogp::CallOptions opt = options("", false, stream);
+        detlogp::CallOptions opt = options("", false, stream);
+        opt.defer_errors = defer_errors;
         return reported([&] { return detlogp::linear_logp_grad_from_logits(in, args, out, opt); });
       },
       "problem"_a, "lse"_a, "g_logp"_a.none(), "g_lse"_a.none(), "dz"_a, "stream"_a, "entropy"_a.none() = nb::none(),
-      "g_entropy"_a.none() = nb::none());
+      "g_entropy"_a.none() = nb::none(), "defer_errors"_a = false);
 
   // The owned merge over rank-ordered partials: ranks = [(summaries, target_logit, target_owned,
   // layout | None, usums | None, edge_logits | None)]; the library checks the layouts (and that each

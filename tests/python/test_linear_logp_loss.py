@@ -189,3 +189,18 @@ def test_empty_batch():
     r = dt.linear_logp_loss(hp, wp, t, pg_loss(adv))
     r.loss.backward()
     assert r.loss.item() == 0 and hp.grad.shape == (0, 96) and torch.count_nonzero(wp.grad) == 0
+
+
+def test_under_torch_compile_it_runs_eagerly_with_the_same_bits():
+    h, w, b, t, adv, _ = problem(n=60, v=200)
+
+    def step(h, w):
+        r = dt.linear_logp_loss(h * 1.0, w, t, lambda logp, lse, rows: -(logp * adv[rows]).sum(), chunk_rows=16)
+        return r.loss * 2
+
+    grads = []
+    for fn in (step, torch.compile(step)):
+        hp, wp = h.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(hp, wp).backward()
+        grads.append((hp.grad, wp.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])

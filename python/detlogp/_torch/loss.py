@@ -207,8 +207,10 @@ def _run(hidden, weight, bias, config, need):
         # dz over the chunk's own logits: row n's bf16 gradient fills the first half of its fp32 bytes.
         dz = z.view(torch.bfloat16)[:, :v]
         problem = (z, t_c, temp, tr_c, rv, 0, ignore_index)
+        # The values were checked before the loop, so the CUDA call need not wait for its verdict.
         _ext.linear_logp_grad_from_logits(
-            problem, ls, vec(g_logp), vec(g_lse), dz, stream, vec(ent) if g_ent is not None else None, vec(g_ent)
+            problem, ls, vec(g_logp), vec(g_lse), dz, stream, vec(ent) if g_ent is not None else None, vec(g_ent),
+            defer_errors=dz.is_cuda,
         )  # fmt: skip
         if need_h and dz.is_cuda:
             torch.mm(dz, weight_d, out=grad_h[rows])  # cuBLAS: fp32 inside, one rounding to bf16
