@@ -123,7 +123,7 @@ void launch_edge_columns(const detail::LogpProblem& p, const ShardGeometry& g, c
     DETLOGP_CUDA_CHECK(
         cudaMemcpy2DAsync(weight + g.head_cols * ds, pitch, p.weight + (p.vocab_local - g.tail_lanes) * p.weight_stride,
                           src_pitch, row_bytes, static_cast<size_t>(g.tail_lanes), cudaMemcpyDeviceToDevice, stream));
-  const Bucket b = select_bucket(p.rows, cols, p.dim, true, sms);
+  const Bucket b = select_edge_bucket(p.rows, cols, p.dim, sms);
   const BucketInfo bi = bucket_info(b);
   FusedParams e = f;
   e.row_begin = 0;

@@ -58,6 +58,12 @@ Bucket select_bucket(int64_t rows, int64_t vocab_local, int64_t dim, bool stores
   return Bucket::prefill_c2;
 }
 
+Bucket select_edge_bucket(int64_t rows, int64_t cols, int64_t dim, int sms) {
+  const auto forced = detail::env_checked(kBucketEnv);
+  if ((forced && *forced != "auto") || rows <= 64) return select_bucket(rows, cols, dim, true, sms);
+  return Bucket::decode;
+}
+
 }  // namespace detlogp::sm90
 
 namespace detlogp::detail {
