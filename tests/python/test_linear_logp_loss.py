@@ -165,8 +165,10 @@ def test_errors_name_the_argument():
     assert hp.grad is None
     with pytest.raises(InputError, match="0-d tensor"):
         dt.linear_logp_loss(hp, w, t, lambda logp, lse, rows: logp * 2)
-    with pytest.raises(InputError, match="hidden must be a 2-D bf16 tensor"):
+    with pytest.raises(InputError, match=r"hidden must be a \[\.\.\., D\] bf16 tensor"):
         dt.linear_logp_loss(h.float(), w, t, pg_loss(adv))
+    with pytest.raises(InputError, match=r"targets must have hidden's batch shape \[20\], got \[19\]"):
+        dt.linear_logp_loss(hp, w, t[:19], pg_loss(adv))
     with pytest.raises(InputError, match="chunk_rows=0"):
         dt.linear_logp_loss(hp, w, t, pg_loss(adv), chunk_rows=0)
     with pytest.raises(InputError, match="does not differentiate the temperature"):
@@ -204,3 +206,18 @@ def test_under_torch_compile_it_runs_eagerly_with_the_same_bits():
         fn(hp, wp).backward()
         grads.append((hp.grad, wp.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def test_a_batch_shape_is_its_flattened_rows():
+    h, w, b, t, adv, _ = problem(n=60, v=200)
+    temp = torch.rand(60) + 0.5
+    flat, batched = [], []
+    for shape, out in (((60,), flat), ((3, 20), batched)):
+        hp, wp = h.clone().reshape(*shape, -1).requires_grad_(), w.clone().requires_grad_()
+        r = dt.linear_logp_loss(hp, wp, t.reshape(shape), lambda lp, ls, e, rows: -(lp * adv[rows] + e).sum(),
+                                temperature=temp.reshape(shape), return_entropy=True, chunk_rows=16)  # fmt: skip
+        r.loss.backward()
+        assert r.logp.shape == shape and r.lse.shape == shape and r.entropy.shape == shape
+        out.extend([r.logp.reshape(-1), r.lse.reshape(-1), r.entropy.reshape(-1), hp.grad.reshape(60, -1), wp.grad])
+    for a, c in zip(flat, batched):
+        assert torch.equal(a, c)

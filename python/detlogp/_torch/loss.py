@@ -71,9 +71,11 @@ def linear_logp_loss(
 ) -> LossResult:
     """A loss of the rows' logp and lse (and entropy), its gradients computed in the same pass.
 
-    hidden [N, D] and weight [V, D] bf16 (CPU: the CPU backend; CUDA: the SM90 backend), targets [N]
-    int ids (or ignore_index), bias [V] fp32, temperature a float or an [N] / 0-d fp32 tensor (not
-    differentiated). loss_fn(logp, lse, rows) -- with return_entropy loss_fn(logp, lse, entropy,
+    hidden [..., D] and weight [V, D] bf16 (CPU: the CPU backend; CUDA: the SM90 backend), targets
+    [...] int ids (or ignore_index), bias [V] fp32, temperature a float or a [...] / 0-d fp32 tensor
+    (not differentiated). A batch [B, S, ...] is taken as the N rows of its row-major flattening: the
+    chunks are those rows, rows slices them (index flattened per-row data), and logp / lse / entropy
+    come back in the batch shape. loss_fn(logp, lse, rows) -- with return_entropy loss_fn(logp, lse, entropy,
     rows) -- gets one chunk's [rows] fp32 tensors and rows, the chunk's slice of the N rows (to index
     per-row data: advantages, old logprobs, masks), and returns that chunk's 0-d contribution; the
     loss is their sum in chunk order. So loss_fn must be a sum over rows of terms that depend only on
@@ -95,25 +97,30 @@ def linear_logp_loss(
         raise InputError(f"bias must be a torch tensor or None, got {_what(bias)}")
     if not callable(loss_fn):
         raise InputError(f"loss_fn must be callable (logp, lse[, entropy], rows) -> 0-d tensor, got {_what(loss_fn)}")
-    for name, t in (("hidden", hidden), ("weight", weight)):
-        if t.dtype != torch.bfloat16 or t.dim() != 2:
-            raise InputError(
-                f"{name} must be a 2-D bf16 tensor (the contract's operands), got {t.dim()}-D {t.dtype}"
-            )
-    if targets.dim() != 1 or targets.shape[0] != hidden.shape[0]:
-        raise InputError(f"targets must be [N={hidden.shape[0]}], got shape {list(targets.shape)}")
+    if hidden.dtype != torch.bfloat16 or hidden.dim() < 2:
+        raise InputError(f"hidden must be a [..., D] bf16 tensor (the contract's operands), got {hidden.dim()}-D "
+                         f"{hidden.dtype}")  # fmt: skip
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        raise InputError(
+            f"weight must be a 2-D bf16 tensor (the contract's operands), got {weight.dim()}-D {weight.dtype}"
+        )
+    batch_shape = tuple(hidden.shape[:-1])
+    if tuple(targets.shape) != batch_shape:
+        raise InputError(f"targets must have hidden's batch shape {list(batch_shape)}, got {list(targets.shape)}")
+    if hidden.dim() > 2:  # the rows of the flattened batch, row-major (a copy only for a view reshape cannot keep)
+        hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     check_devices((("hidden", hidden), ("weight", weight), ("targets", targets), ("bias", bias)))
     n, v = hidden.shape[0], weight.shape[0]
     if chunk_rows is not None:
         chunk_rows = _int_arg(chunk_rows, "chunk_rows")
         if chunk_rows < 1:
             raise InputError(f"chunk_rows={chunk_rows} must be >= 1")
-    temp, temp_rows = _split_temperature(temperature, n, tensor_type=Tensor)
+    temp, temp_rows = _split_temperature(temperature, n, shape=batch_shape, tensor_type=Tensor)
     if temp_rows is not None:
         if temp_rows.requires_grad:
             raise InputError("linear_logp_loss does not differentiate the temperature: pass it detached")
         check_devices((("temperature", temp_rows),))
-        temp_rows = temp_rows.to(torch.float32).expand(n) if temp_rows.dim() == 0 else temp_rows.float()
+        temp_rows = temp_rows.to(torch.float32).expand(n) if temp_rows.dim() == 0 else temp_rows.float().reshape(n)
         temp_rows = temp_rows.contiguous()
     ignore_index = _int_arg(ignore_index, "ignore_index")
     rv = v if real_vocab is None else _int_arg(real_vocab, "real_vocab")
@@ -127,9 +134,10 @@ def linear_logp_loss(
     if not grad:
         with torch.no_grad():
             loss, logp, lse, entropy = _run(hidden, weight, bias, config, (False, False, False))[:4]
-        return LossResult(loss, logp, lse, entropy if return_entropy else None)
-    loss, logp, lse, entropy = _LossFunction.apply(hidden, weight, bias, config)
-    return LossResult(loss, logp, lse, entropy if return_entropy else None)
+    else:
+        loss, logp, lse, entropy = _LossFunction.apply(hidden, weight, bias, config)
+    shaped = [x.reshape(batch_shape) for x in (logp, lse)]
+    return LossResult(loss, *shaped, entropy.reshape(batch_shape) if return_entropy else None)
 
 
 class _LossFunction(torch.autograd.Function):
