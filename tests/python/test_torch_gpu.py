@@ -679,8 +679,9 @@ def test_grad_logits_op_gpu_with_entropy_close_to_cpu():
 def test_linear_logp_loss_on_sm90():
     """detlogp.torch.linear_logp_loss on CUDA: the serving run's logp / lse / entropy bits equal
     linear_logp's, the gradients are close to linear_logp's backward and equal run to run, and the
-    peak extra memory is the gradients plus one fp32 chunk of logits (dz written over them)."""
-    n, d, v = 1000, 512, 20011
+    peak extra memory is the gradients plus one fp32 chunk of logits (dz written over them), far
+    below one [N, V] fp32 buffer. The second run is measured (the first allocates cuBLAS's workspace)."""
+    n, d, v = 4096, 256, 20011
     h, w, b, t, temp = problem(n, d, v, seed=12)
     adv = torch.randn(n, device="cuda")
 
@@ -698,7 +699,7 @@ def test_linear_logp_loss_on_sm90():
         torch.cuda.synchronize()
         extra = torch.cuda.max_memory_allocated() - base
         runs.append((r, hh.grad, ww.grad, bb.grad, extra))
-    r, gh, gw, gb, extra = runs[0]
+    r, gh, gw, gb, extra = runs[1]
     logp, lse, entropy = dt.linear_logp(h, w, t, bias=b, temperature=temp, return_entropy=True)
     assert torch.equal(i32(r.logp), i32(logp)) and torch.equal(i32(r.lse), i32(lse))
     assert torch.equal(i32(r.entropy), i32(entropy))
@@ -710,7 +711,8 @@ def test_linear_logp_loss_on_sm90():
     for got, want, name in ((gh, hh.grad, "hidden"), (gw, ww.grad, "weight"), (gb, bb.grad, "bias")):
         err = (got.float() - want.float()).abs().max().item()
         assert err <= 2e-2 * want.float().abs().max().item() + 1e-6, f"grad_{name}: max |err| {err}"
-    grads_out = n * d * 2 + v * d * 2 + v * 4 * 2  # bf16 grad_hidden, grad_weight; bias grad (fp32 + sum)
-    bound = grads_out + 256 * v * 4 + (16 << 20)
-    print(f"linear_logp_loss: peak extra {extra / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB")
-    assert extra <= bound
+    grads = n * d * 2 + v * d * 2 + v * 4 * 2  # bf16 grad_hidden, grad_weight; the bias gradient and its sum
+    bound = 2 * grads + 256 * v * 4 + (16 << 20)  # the gradients, a copy autograd may make, the chunk
+    print(f"linear_logp_loss: peak extra {extra / 2**20:.1f} MiB, bound {bound / 2**20:.1f} MiB, "
+          f"[N, V] fp32 {n * v * 4 / 2**20:.0f} MiB")  # fmt: skip
+    assert extra <= bound and extra < 0.35 * n * v * 4
