@@ -23,6 +23,8 @@
 #   configure arguments. GPU_CHECK_TARGETS="t1 t2": build only
 #   these targets (a quicker build for a focused run). GPU_CHECK_TESTS=regex: the GPU tests to run
 #   (ctest -R; every gtest case is its own ctest test, named <binary>.<Suite>.<Test>).
+#   GPU_CHECK_CPU_TESTS=0: the tests step runs the GPU tests alone (CI runs the CPU ones).
+#   GPU_CHECK_BENCH_BACKWARD=0: the bench step runs bench_sm90 alone (no torch-level entropy backward).
 #   GPU_CHECK_TEST_TIMEOUT_S: per-test limit (default 180 s), so a hang cannot eat the call. The python step runs scripts/gpu_python_check.sh on this build tree
 #   (logs under $OUT/python); the build enables the Python module when nanobind is importable.
 set -uo pipefail
@@ -129,6 +131,8 @@ if has tests; then
   } | sed -E 's/^[0-9]+: //; s/^ +//' | cut -c1-240 >>"$SUMMARY"
   if [[ -n "${GPU_CHECK_TARGETS:-}" ]]; then
     say "cpu tests: not run (GPU_CHECK_TARGETS built only: $GPU_CHECK_TARGETS)"
+  elif [[ "${GPU_CHECK_CPU_TESTS:-1}" == 0 ]]; then
+    say "cpu tests: not run (GPU_CHECK_CPU_TESTS=0)"
   elif [[ "$mode" == "top-level" ]]; then
     (cd "$BUILD" && ctest -LE gpu -E exhaustive --timeout 300 -j 8) >>"$OUT/tests.log" 2>&1
     rc_cpu=$?
@@ -160,7 +164,9 @@ if has bench; then
   fi
   # Forward + backward with an entropy term in the loss over the same without it (torch level,
   # N = 4096 on the Qwen3-8B head), when this build has the Python module.
-  if ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
+  if [[ "${GPU_CHECK_BENCH_BACKWARD:-1}" == 0 ]]; then
+    say "bench_backward entropy: not run (GPU_CHECK_BENCH_BACKWARD=0)"
+  elif ls "$BUILD"/python/detlogp/_detlogp*.so >/dev/null 2>&1; then
     PYTHONPATH="$BUILD/python" timeout 300 python3 "$ROOT/bench/bench_backward.py" --methods contract,contract-entropy \
       --json "$OUT/bench_backward_entropy.json" >"$OUT/bench_backward_entropy.log" 2>&1
     rc=$?
