@@ -149,7 +149,10 @@ TEST_F(Sm90Sample, TheDeviceProgramIsTheCpuProgramOnTheServingLogits) {
     int64_t n, d, v;
     bool bias;
   };
-  const S shapes[] = {{37, 128, 4099, true}, {8, 64, 151936, false}, {3, 64, 65, true}};
+  // 160 rows at the Qwen3 vocabulary take one CTA a whole row (past the few-rows split), whose
+  // listing pass finds its floor from the first round's loads.
+  std::vector<S> shapes{{37, 128, 4099, true}, {8, 64, 151936, false}, {3, 64, 65, true}};
+  if (!options().small) shapes.push_back({160, 64, 151936, true});
   for (const S& s : shapes) {
     DeviceModel m;
     m.make(s.d, s.v, 21, s.bias);

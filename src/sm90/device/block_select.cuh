@@ -41,35 +41,42 @@ __device__ __forceinline__ int load_tile(const float* z, int64_t g, int64_t lane
 inline constexpr int kRadixDigitBits = 4;
 inline constexpr int kRadixDigits = 1 << kRadixDigitBits;
 
+// The float4 loads a thread has in flight in one round of visit_row.
+inline constexpr int kRowVectors = 8;
+
+// One round of visit_row's float4 loads at lane v0 of a 16-byte aligned row (v0 a multiple of 4,
+// v0 + 4 * kRowVectors * kThreads <= lanes): thread t reads the float4 at 4t of each kThreads x
+// 4-lane block, so a warp's load is one coalesced 512-byte run; lane(v, y) for each of its lanes.
+template <int kThreads, class Lane>
+__device__ __forceinline__ void visit_vector_round(const float* z, int64_t v0, float inv_t, const Lane& lane) {
+  const float4* src = reinterpret_cast<const float4*>(z + v0) + threadIdx.x;
+  float4 q[kRowVectors];
+#pragma unroll
+  for (int i = 0; i < kRowVectors; ++i) q[i] = __ldg(src + i * kThreads);
+#pragma unroll
+  for (int i = 0; i < kRowVectors; ++i) {
+    const int64_t v = v0 + 4 * (int64_t{i} * kThreads + threadIdx.x);
+    lane(v, scale_logit(q[i].x, inv_t));
+    lane(v + 1, scale_logit(q[i].y, inv_t));
+    lane(v + 2, scale_logit(q[i].z, inv_t));
+    lane(v + 3, scale_logit(q[i].w, inv_t));
+  }
+}
+
 // Calls lane(v, y) for every lane v of a row of serving logits, y its scaled logit, each lane once,
-// in an order that suits the loads: thread t reads the float4 at 4t of each kThreads x 4-lane block,
-// kVectors blocks a round, so a warp's load is one coalesced 512-byte run and a thread has
-// kVectors loads in flight (a row read by one CTA is bound by the loads in flight, not by the bytes).
-// The lanes past the last whole round, and every lane of a row not 16-byte aligned, go lane by lane
-// with the same coalescing. Callers only make exact decisions per lane, so the visiting order does
-// not change their result.
+// in an order that suits the loads: rounds of visit_vector_round (a thread has kRowVectors loads in
+// flight: a row read by one CTA is bound by the loads in flight, not by the bytes). The lanes past
+// the last whole round, and every lane of a row not 16-byte aligned, go lane by lane with the same
+// coalescing. Callers only make exact decisions per lane, so the visiting order does not change
+// their result.
 template <int kThreads, class Lane>
 __device__ __forceinline__ void visit_row(const float* z, int64_t lanes, float inv_t, const Lane& lane) {
-  constexpr int kVectors = 8;
-  constexpr int64_t kVectorRound = int64_t{4} * kVectors * kThreads;
+  constexpr int64_t kVectorRound = int64_t{4} * kRowVectors * kThreads;
   constexpr int kScalars = 16;
   constexpr int64_t kScalarRound = int64_t{kScalars} * kThreads;
   int64_t v0 = 0;
   if ((reinterpret_cast<uintptr_t>(z) & 15u) == 0)
-    for (; v0 + kVectorRound <= lanes; v0 += kVectorRound) {
-      const float4* src = reinterpret_cast<const float4*>(z + v0) + threadIdx.x;
-      float4 q[kVectors];
-#pragma unroll
-      for (int i = 0; i < kVectors; ++i) q[i] = __ldg(src + i * kThreads);
-#pragma unroll
-      for (int i = 0; i < kVectors; ++i) {
-        const int64_t v = v0 + 4 * (int64_t{i} * kThreads + threadIdx.x);
-        lane(v, scale_logit(q[i].x, inv_t));
-        lane(v + 1, scale_logit(q[i].y, inv_t));
-        lane(v + 2, scale_logit(q[i].z, inv_t));
-        lane(v + 3, scale_logit(q[i].w, inv_t));
-      }
-    }
+    for (; v0 + kVectorRound <= lanes; v0 += kVectorRound) visit_vector_round<kThreads>(z, v0, inv_t, lane);
   for (; v0 + kScalarRound <= lanes; v0 += kScalarRound) {
     float q[kScalars];
 #pragma unroll
@@ -84,21 +91,30 @@ __device__ __forceinline__ void visit_row(const float* z, int64_t lanes, float i
 // maps to ordinal 0, where it has seen fewer lanes), kept in registers while it visits its lanes.
 // `last_y`, the logit of the last listed key, lets most lanes leave on one float compare: a y below
 // it has a smaller key whatever its id (the keys order y first). Key 0 and a NaN key give a NaN
-// last_y, which no lane is below, so such lanes always take the key test.
+// last_y, which no lane is below, so such lanes always take the key test. A floor (raise_floor, a
+// logit no listed lane needs to reach; NaN: none) joins that compare: `bar` is the larger of the
+// two (fmaxf leaves the other where one is NaN), and y < bar exactly when y is below either.
 template <int kListed>
 struct ListedKeys {
   static_assert(kListed >= 1 && kListed <= 16, "a short list kept in registers");
   uint64_t key[kListed];
   float last_y;
+  float floor_y;
+  float bar;
 
-  __device__ __forceinline__ ListedKeys() : last_y(rank_key_logit(0)) {
+  __device__ __forceinline__ ListedKeys() : last_y(rank_key_logit(0)), floor_y(rank_key_logit(0)), bar(last_y) {
 #pragma unroll
     for (int i = 0; i < kListed; ++i) key[i] = 0;
+  }
+  // Lanes below `floor` are offered no more (a NaN floor: every lane is).
+  __device__ __forceinline__ void raise_floor(float floor) {
+    floor_y = floor;
+    bar = fmaxf(floor_y, last_y);
   }
   // Lists the lane whose logit is y, its key from key_of() (computed only past the float test).
   template <class KeyOf>
   __device__ __forceinline__ void offer(float y, const KeyOf& key_of) {
-    if (y < last_y) return;
+    if (y < bar) return;
     const uint64_t k = key_of();
     if (k <= key[kListed - 1]) return;
     key[kListed - 1] = k;
@@ -110,6 +126,7 @@ struct ListedKeys {
         key[i - 1] = t;
       }
     last_y = rank_key_logit(key[kListed - 1]);
+    bar = fmaxf(floor_y, last_y);
   }
   __device__ __forceinline__ uint64_t last() const { return key[kListed - 1]; }
 };
@@ -165,32 +182,121 @@ __device__ uint64_t kth_largest_of_threads(uint64_t* scratch, uint64_t mine, int
   return out;
 }
 
+// The k-th largest (1 <= k <= kThreads) of one 32-bit value a thread; every thread returns it. A
+// bisection over the bits from the top: each step counts the threads at or above a candidate with
+// one counting barrier (an exact integer count), so no shared memory and few instructions a thread
+// (32 barriers of latency).
+template <int kThreads>
+__device__ uint32_t kth_largest_u32_of_threads(uint32_t mine, int k) {
+  uint32_t x = 0;
+#pragma unroll 1
+  for (int bit = 31; bit >= 0; --bit) {
+    const uint32_t c = x | (1u << bit);
+    if (__syncthreads_count(mine >= c ? 1 : 0) >= k) x = c;
+  }
+  return x;
+}
+
 // Each thread's kListed largest keys (key_of(y, v)) over a row of serving logits, into `listed`,
 // for a selection of the k largest; also(v, y) sees every lane. Offering a lane costs a warp the
-// 64-bit insertion whenever one of its threads lists, which a thread's own last key leaves common
-// (a warp lists at most lane positions); so after the first round the k-th largest of the threads'
-// maxima (distinct lanes: at most the row's k-th largest key), when k <= kThreads, is a floor under
-// which a lane is not offered. A lane below it is no top-k lane, and a lane that was not offered
-// is below every listed bound that matters: the listed keys' k-th is at most the row's k-th, so
+// 64-bit insertion whenever one of its threads lists, and few lanes a thread reach its own last
+// key while its list fills, so no lane is offered below a floor: the k-th largest of one key a
+// thread (distinct lanes: at most the row's k-th largest key, and k lanes reach it), when
+// k <= kThreads. A lane below it is no top-k lane, and a lane that was not offered is below every
+// listed bound that matters: each of the k threads whose key reaches the floor keeps a listed key
+// at or above it, so the listed keys' k-th is at or above the floor and at most the row's k-th, and
 // the certainty test (no thread's last listed key at or above that bound) keeps its proof.
-// `scratch`: kThreads keys of shared memory. Called by every thread of the block.
+// On a row of more than kThreads lanes (16-byte aligned if it has more than one round): the first
+// round's loads (its lanes, if the row is shorter) stay in registers while the floor is taken from
+// each thread's largest key of them, then the round is offered above it;
+// the floor is raised after rounds 2, 4, 8, ... from each thread's largest listed key (the same as
+// its largest lane whenever that lane reaches the floor, so the k-th of them is the k-th of the
+// threads' maxima so far), which keeps the lanes offered to ~k per doubling of the lanes seen. The
+// floor is compared as a logit (the keys order y first): the k-th of the keys' upper 32 bits
+// (rank_ord(y), key 0 below every lane). Otherwise (an unaligned longer row, k > kThreads) the
+// floor comes from the lists after a first round offered whole. `scratch`: kThreads keys of shared memory (that path).
+// Called by every thread of the block.
 template <int kThreads, int kListed, class KeyOf, class Also>
 __device__ void list_largest(ListedKeys<kListed>& listed, uint64_t* scratch, const float* z, int64_t lanes, float inv_t,
                              int k, const KeyOf& key_of, const Also& also) {
-  constexpr int64_t kHead = int64_t{32} * kThreads;  // one round of visit_row's float4 loads
-  const int64_t head = lanes < kHead ? lanes : kHead;
+  constexpr int64_t kRound = int64_t{4} * kRowVectors * kThreads;  // one round of visit_row's loads
+  const bool has_floor = k >= 1 && k <= kThreads;
+  const bool aligned = (reinterpret_cast<uintptr_t>(z) & 15u) == 0;
+  if (has_floor && lanes > kThreads && (aligned || lanes <= kRound)) {
+    // The floor's logit from one key a thread (a key 0 or a NaN key there gives a NaN floor: every
+    // lane is offered).
+    const auto floor_of = [&](uint64_t mine) {
+      return rank_key_logit(uint64_t{kth_largest_u32_of_threads<kThreads>(static_cast<uint32_t>(mine >> 32), k)} << 32);
+    };
+    // The first round: float4 loads when whole and aligned, else the same lanes one by one (those
+    // past the row are none).
+    const bool whole = lanes >= kRound && aligned;
+    const auto lane_of = [](int i, int c) { return int64_t{4} * (int64_t{i} * kThreads + threadIdx.x) + c; };
+    const auto part = [](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
+    const auto real = [&](int i, int c) { return whole || lane_of(i, c) < lanes; };
+    float4 q[kRowVectors];
+    if (whole) {
+      const float4* src = reinterpret_cast<const float4*>(z) + threadIdx.x;
+#pragma unroll
+      for (int i = 0; i < kRowVectors; ++i) q[i] = __ldg(src + i * kThreads);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRowVectors; ++i) {
+        float f[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) f[c] = real(i, c) ? __ldg(z + lane_of(i, c)) : 0.0f;
+        q[i] = make_float4(f[0], f[1], f[2], f[3]);
+      }
+    }
+    // The thread's largest lane by y (the first of equal ones; -1: the thread has none); any lane
+    // of the thread would do (a NaN first lane stays the choice), and a lane whose key is 0 counts
+    // as none.
+    float best_y = 0.0f;
+    int best = -1;
+#pragma unroll
+    for (int i = 0; i < kRowVectors; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (!real(i, c)) continue;
+        const float y = scale_logit(part(q[i], c), inv_t);
+        also(lane_of(i, c), y);
+        const bool larger = best < 0 || y > best_y;
+        best = larger ? 4 * i + c : best;
+        best_y = larger ? y : best_y;
+      }
+    listed.raise_floor(floor_of(best < 0 ? 0 : key_of(best_y, lane_of(best / 4, best % 4))));
+#pragma unroll
+    for (int i = 0; i < kRowVectors; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (!real(i, c)) continue;
+        const float y = scale_logit(part(q[i], c), inv_t);
+        listed.offer(y, [&] { return key_of(y, lane_of(i, c)); });
+      }
+    if (lanes <= kRound) return;
+    const auto lane = [&](int64_t v, float y) {
+      also(v, y);
+      listed.offer(y, [&] { return key_of(y, v); });
+    };
+    const int64_t rounds = lanes / kRound;
+#pragma unroll 1
+    for (int64_t r = 1; r < rounds; ++r) {
+      if (r >= 2 && (r & (r - 1)) == 0) listed.raise_floor(floor_of(listed.key[0]));
+      visit_vector_round<kThreads>(z, r * kRound, inv_t, lane);
+    }
+    const int64_t done = rounds * kRound;
+    visit_row<kThreads>(z + done, lanes - done, inv_t, [&](int64_t u, float y) { lane(done + u, y); });
+    return;
+  }
+  const int64_t head = lanes < kRound ? lanes : kRound;  // (an unaligned row, or no floor)
   visit_row<kThreads>(z, head, inv_t, [&](int64_t v, float y) {
     also(v, y);
     listed.offer(y, [&] { return key_of(y, v); });
   });
   if (head == lanes) return;
-  // A NaN floor (a key 0 or a NaN key among the maxima; k out of range) offers every lane.
-  const float floor_y = k >= 1 && k <= kThreads
-                            ? rank_key_logit(kth_largest_of_threads<kThreads>(scratch, listed.key[0], k))
-                            : rank_key_logit(0);
+  if (has_floor) listed.raise_floor(rank_key_logit(kth_largest_of_threads<kThreads>(scratch, listed.key[0], k)));
   visit_row<kThreads>(z + head, lanes - head, inv_t, [&](int64_t u, float y) {
     also(head + u, y);
-    if (y < floor_y) return;
     listed.offer(y, [&] { return key_of(y, head + u); });
   });
 }
