@@ -109,6 +109,15 @@ DETLOGP_HD TileEntropySummary tile_entropy_summary(const float* y, int real_lane
 DETLOGP_HD TileSummary tile_summary_masked(const float* y, uint64_t lanes) {
   return detail::tile_summary_impl<false>(y, detail::MaskedLanes{lanes}).summary;
 }
+// The summary of a tile with one real lane (scaled logit y), any one: tile_summary_masked with a
+// one-bit mask, bit for bit. There the tree adds the lane's term only to +0s, which is exact (the
+// term is >= +0 or NaN) except for a NaN's quieting, which one add does as well as six. For a row
+// kernel whose support holds one lane of the tile: no lane array and one expc instead of 64.
+DETLOGP_HD TileSummary tile_summary_one_lane(float y) {
+  const float m = normalize_zero(fp::max_nan(fp::neg_inf(), y));
+  if (m == fp::neg_inf()) return {m, 0.0f};
+  return {m, tree_add(expc(fp::sub(y, m)), 0.0f)};
+}
 
 // Global max M over tile maxima: exact, so any order gives the same bits.
 DETLOGP_HD float chain_max(float running, float tile_max) { return fp::max_nan(running, tile_max); }

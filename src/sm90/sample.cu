@@ -314,7 +314,8 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, float inv_t
   const int support_size = static_cast<int>(block_sum<kThreads>(sh.warp_total, static_cast<unsigned long long>(count)));
   order_support_by_id(sh, kept, c);
   // Each run of support lanes in one tile: its first entry forms the tile's masked summary, from
-  // registers (only the tile's support lanes are read).
+  // registers (only the tile's support lanes are read); a tile with one support lane, the common
+  // case, by the one-lane summary (one expc, not the 64-lane tree).
   for (int j = threadIdx.x; j < support_size; j += kThreads) {
     const int64_t id = rank_key_id(sh.cand.key[j]);
     const int64_t g = id / kVocabTile;
@@ -327,11 +328,16 @@ __device__ SupportPass candidate_support(Shared& sh, const float* z, float inv_t
       if (lane / kVocabTile != g) break;
       mask |= uint64_t{1} << (lane - g * kVocabTile);
     }
-    float tile[kVocabTile];
+    TileSummary t;
+    if ((mask & (mask - 1)) == 0) {
+      t = tile_summary_one_lane(lane_y(z, id, inv_t));
+    } else {
+      float tile[kVocabTile];
 #pragma unroll
-    for (int v = 0; v < kVocabTile; ++v)
-      tile[v] = ((mask >> v) & 1u) != 0 ? lane_y(z, g * kVocabTile + v, inv_t) : 0.0f;
-    const TileSummary t = tile_summary_masked(tile, mask);
+      for (int v = 0; v < kVocabTile; ++v)
+        tile[v] = ((mask >> v) & 1u) != 0 ? lane_y(z, g * kVocabTile + v, inv_t) : 0.0f;
+      t = tile_summary_masked(tile, mask);
+    }
     sh.cand.run.sum[j] = t.sum;
     sh.cand.run.factor[j] = chain_factor_or_skip(t, support.max);
   }

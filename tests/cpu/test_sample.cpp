@@ -6,6 +6,7 @@
 // frequencies against the processed distribution, and the refusals.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -133,6 +134,30 @@ TEST(SampleCore, MaskedTileSummaryIsTheContractSummary) {
     const detlogp::TileSummary d = detlogp::tile_summary_masked(poisoned_y, mask);
     ASSERT_EQ(float_bits(c.max), float_bits(d.max));
     ASSERT_EQ(float_bits(c.sum), float_bits(d.sum));
+  }
+}
+
+// A tile with one real lane, at each of the 64 places, over ordinary, huge, tiny, signed-zero,
+// infinite and NaN logits (quiet NaNs with payloads and signs too): the one-lane summary is the
+// masked summary bit for bit.
+TEST(SampleCore, OneLaneTileSummaryIsTheMaskedSummary) {
+  Rng rng(12);
+  std::vector<float> values{0.0f, -0.0f, 1.0f, -1.0f, 3.0e38f, -3.0e38f, 1.0e-45f, -1.0e-45f, INFINITY, -INFINITY};
+  for (uint32_t nan_bits : {0x7FC00000u, 0xFFC00000u, 0x7FC01234u, 0xFFFFFFFFu, 0x7F800001u}) {
+    float f;
+    std::memcpy(&f, &nan_bits, sizeof f);
+    values.push_back(f);
+  }
+  for (int i = 0; i < 4000; ++i) values.push_back(static_cast<float>(rng.normal() * (i % 2 ? 80.0 : 3.0)));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const int place = static_cast<int>(i % 64);
+    float y[64];
+    for (float& v : y) v = NAN;  // lanes outside the mask are not read
+    y[place] = values[i];
+    const detlogp::TileSummary a = detlogp::tile_summary_masked(y, uint64_t{1} << place);
+    const detlogp::TileSummary b = detlogp::tile_summary_one_lane(values[i]);
+    ASSERT_EQ(float_bits(a.max), float_bits(b.max)) << "y = " << values[i] << " at lane " << place;
+    ASSERT_EQ(float_bits(a.sum), float_bits(b.sum)) << "y = " << values[i] << " at lane " << place;
   }
 }
 
