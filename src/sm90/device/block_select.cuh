@@ -46,9 +46,10 @@ inline constexpr int kRowVectors = 8;
 
 // One round of visit_row's float4 loads at lane v0 of a 16-byte aligned row (v0 a multiple of 4,
 // v0 + 4 * kRowVectors * kThreads <= lanes): thread t reads the float4 at 4t of each kThreads x
-// 4-lane block, so a warp's load is one coalesced 512-byte run; lane(v, y) for each of its lanes.
+// 4-lane block, so a warp's load is one coalesced 512-byte run; lane(b, v, y) for each of its lanes,
+// b = 4i + c its place among the thread's lanes of the round (block i, component c).
 template <int kThreads, class Lane>
-__device__ __forceinline__ void visit_vector_round(const float* z, int64_t v0, float inv_t, const Lane& lane) {
+__device__ __forceinline__ void visit_vector_round_places(const float* z, int64_t v0, float inv_t, const Lane& lane) {
   const float4* src = reinterpret_cast<const float4*>(z + v0) + threadIdx.x;
   float4 q[kRowVectors];
 #pragma unroll
@@ -56,11 +57,17 @@ __device__ __forceinline__ void visit_vector_round(const float* z, int64_t v0, f
 #pragma unroll
   for (int i = 0; i < kRowVectors; ++i) {
     const int64_t v = v0 + 4 * (int64_t{i} * kThreads + threadIdx.x);
-    lane(v, scale_logit(q[i].x, inv_t));
-    lane(v + 1, scale_logit(q[i].y, inv_t));
-    lane(v + 2, scale_logit(q[i].z, inv_t));
-    lane(v + 3, scale_logit(q[i].w, inv_t));
+    lane(4 * i, v, scale_logit(q[i].x, inv_t));
+    lane(4 * i + 1, v + 1, scale_logit(q[i].y, inv_t));
+    lane(4 * i + 2, v + 2, scale_logit(q[i].z, inv_t));
+    lane(4 * i + 3, v + 3, scale_logit(q[i].w, inv_t));
   }
+}
+
+// The same round, lane(v, y) for each lane.
+template <int kThreads, class Lane>
+__device__ __forceinline__ void visit_vector_round(const float* z, int64_t v0, float inv_t, const Lane& lane) {
+  visit_vector_round_places<kThreads>(z, v0, inv_t, [&](int, int64_t v, float y) { lane(v, y); });
 }
 
 // Calls lane(v, y) for every lane v of a row of serving logits, y its scaled logit, each lane once,
@@ -197,6 +204,33 @@ __device__ uint32_t kth_largest_u32_of_threads(uint32_t mine, int k) {
   return x;
 }
 
+// The place of bit b (b = 4i + c) of a thread's round mask in a float4 round at lane v0: thread t
+// holds lanes 4t + c of each kThreads x 4-lane block i (visit_vector_round's order).
+template <int kThreads>
+__device__ __forceinline__ int64_t round_lane(int64_t v0, int b) {
+  return v0 + int64_t{4} * (int64_t{b / 4} * kThreads + threadIdx.x) + b % 4;
+}
+
+// Offers the lanes of a round whose bit is set in `passing` (those at or above the list's bar when
+// the round was read), in ascending bit order, each lane's y read again (the same fl(z * inv_t); the
+// line was just loaded): one copy of the insertion code for the round instead of one a lane, and a
+// warp runs it as often as its busiest thread has lanes to offer, not once a lane place where any
+// thread has one. The bar only rises while a round is offered, so a lane below it when the round
+// was read would not be listed anyway, and offer() tests the rest against the bar of its turn, as
+// the lane-by-lane order would.
+template <int kThreads, int kListed, class KeyOf>
+__device__ __forceinline__ void offer_passing(ListedKeys<kListed>& listed, const float* z, int64_t v0, float inv_t,
+                                              uint32_t passing, const KeyOf& key_of) {
+#pragma unroll 1
+  while (passing != 0) {
+    const int b = __ffs(passing) - 1;
+    passing &= passing - 1;
+    const int64_t v = round_lane<kThreads>(v0, b);
+    const float y = lane_y(z, v, inv_t);
+    listed.offer(y, [&] { return key_of(y, v); });
+  }
+}
+
 // Each thread's kListed largest keys (key_of(y, v)) over a row of serving logits, into `listed`,
 // for a selection of the k largest; also(v, y) sees every lane. Offering a lane costs a warp the
 // 64-bit insertion whenever one of its threads lists, and few lanes a thread reach its own last
@@ -265,25 +299,32 @@ __device__ void list_largest(ListedKeys<kListed>& listed, uint64_t* scratch, con
         best_y = larger ? y : best_y;
       }
     listed.raise_floor(floor_of(best < 0 ? 0 : key_of(best_y, lane_of(best / 4, best % 4))));
+    static_assert(4 * kRowVectors <= 32, "a round's lanes a thread fit a 32-bit mask");
+    uint32_t passing = 0;
 #pragma unroll
     for (int i = 0; i < kRowVectors; ++i)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        if (!real(i, c)) continue;
-        const float y = scale_logit(part(q[i], c), inv_t);
-        listed.offer(y, [&] { return key_of(y, lane_of(i, c)); });
-      }
+      for (int c = 0; c < 4; ++c)
+        if (real(i, c) && !(scale_logit(part(q[i], c), inv_t) < listed.bar)) passing |= 1u << (4 * i + c);
+    offer_passing<kThreads>(listed, z, 0, inv_t, passing, key_of);
     if (lanes <= kRound) return;
-    const auto lane = [&](int64_t v, float y) {
-      also(v, y);
-      listed.offer(y, [&] { return key_of(y, v); });
-    };
     const int64_t rounds = lanes / kRound;
 #pragma unroll 1
     for (int64_t r = 1; r < rounds; ++r) {
       if (r >= 2 && (r & (r - 1)) == 0) listed.raise_floor(floor_of(listed.key[0]));
-      visit_vector_round<kThreads>(z, r * kRound, inv_t, lane);
+      const int64_t v0 = r * kRound;
+      const float bar = listed.bar;
+      uint32_t round_passing = 0;
+      visit_vector_round_places<kThreads>(z, v0, inv_t, [&](int b, int64_t v, float y) {
+        also(v, y);
+        if (!(y < bar)) round_passing |= 1u << b;
+      });
+      offer_passing<kThreads>(listed, z, v0, inv_t, round_passing, key_of);
     }
+    const auto lane = [&](int64_t v, float y) {
+      also(v, y);
+      listed.offer(y, [&] { return key_of(y, v); });
+    };
     const int64_t done = rounds * kRound;
     visit_row<kThreads>(z + done, lanes - done, inv_t, [&](int64_t u, float y) { lane(done + u, y); });
     return;
