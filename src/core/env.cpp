@@ -93,6 +93,14 @@ const Knob kFreeKnobs[] = {
     {.name = "DETLOGP_TORCH_FUSED_BACKWARD",
      .what = "0: detlogp.torch's backward keeps the torch chunk loop (no fused grad kernel)",
      .kind = Kind::flag},
+    // Read by detlogp.torch.linear_logp_loss; checked here so that garbage is refused by every entry.
+    {.name = "DETLOGP_TORCH_LOSS_CHUNK_BYTES",
+     .what = "bytes of fp32 logits per row chunk of detlogp.torch.linear_logp_loss (its gradients' rounding "
+             "points, never a logp / lse bit)",
+     .kind = Kind::integer,
+     .lo = 1,
+     .hi = int64_t{1} << 40,
+     .unit = " (bytes)"},
 };
 
 // Names someone may try in order to change a frozen constant; each is refused with the reason.

@@ -7,6 +7,7 @@ The CUDA path (the SM90 serving run, the in-place kernel, cuBLAS) is in test_tor
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the torch tests need it)")
+import detlogp  # noqa: E402
 import detlogp.torch as dt  # noqa: E402
 from detlogp import InputError, TargetIndexError  # noqa: E402
 from detlogp import _detlogp as ext  # noqa: E402
@@ -153,6 +154,23 @@ def test_loss_is_the_chunk_sum_and_rows_index_the_batch():
     logp, _ = dt.linear_logp(h, w, t)
     want = -(logp[:64] * adv[:64]).sum() - (logp[64:128] * adv[64:128]).sum() - (logp[128:] * adv[128:]).sum()
     assert torch.equal(r.loss, want)
+
+
+def test_the_chunk_budget_from_the_environment_sets_the_chunks(monkeypatch):
+    h, w, b, t, adv, _ = problem(n=130, v=333)
+    seen = []
+
+    def fn(logp, lse, rows):
+        seen.append((rows.start, rows.stop))
+        return -(logp * adv[rows]).sum()
+
+    # 64 rows of fp32 logits a chunk (a multiple of 64): 130 rows in chunks of 64, 64 and 2.
+    monkeypatch.setenv("DETLOGP_TORCH_LOSS_CHUNK_BYTES", str(64 * 4 * 333))
+    dt.linear_logp_loss(h.clone().requires_grad_(), w, t, fn)
+    assert seen == [(0, 64), (64, 128), (128, 130)]
+    monkeypatch.setenv("DETLOGP_TORCH_LOSS_CHUNK_BYTES", "0")
+    with pytest.raises(detlogp.ConfigError, match="DETLOGP_TORCH_LOSS_CHUNK_BYTES=0 must be an integer"):
+        dt.linear_logp_loss(h.clone().requires_grad_(), w, t, fn)
 
 
 def test_errors_name_the_argument():
