@@ -74,6 +74,18 @@ def detlogp_contract_entropy(h, w, t):
     return logp, -ENTROPY_COEF * entropy.sum()
 
 
+def detlogp_loss(h, w, t):
+    """(logp, extra): the loss inside the op (linear_logp_loss, three GEMMs), the same loss as the
+    other methods' (logp * g).sum(): the per-token weights ride on loss_fn, and the extra term is
+    that loss minus the (logp * g).sum() make_step adds, so the step's total is the op's loss."""
+    g = _LOSS_WEIGHTS["g"]
+    res = dt.linear_logp_loss(h, w, t, lambda logp, lse, rows: (logp * g[rows]).sum())
+    return res.logp.detach(), res.loss - (res.logp.detach() * g).sum()
+
+
+_LOSS_WEIGHTS = {}  # main() sets "g", the per-token weights of the loss
+
+
 def make_step(fn, h, w, t, g, env=None, forward_only=False, module=None):
     """harness.make_step with module settings set on detlogp.torch."""
     return harness.make_step(fn, h, w, t, g, env, forward_only, module, settings_of=dt)
@@ -94,9 +106,12 @@ METHODS = {
     "detlogp (contract fwd, torch chunk loop bwd)": detlogp_contract,
     "detlogp torch lane (fp32 F.linear fwd, chunked bwd)": detlogp_torch_lane,
     "detlogp (contract fwd, chunked bwd, entropy term in the loss)": detlogp_contract_entropy,
+    "detlogp linear_logp_loss (loss inside the op)": detlogp_loss,
+    "detlogp linear_logp_loss, 640 MiB chunks": detlogp_loss,
+    "detlogp linear_logp_loss, 1280 MiB chunks": detlogp_loss,
 }
 METHOD_KEYS = dict(zip(("ref", "contract", "contract-nocluster", "contract-1gib", "contract-torchloop", "lane",
-                        "contract-entropy"), METHODS))  # fmt: skip
+                        "contract-entropy", "loss", "loss-640m", "loss-1280m"), METHODS))  # fmt: skip
 # Methods whose loss has the entropy term (their gradients are not the other methods').
 ENTROPY_METHODS = {METHOD_KEYS["contract-entropy"]}
 # Module settings of detlogp.torch set around a method's steps (free choices of the backward).
@@ -107,6 +122,8 @@ METHOD_MODULE = {
 METHOD_ENV = {
     "detlogp (contract fwd, torch chunk loop bwd)": {dt.FUSED_BACKWARD_ENV: "0"},
     "detlogp (contract fwd, chunked bwd, grad kernel without clusters)": {"DETLOGP_SM90_GRAD_CLUSTER": "1"},
+    "detlogp linear_logp_loss, 640 MiB chunks": {"DETLOGP_TORCH_LOSS_CHUNK_BYTES": str(640 << 20)},
+    "detlogp linear_logp_loss, 1280 MiB chunks": {"DETLOGP_TORCH_LOSS_CHUNK_BYTES": str(1280 << 20)},
 }
 
 
@@ -147,6 +164,8 @@ def main():
     )  # fmt: skip
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one contract forward + backward")
+    ap.add_argument("--profile-loss", action="store_true",
+                    help="print the kernels of one linear_logp_loss forward + backward (default chunks)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     gen = torch.Generator().manual_seed(0)
@@ -157,6 +176,7 @@ def main():
     t[15::16] = -100
     t = t.to(args.device)
     g = torch.rand(n, generator=gen).to(args.device)
+    _LOSS_WEIGHTS["g"] = g
     chosen = list(METHODS) if args.methods == "all" else [METHOD_KEYS[k] for k in args.methods.split(",")]
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}")
     print(f"N={n} D={d} V={v} bf16, forward + backward (hidden and weight gradients), torch-loop chunk "
@@ -231,6 +251,9 @@ def main():
             "forward+backward": profile_kernels(make_step(detlogp_contract, h, w, t, g)[0],
                                                 "contract forward + backward"),
         }  # fmt: skip
+    if args.profile_loss and cuda:
+        profile = dict(profile or {})
+        profile["loss"] = profile_kernels(make_step(detlogp_loss, h, w, t, g)[0], "linear_logp_loss forward + backward")
     entropy = entropy_ratio(chosen, skipped, med, times)
     ref_name = chosen[0]
     for name in chosen[1:]:

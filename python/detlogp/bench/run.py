@@ -137,12 +137,16 @@ class Runner:
             mib = f"  peak +{row['peak_extra_mib']} MiB" if row.get("peak_extra_mib") not in (None, "") else ""
             print(f"    {key:28s} {ms:10.4f} ms  x{row.get('ratio_vs_linear', '-'):>7s}{extra}{mib}")
 
-    def _trial(self, head, mode, n, m: Method, step) -> Optional[dict]:
+    def _trial(self, head, mode, n, m: Method, step, reset=None) -> Optional[dict]:
         """Two untimed calls: the first compiles, autotunes and allocates, the second gives the peak
-        memory on a GPU (an autotuner's trial buffers left out). None and a failed row when one raises."""
+        memory on a GPU (an autotuner's trial buffers left out). reset (forward + backward: the
+        gradients set to None) runs between them, so that what the step keeps, the gradients
+        included, counts in its peak. None and a failed row when one raises."""
         try:
             if self.cuda:
                 step()
+                if reset is not None:
+                    reset()
                 peak = harness.peak_extra_bytes(step)
                 return {"peak_extra_mib": f"{peak / 2**20:.1f}"}
             step()
@@ -239,7 +243,7 @@ class Runner:
                 m.loss(hh, ww, t, g).backward()
 
             clear()
-            res = self._trial(head, MODE_FWDBWD, n, m, step)
+            res = self._trial(head, MODE_FWDBWD, n, m, step, reset=clear)
             if res is None:
                 continue
             res["detlogp_backend"] = self._backend_of(m)
