@@ -18,6 +18,7 @@ between replays, so a cooler, faster clock; these are taken while the GPU runs a
 """
 
 import argparse
+import contextlib
 import random
 import statistics
 
@@ -42,19 +43,24 @@ def main():
     ap.add_argument("--topk", type=int, default=0, help="also profile linear_logp(..., topk=K) (0: not)")
     ap.add_argument("--sample", action="store_true",
                     help="also profile detlogp.torch.sample and the trainer's replay with the bench's programs")  # fmt: skip
+    ap.add_argument("--no-kernels", action="store_true",
+                    help="time the calls with CUDA events alone, without the torch profiler (for a run under ncu, "
+                         "whose counters cannot share the process with the profiler's CUPTI)")  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_forward: skipped, no CUDA device")
         return
     dev = "cuda"
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=dev)
-    # The flush kernel's name, from a profile of the flush alone: it separates the calls below.
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flush.fill_(1)
-        torch.cuda.synchronize()
-    flush_names = {e.name for e in cuda_kernels(prof)}
-    if len(flush_names) != 1:
-        raise SystemExit(f"profile_forward: expected one flush kernel, saw {sorted(flush_names)}")
+    flush_names = set()
+    if not args.no_kernels:
+        # The flush kernel's name, from a profile of the flush alone: it separates the calls below.
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            flush.fill_(1)
+            torch.cuda.synchronize()
+        flush_names = {e.name for e in cuda_kernels(prof)}
+        if len(flush_names) != 1:
+            raise SystemExit(f"profile_forward: expected one flush kernel, saw {sorted(flush_names)}")
 
     gen = torch.Generator(device=dev).manual_seed(args.seed)
     w = (torch.randn(args.vocab, args.dim, device=dev, generator=gen) * 0.02).to(torch.bfloat16)
@@ -79,7 +85,8 @@ def main():
             torch.cuda.synchronize()
             rng = random.Random(args.seed + n)
             order, events = [], []
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            recorder = contextlib.nullcontext() if args.no_kernels else profile(activities=[ProfilerActivity.CUDA])
+            with recorder as prof:
                 for _ in range(args.iters):
                     keys = list(cases)
                     rng.shuffle(keys)
@@ -92,9 +99,9 @@ def main():
                         order.append(k)
                         events.append((start, end))
                 torch.cuda.synchronize()
-        # Split the kernel stream at the flushes: segment i holds call i's kernels.
-        segments, current = [], None
-        for e in cuda_kernels(prof):
+        # Split the kernel stream at the flushes: segment i holds call i's kernels (none without the profiler).
+        segments, current = ([[] for _ in order] if args.no_kernels else []), None
+        for e in [] if args.no_kernels else cuda_kernels(prof):
             if e.name in flush_names:
                 current = []
                 segments.append(current)
@@ -117,6 +124,9 @@ def main():
         print(f"\nN = {n}: medians of {args.iters} calls per case")
         print(f"  {'case':28s} {'event ms':>9s} {'span ms':>9s} {'kernels ms':>10s}   event/ref span/ref kern/ref")
         for k, s in stats.items():
+            if not s["span"]:  # events only (--no-kernels)
+                print(f"  {k:28s} {med(s['event']):9.4f} {'-':>9s} {'-':>10s}   {med(s['event']) / med(ref['event']):9.4f}")
+                continue
             print(
                 f"  {k:28s} {med(s['event']):9.4f} {med(s['span']):9.4f} {med(s['kernels']):10.4f}"
                 f"   {med(s['event']) / med(ref['event']):9.4f} {med(s['span']) / med(ref['span']):8.4f}"

@@ -339,7 +339,7 @@ if has rowprofile; then
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
         --export "$OUT/rowprofile_$n" -f python3 "$ROOT/bench/profile_forward.py" --rows "$n" --topk 20 --sample \
-        --iters 1 --warmup 0 >>"$OUT/rowprofile.log" 2>&1
+        --iters 1 --warmup 0 --no-kernels >>"$OUT/rowprofile.log" 2>&1
       rcs+=" N=$n:$?"
       timeout 120 "$NCU" --import "$OUT/rowprofile_$n.ncu-rep" --page source --print-source sass --csv 2>/dev/null |
         gzip >"$OUT/rowprofile_${n}_sass.csv.gz"
