@@ -190,11 +190,16 @@ class SampledLinearLogp(torch.autograd.Function):
                 h, w, copies = _head_operands(hidden, weight, backend)
                 problem = library_problem(h, w, targets, bias, 1.0, None, real_vocab, vocab_start, ignore_index)
                 prepared.append((h, w, copies, problem))
-            report = _ext.linear_logp_sampled(
-                prepared[0][3], program, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit,
-                cut_id, backend, strict, stream_of(hidden), tp=tp, check_only=check_only,
+            ph, pw, pt, pb, temp, ptr, rv, vs, ii = prepared[0][3]
+            # DLPack capsules (fresh each call: one import each) instead of nanobind's __dlpack__ calls;
+            # the names above and the outputs keep the tensors alive through the call.
+            c = dlpack_exports(
+                (ph, pw, pt, pb, ptr, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id)
+            )
+            return _ext.linear_logp_sampled(
+                (c[0], c[1], c[2], c[3], temp, c[4], rv, vs, ii), program, *c[5:], backend, strict, stream_of(hidden),
+                tp=tp, check_only=check_only,
             )  # fmt: skip
-            return report
 
         if group is None:
             report = call(None)
