@@ -53,9 +53,11 @@ case "${1:-}" in
     mkdir -p "$out/detlogp"
     cp -r python/detlogp/. "$out/detlogp/"
     libs=()
+    # shellcheck disable=SC2054 # the commas are the linker's (-Wl,-rpath,DIR), not array separators
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [[ -d "$d" ]] && libs+=(-L"$d" -Wl,-rpath,"$d"); done
     nccl="$(ldconfig -p | awk '/libnccl\.so/ {print $NF; exit}')"
     [[ -z "$nccl" ]] && nccl="$(find /usr /opt -name 'libnccl.so*' 2>/dev/null | head -1)"
+    # shellcheck disable=SC2054
     [[ -n "$nccl" ]] && libs+=("$nccl" -Wl,-rpath,"$(dirname "$nccl")")
     c++ -shared -o "$out/detlogp/_detlogp$suffix" "$obj"/ext.o "$obj"/nb_*.o prebuilt/libdetlogp.a "${libs[@]}" \
       -lcudart -lcublas -lcublasLt -lrt -lpthread -ldl -static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL \
