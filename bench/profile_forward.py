@@ -100,13 +100,16 @@ def main():
                         events.append((start, end))
                 torch.cuda.synchronize()
         # Split the kernel stream at the flushes: segment i holds call i's kernels (none without the profiler).
-        segments, current = ([[] for _ in order] if args.no_kernels else []), None
-        for e in [] if args.no_kernels else cuda_kernels(prof):
-            if e.name in flush_names:
-                current = []
-                segments.append(current)
-            elif current is not None:
-                current.append(e)
+        if args.no_kernels:
+            segments = [[] for _ in order]
+        else:
+            segments, current = [], None
+            for e in cuda_kernels(prof):
+                if e.name in flush_names:
+                    current = []
+                    segments.append(current)
+                elif current is not None:
+                    current.append(e)
         if len(segments) != len(order):
             raise SystemExit(f"profile_forward: {len(segments)} flushes for {len(order)} calls")
         stats = {k: {"event": [], "span": [], "kernels": [], "per": {}} for k in cases}

@@ -15,7 +15,7 @@ from .. import TORCH_BACKEND_ID, _detlogp as _ext, _noncontract_provenance
 from .._errors import InputError
 from . import backward
 from .tensors import (
-    aligned_operands, dlpack_exports, library_problem, out_dtype, rows_of, stream_of, traced_now, vector_copies,
+    aligned_operands, exported_problem, library_problem, out_dtype, rows_of, stream_of, traced_now, vector_copies,
 )  # fmt: skip
 
 _tls = threading.local()
@@ -208,18 +208,16 @@ def run_op(hidden, weight, targets, bias, temperature, temperature_rows, ignore_
         if not temperature_rows.is_cuda:
             temperature = temperature_rows.item()
         temperature_rows = temperature_rows.expand(n)
-    h, w, t, b, temp, tr, rv, vs, ii = library_problem(
-        hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index
-    )
-    # The tensors as DLPack capsules where torch's __dlpack__ would export them as they are. The names
-    # above keep the tensors alive through the call: the extension releases a capsule's hold on its
-    # tensor once it has read the array, before the library runs.
-    c_h, c_w, c_t, c_b, c_tr, c_logp, c_lse, c_logits, c_entropy, c_ids, c_topk = dlpack_exports(
-        (h, w, t, b, tr, logp, lse, logits, entropy, topk_ids, topk_logp)
+    problem = library_problem(hidden, weight, targets, bias, temperature, temperature_rows, real_vocab, 0, ignore_index)
+    # The tensors as DLPack capsules where torch's __dlpack__ would export them as they are. `problem`
+    # and the outputs keep the tensors alive through the call: the extension releases a capsule's
+    # hold on its tensor once it has read the array, before the library runs.
+    c_problem, (c_logp, c_lse, c_logits, c_entropy, c_ids, c_topk) = exported_problem(
+        problem, (logp, lse, logits, entropy, topk_ids, topk_logp)
     )
     report = _ext.linear_logp(
-        (c_h, c_w, c_t, c_b, temp, c_tr, rv, vs, ii), c_logp, c_lse, c_logits, backend, strict, stream_of(hidden),
-        c_entropy, c_ids, c_topk, defer_errors=defer, lazy_report=True,
+        c_problem, c_logp, c_lse, c_logits, backend, strict, stream_of(hidden), c_entropy, c_ids, c_topk,
+        defer_errors=defer, lazy_report=True,
     )  # fmt: skip
     set_report(report, copies)
     return logp, lse, logits, entropy, topk_ids, topk_logp

@@ -29,7 +29,8 @@ from .._sampling import SampleResult, SamplingParams
 from . import backward
 from .op import set_report
 from .tensors import (
-    aligned_operands, check_devices, contiguous_rows, dlpack_exports, library_problem, rows_of, stream_of, vec,
+    aligned_operands, check_devices, contiguous_rows, dlpack_exports, exported_problem, library_problem, rows_of,
+    stream_of, vec,
 )  # fmt: skip
 
 # How the C++ entries' refusals open (src/tp/tp_sample.cpp); the agreement step refuses in the same words.
@@ -190,16 +191,14 @@ class SampledLinearLogp(torch.autograd.Function):
                 h, w, copies = _head_operands(hidden, weight, backend)
                 problem = library_problem(h, w, targets, bias, 1.0, None, real_vocab, vocab_start, ignore_index)
                 prepared.append((h, w, copies, problem))
-            ph, pw, pt, pb, temp, ptr, rv, vs, ii = prepared[0][3]
             # DLPack capsules (fresh each call: one import each) instead of nanobind's __dlpack__ calls;
-            # the names above and the outputs keep the tensors alive through the call.
-            c = dlpack_exports(
-                (ph, pw, pt, pb, ptr, logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id)
+            # `prepared` and the outputs keep the tensors alive through the call.
+            c_problem, c_out = exported_problem(
+                prepared[0][3], (logp, logp_raw, lse, lse_support, support_size, support_max, cut_logit, cut_id)
             )
             return _ext.linear_logp_sampled(
-                (c[0], c[1], c[2], c[3], temp, c[4], rv, vs, ii), program, *c[5:], backend, strict, stream_of(hidden),
-                tp=tp, check_only=check_only,
-            )  # fmt: skip
+                c_problem, program, *c_out, backend, strict, stream_of(hidden), tp=tp, check_only=check_only
+            )
 
         if group is None:
             report = call(None)

@@ -60,6 +60,15 @@ def library_problem(hidden, weight, targets, bias, temperature, temperature_rows
     )  # fmt: skip
 
 
+def exported_problem(problem, outputs):
+    """(problem, outputs) as the extension is handed them: the problem tuple of library_problem with
+    its tensors (hidden, weight, targets, bias, temperature_rows) and the outputs as dlpack_exports
+    gives them, in one pass. The caller keeps `problem` and the outputs alive through the call."""
+    h, w, t, b, temp, tr, rv, vs, ii = problem
+    c = dlpack_exports((h, w, t, b, tr, *outputs))
+    return (c[0], c[1], c[2], c[3], temp, c[4], rv, vs, ii), c[5:]
+
+
 _to_dlpack = torch._C._to_dlpack
 _has_torch_function_unary = torch._C._has_torch_function_unary
 _EXPORTED_TYPES = (Tensor, torch.nn.Parameter)
