@@ -165,7 +165,8 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one contract forward + backward")
     ap.add_argument("--profile-loss", action="store_true",
-                    help="print the kernels of one linear_logp_loss forward + backward (default chunks)")
+                    help="print the kernels of one linear_logp_loss forward + backward (each chunk size chosen, "
+                         "else the default)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
     gen = torch.Generator().manual_seed(0)
@@ -253,7 +254,10 @@ def main():
         }  # fmt: skip
     if args.profile_loss and cuda:
         profile = dict(profile or {})
-        profile["loss"] = profile_kernels(make_step(detlogp_loss, h, w, t, g)[0], "linear_logp_loss forward + backward")
+        loss_methods = [m for m in chosen if METHODS[m] is detlogp_loss] or [METHOD_KEYS["loss"]]
+        for name in loss_methods:  # each chunk size chosen, under its own environment
+            profile[name] = profile_kernels(make_step(detlogp_loss, h, w, t, g, METHOD_ENV.get(name))[0],
+                                            f"{name}: forward + backward")  # fmt: skip
     entropy = entropy_ratio(chosen, skipped, med, times)
     ref_name = chosen[0]
     for name in chosen[1:]:

@@ -135,6 +135,16 @@ def test_upstream_gradient_scales_and_no_grad_skips_the_gradients():
     hp.grad = None
     (3 * dt.linear_logp_loss(hp, w, t, pg_loss(adv)).loss).backward()
     assert torch.equal(hp.grad, (once.float() * 3).bfloat16())
+    # A factor that is not a small integer (a loss averaged over accumulation steps): one rounding of
+    # the fp32 product; the weight gradient (another dtype's path in some torch builds) too.
+    wp = w.clone().requires_grad_()
+    dt.linear_logp_loss(hp, wp, t, pg_loss(adv)).loss.backward()
+    once_w = wp.grad.clone()
+    hp.grad, wp.grad = None, None
+    (dt.linear_logp_loss(hp, wp, t, pg_loss(adv)).loss / 3).backward()
+    third = torch.tensor(1.0, dtype=torch.float32) / 3
+    assert torch.equal(hp.grad, (once.float() * third).bfloat16())
+    assert torch.equal(wp.grad, (once_w.float() * third).bfloat16())
     with torch.no_grad():
         r2 = dt.linear_logp_loss(hp, w, t, pg_loss(adv))
     assert r2.loss.grad_fn is None and torch.equal(r2.loss, r.loss.detach())

@@ -178,6 +178,16 @@ def profile_kernels(step, label, top=12):
     print(f"{label}: {len(kernels)} kernels, {busy / 1e3:.3f} ms of kernel time in a {span / 1e3:.3f} ms span")
     for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"  {us / 1e3:8.3f} ms {count:4d}x  {name[:110]}")
+    # Idle time between kernels (the device waiting on the host: a sync, a launch the host was late with).
+    gaps, end = [], kernels[0].time_range.end
+    for prev, e in zip(kernels, kernels[1:]):
+        if e.time_range.start > end:
+            gaps.append((e.time_range.start - end, prev.name, e.name))
+        end = max(end, e.time_range.end)
+    if gaps:
+        print(f"  idle between kernels: {sum(gap for gap, _, _ in gaps) / 1e3:.3f} ms in {len(gaps)} gaps; longest:")
+        for gap, before, after in sorted(gaps, reverse=True)[:6]:
+            print(f"  {gap / 1e3:8.3f} ms  after {before[:50]}  before {after[:50]}")
     if len(kernels) <= 16:
         print("  timeline (start us, duration us):")
         for e in kernels:
