@@ -32,6 +32,20 @@ from detlogp.bench.harness import FLUSH_BYTES, cuda_kernels
 from detlogp.bench.methods import REPLAY_PROGRAM, SAMPLE_PROGRAM, SAMPLE_SEED
 
 
+def host_profile(cases, flush, calls=5):
+    """Each case's host time by operation (self CPU time over `calls` calls, each after a flush):
+    where an event time beyond the kernels' span goes (a sync, a copy, an allocation, Python)."""
+    for k, fn in cases.items():
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                flush.fill_(1)
+                torch.cuda.synchronize()
+                fn()
+                torch.cuda.synchronize()
+        print(f"\n  host side of {k!r} ({calls} calls; self CPU time, the runtime's calls included):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1024,4096", help="comma-separated N")
@@ -46,6 +60,9 @@ def main():
     ap.add_argument("--no-kernels", action="store_true",
                     help="time the calls with CUDA events alone, without the torch profiler (for a run under ncu, "
                          "whose counters cannot share the process with the profiler's CUPTI)")  # fmt: skip
+    ap.add_argument("--host", action="store_true",
+                    help="also profile each case's host side (torch profiler, CPU activity: its ops and the CUDA "
+                         "runtime calls, syncs and copies included), 5 calls after a flush each")  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_forward: skipped, no CUDA device")
@@ -137,6 +154,8 @@ def main():
             )
             for name, times in sorted(s["per"].items(), key=lambda kv: -med(kv[1])):
                 print(f"      {med(times):9.4f} ms x{len(times) // args.iters}  {name[:100]}")
+        if args.host:
+            host_profile(cases, flush)
 
 
 if __name__ == "__main__":
