@@ -196,6 +196,51 @@ def test_the_loss_entry_trains_the_whole_model_as_linear_logp_does():
     assert all(torch.equal(a, b) for a, b in zip(_head_loss(m, ids, mask, adv, True)[1].values(), got.values()))
 
 
+def test_token_loss_is_the_token_aligned_loss_with_its_gradients_in_the_same_pass():
+    m = tiny()
+    ids, mask, _ = padded_batch(torch.Generator().manual_seed(7))
+    adv = torch.randn(ids.shape, generator=torch.Generator().manual_seed(8))
+    m.zero_grad(set_to_none=True)
+    ref = dtx.token_logprobs(m, ids, mask, temperature=T, return_entropy=True)
+    want_loss = -(ref.logp * adv).sum() - 0.1 * (ref.entropy * ref.mask).sum()
+    want_loss.backward()
+    want = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad(set_to_none=True)
+    # The per-token data as rows: a hidden position's advantage and mask are those of the token it predicts.
+    rows_adv, rows_mask = dtx.hidden_aligned(adv), dtx.hidden_aligned(ref.mask)
+
+    def loss_fn(logp, lse, entropy, rows):
+        return -(logp * rows_adv[rows]).sum() - 0.1 * (entropy * rows_mask[rows]).sum()
+
+    got = dtx.token_loss(m, ids, loss_fn, mask, temperature=T, return_entropy=True, chunk_rows=8)
+    # logp, entropy and mask are token_logprobs' bits, token-aligned
+    assert torch.equal(got.logp.view(torch.int32), ref.logp.detach().view(torch.int32))
+    assert torch.equal(got.mask, ref.mask)
+    assert torch.equal(got.entropy.view(torch.int32), ref.entropy.detach().view(torch.int32))
+    # the same loss (rows in another order: close, not bitwise), and its gradients through the model
+    assert torch.allclose(got.loss, want_loss.detach(), rtol=1e-5, atol=1e-5)
+    got.loss.backward()
+    assert want.keys() == {n for n, p in m.named_parameters() if p.grad is not None}
+    for name, r in want.items():
+        g = dict(m.named_parameters())[name].grad.double().flatten()
+        r = r.double().flatten()
+        cos = (g @ r / (g.norm() * r.norm())).item()
+        assert cos > 0.999, f"{name}: cosine {cos}"
+
+
+def test_hidden_aligned_rows_and_refusals():
+    x = torch.arange(6).reshape(2, 3)
+    assert dtx.hidden_aligned(x).tolist() == [1, 2, 0, 4, 5, 0]
+    assert dtx.hidden_aligned(x.bool(), fill=False).tolist() == [True, True, False, True, True, False]
+    with pytest.raises(detlogp.InputError, match=r"token-aligned \[B, S\] tensor, got shape \[6\]"):
+        dtx.hidden_aligned(x.reshape(-1))
+    m = tiny()
+    ids, mask, _ = padded_batch(torch.Generator().manual_seed(9))
+    h = dtx.hidden_states(m, ids, mask)
+    with pytest.raises(detlogp.InputError, match="hidden must be \\[B, S, D\\]"):
+        dtx.head_loss(m, h[:, :-1], ids, lambda logp, lse, rows: logp.sum(), mask)
+
+
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
 def test_gradient_checkpointing_gives_the_same_gradients():
     m = tiny()

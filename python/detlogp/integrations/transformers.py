@@ -4,7 +4,9 @@ Trainer side: ``token_logprobs(model, input_ids, attention_mask, labels)`` runs 
 (``model.base_model``) and hands its final hidden states and ``model.lm_head`` (tied embeddings
 too) to ``detlogp.torch.linear_logp``: per-token logp (and entropy) without an ``[N, V]`` logits
 buffer, differentiable through the whole model. ``head_logprobs`` does the same from hidden states
-the caller already has (the rollout's, for one).
+the caller already has (the rollout's, for one). ``token_loss`` / ``head_loss`` take the per-token
+loss into the op instead (``detlogp.torch.linear_logp_loss``: its gradients in the same pass, one
+GEMM fewer than logp + backward), the loss's per-token data given as rows by ``hidden_aligned``.
 
 Rollout side: ``rollout(model, prompts, ...)`` decodes a batch of prompts with the model's KV
 cache; each step draws the active rows' tokens with detlogp's sampling program
@@ -40,13 +42,17 @@ __all__ = [
     "KEY_STRIDE",
     "Rollout",
     "TokenLogprobs",
+    "TokenLoss",
     "check_servable",
     "head_logprobs",
+    "head_loss",
+    "hidden_aligned",
     "hidden_states",
     "multinomial_sampler",
     "rollout",
     "shift_labels",
     "token_logprobs",
+    "token_loss",
     "trl_get_per_token_logps_and_entropies",
     "verl_fused_forward",
 ]
@@ -211,6 +217,19 @@ def _hidden_aligned(params: SamplingParams, b: int, s: int) -> SamplingParams:
     return SamplingParams(*(one(getattr(params, n)) for n, _ in _FIELDS))
 
 
+def _head_operands(model, hidden: Tensor, labels: Tensor, attention_mask, position_ids, ignore_index: int):
+    """(hidden, weight, bias, targets) as the contract takes them: the head checked, hidden [B, S, D]
+    against labels [B, S], the labels shifted to hidden positions, the operands bf16."""
+    weight, bias = check_servable(model)
+    if hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(labels.shape):
+        raise InputError(
+            f"hidden must be [B, S, D] with [B, S] = {list(labels.shape)} (labels), got {list(hidden.shape)}"
+        )
+    targets = shift_labels(labels, attention_mask, position_ids, ignore_index)
+    hidden, weight = _bf16_operands(hidden, weight)
+    return hidden, weight, bias, targets
+
+
 def head_logprobs(model, hidden: Tensor, labels: Tensor, attention_mask: Optional[Tensor] = None,
                   position_ids: Optional[Tensor] = None, temperature: Union[float, Tensor] = 1.0,
                   ignore_index: int = -100, return_entropy: bool = False, real_vocab: Optional[int] = None,
@@ -226,13 +245,7 @@ def head_logprobs(model, hidden: Tensor, labels: Tensor, attention_mask: Optiona
     labels): logp is then each label's processed logp (-inf outside the support), logp_raw its
     contract logp at the program's temperature, both the rollout's bits given the same hidden
     states; temperature stays 1.0, and neither return_entropy nor tp_group is served with it."""
-    weight, bias = check_servable(model)
-    if hidden.dim() != 3 or tuple(hidden.shape[:2]) != tuple(labels.shape):
-        raise InputError(
-            f"hidden must be [B, S, D] with [B, S] = {list(labels.shape)} (labels), got {list(hidden.shape)}"
-        )
-    targets = shift_labels(labels, attention_mask, position_ids, ignore_index)
-    hidden, weight = _bf16_operands(hidden, weight)
+    hidden, weight, bias, targets = _head_operands(model, hidden, labels, attention_mask, position_ids, ignore_index)
     if tp_group is None and real_vocab is None:
         real_vocab = weight.shape[0]
     carried = targets != ignore_index
@@ -278,6 +291,65 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Optional[Tensor] = 
     return head_logprobs(
         model, h, input_ids if labels is None else labels, attention_mask, position_ids, temperature, ignore_index,
         return_entropy, real_vocab, tp_group, vocab_start, backend, strict, sampling,
+    )  # fmt: skip
+
+
+class TokenLoss(NamedTuple):
+    loss: Tensor  # 0-d float32: the sum of loss_fn over the chunks, differentiable through the whole model
+    logp: Tensor  # [B, S] float32, token-aligned, detached; 0 where mask is False
+    mask: Tensor  # [B, S] bool: the positions that carry a logp
+    entropy: Optional[Tensor] = None  # [B, S] float32, detached: entropy of the distribution that predicted s
+
+
+def hidden_aligned(x: Tensor, fill: Union[int, float, bool] = 0) -> Tensor:
+    """Token-aligned per-token values [B, S] (advantages, the rollout's logps, a loss mask) as the
+    rows loss_fn indexes in token_loss / head_loss: [B * S], row b * S + s holding x[b, s + 1], the
+    value of the token hidden position s predicts, and `fill` at each row's last position (which
+    predicts nothing; its logp is 0 there and takes no gradient)."""
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise InputError(f"hidden_aligned takes a token-aligned [B, S] tensor, got {_shape_of(x)}")
+    return torch.cat([x[:, 1:], x.new_full((x.shape[0], 1), fill)], dim=1).reshape(-1)
+
+
+def _shape_of(x) -> str:
+    return f"shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+
+
+def head_loss(model, hidden: Tensor, labels: Tensor, loss_fn: Callable[..., Tensor],
+              attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+              temperature: Union[float, Tensor] = 1.0, ignore_index: int = -100, return_entropy: bool = False,
+              real_vocab: Optional[int] = None, chunk_rows: Optional[int] = None) -> TokenLoss:  # fmt: skip
+    """A per-token loss of the labels' logp under the model's head, computed inside
+    detlogp.torch.linear_logp_loss from final hidden states [B, S, D]: its gradients come in the
+    same pass over row chunks (docs/python.md), so loss.backward() runs the decoder's backward
+    without the head's recompute. loss_fn(logp, lse, rows) -- with return_entropy
+    loss_fn(logp, lse, entropy, rows) -- gets one chunk's [rows] tensors, rows a slice of the B * S
+    hidden positions (row b * S + s predicts labels[b, s + 1]): index per-token data made rows by
+    hidden_aligned. It returns the chunk's 0-d contribution, a sum over its rows (a token mean
+    divides by a count fixed before the call). Labels are shifted as in head_logprobs; logp,
+    entropy and mask come back token-aligned. temperature: a float or a 0-d tensor."""
+    hidden, weight, bias, targets = _head_operands(model, hidden, labels, attention_mask, position_ids, ignore_index)
+    out = dt.linear_logp_loss(
+        hidden, weight, targets, loss_fn, bias=bias, temperature=temperature, ignore_index=ignore_index,
+        real_vocab=weight.shape[0] if real_vocab is None else real_vocab, return_entropy=return_entropy,
+        chunk_rows=chunk_rows,
+    )  # fmt: skip
+    entropy = _to_tokens(out.entropy) if return_entropy else None
+    return TokenLoss(out.loss, _to_tokens(out.logp), _to_tokens(targets != ignore_index), entropy)
+
+
+def token_loss(model, input_ids: Tensor, loss_fn: Callable[..., Tensor], attention_mask: Optional[Tensor] = None,
+               labels: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+               temperature: Union[float, Tensor] = 1.0, ignore_index: int = -100, return_entropy: bool = False,
+               real_vocab: Optional[int] = None, chunk_rows: Optional[int] = None,
+               **model_kwargs) -> TokenLoss:  # fmt: skip
+    """head_loss on the model's own final hidden states (hidden_states): a policy-gradient,
+    PPO-clip, KL or entropy-bonus loss over labels (default input_ids), with the head's logits
+    never materialized and one GEMM fewer than token_logprobs + loss.backward()."""
+    h = hidden_states(model, input_ids, attention_mask, position_ids, **model_kwargs)
+    return head_loss(
+        model, h, input_ids if labels is None else labels, loss_fn, attention_mask, position_ids, temperature,
+        ignore_index, return_entropy, real_vocab, chunk_rows,
     )  # fmt: skip
 
 
