@@ -5,7 +5,7 @@
 #                                       (build-pic/, Release; ~6 min on 2 cores);
 #   scripts/prebuilt_ext.sh --ext [DIR] on the device: nanobind and the bindings compiled against
 #                                       prebuilt/libdetlogp.a, the package's .py files beside them, into
-#                                       DIR (default build-x/python), for PYTHONPATH=DIR; ~20-30 s.
+#                                       DIR (default build-x/python), for PYTHONPATH=DIR; ~5 s on 16 cores.
 # The device call carries the ignored prebuilt/ (run's carry: ["prebuilt"]). --ext refuses a library
 # built from another commit than the working tree's HEAD, or from a tree with uncommitted changes
 # under src/, include/ or python/src/.
