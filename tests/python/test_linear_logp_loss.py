@@ -183,6 +183,19 @@ def test_the_chunk_budget_from_the_environment_sets_the_chunks(monkeypatch):
         dt.linear_logp_loss(h.clone().requires_grad_(), w, t, fn)
 
 
+def test_default_chunks_keep_the_qwen3_8b_head_under_its_memory_goal(monkeypatch):
+    # The Qwen3-8B head (V = 151936, D = 4096) at N = 4096: 704-row chunks, whose fp32 logits with
+    # the returned gradients (bf16 grad_weight and grad_hidden) stay under 1.6 GiB.
+    from detlogp._torch.loss import loss_chunk_rows
+
+    monkeypatch.delenv("DETLOGP_TORCH_LOSS_CHUNK_BYTES", raising=False)
+    n, d, v = 4096, 4096, 151936
+    rows = loss_chunk_rows(n, v)
+    assert rows == 704
+    assert rows * v * 4 + (v * d + n * d) * 2 < 1.6 * (1 << 30)
+    assert loss_chunk_rows(100, v) == 100  # one chunk when the rows fit
+
+
 def test_errors_name_the_argument():
     h, w, b, t, adv, _ = problem(n=20, v=50)
     hp = h.clone().requires_grad_()
