@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .. import _sampling
+from .. import _sampling, _what
 from .. import torch as dt
 from .._errors import InputError
 from .._sampling import SamplingParams
@@ -167,7 +167,7 @@ def shift_labels(labels: Tensor, attention_mask: Optional[Tensor] = None, positi
     if position_ids is not None:
         ignored = ignored | (position_ids == 0)
     labels = labels.masked_fill(ignored, ignore_index)
-    return torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), ignore_index)], dim=1)
+    return _to_hidden(labels, labels.new_full((labels.shape[0], 1), ignore_index))
 
 
 class TokenLogprobs(NamedTuple):
@@ -212,7 +212,7 @@ def _hidden_aligned(params: SamplingParams, b: int, s: int) -> SamplingParams:
             return v
         if v.dim() == 1:
             return v[:, None].expand(b, s).contiguous()
-        return torch.cat([v[:, 1:], v[:, -1:]], dim=1).contiguous()
+        return _to_hidden(v, v[:, -1:]).contiguous()
 
     return SamplingParams(*(one(getattr(params, n)) for n, _ in _FIELDS))
 
@@ -272,6 +272,12 @@ def _to_tokens(x: Tensor) -> Tensor:
     return torch.cat([x.new_zeros((x.shape[0], 1)), x[:, :-1]], dim=1)
 
 
+def _to_hidden(x: Tensor, last: Tensor) -> Tensor:
+    """Token-aligned [B, S] values moved to the hidden position that predicts each (s - 1), with
+    `last` [B, 1] at each row's last position (which predicts nothing): _to_tokens' inverse."""
+    return torch.cat([x[:, 1:], last], dim=1)
+
+
 def token_logprobs(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
                    labels: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
                    temperature: Union[float, Tensor] = 1.0, ignore_index: int = -100, return_entropy: bool = False,
@@ -307,12 +313,8 @@ def hidden_aligned(x: Tensor, fill: Union[int, float, bool] = 0) -> Tensor:
     value of the token hidden position s predicts, and `fill` at each row's last position (which
     predicts nothing; its logp is 0 there and takes no gradient)."""
     if not isinstance(x, Tensor) or x.dim() != 2:
-        raise InputError(f"hidden_aligned takes a token-aligned [B, S] tensor, got {_shape_of(x)}")
-    return torch.cat([x[:, 1:], x.new_full((x.shape[0], 1), fill)], dim=1).reshape(-1)
-
-
-def _shape_of(x) -> str:
-    return f"shape {list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise InputError(f"hidden_aligned takes a token-aligned [B, S] tensor, got {_what(x)}")
+    return _to_hidden(x, x.new_full((x.shape[0], 1), fill)).reshape(-1)
 
 
 def head_loss(model, hidden: Tensor, labels: Tensor, loss_fn: Callable[..., Tensor],
@@ -331,8 +333,7 @@ def head_loss(model, hidden: Tensor, labels: Tensor, loss_fn: Callable[..., Tens
     hidden, weight, bias, targets = _head_operands(model, hidden, labels, attention_mask, position_ids, ignore_index)
     out = dt.linear_logp_loss(
         hidden, weight, targets, loss_fn, bias=bias, temperature=temperature, ignore_index=ignore_index,
-        real_vocab=weight.shape[0] if real_vocab is None else real_vocab, return_entropy=return_entropy,
-        chunk_rows=chunk_rows,
+        real_vocab=real_vocab, return_entropy=return_entropy, chunk_rows=chunk_rows,
     )  # fmt: skip
     entropy = _to_tokens(out.entropy) if return_entropy else None
     return TokenLoss(out.loss, _to_tokens(out.logp), _to_tokens(targets != ignore_index), entropy)
