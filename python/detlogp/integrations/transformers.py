@@ -212,7 +212,7 @@ def _hidden_aligned(params: SamplingParams, b: int, s: int) -> SamplingParams:
             return v
         if v.dim() == 1:
             return v[:, None].expand(b, s).contiguous()
-        return _to_hidden(v, v[:, -1:]).contiguous()
+        return _to_hidden(v, v[:, -1:])
 
     return SamplingParams(*(one(getattr(params, n)) for n, _ in _FIELDS))
 
