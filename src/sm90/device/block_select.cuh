@@ -265,7 +265,7 @@ __device__ void list_largest(ListedKeys<kListed>& listed, uint64_t* scratch, con
     // The first round: float4 loads when whole and aligned, else the same lanes one by one (those
     // past the row are none).
     const bool whole = lanes >= kRound && aligned;
-    const auto lane_of = [](int i, int c) { return int64_t{4} * (int64_t{i} * kThreads + threadIdx.x) + c; };
+    const auto lane_of = [](int i, int c) { return round_lane<kThreads>(0, 4 * i + c); };
     const auto part = [](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
     const auto real = [&](int i, int c) { return whole || lane_of(i, c) < lanes; };
     float4 q[kRowVectors];
