@@ -7,11 +7,12 @@
 #                                       prebuilt/libdetlogp.a, the package's .py files beside them, into
 #                                       DIR (default build-x/python), for PYTHONPATH=DIR; ~5 s on 16 cores.
 # The device call carries the ignored prebuilt/ (run's carry: ["prebuilt"]). --ext refuses a library
-# built from another commit than the working tree's HEAD, or from a tree with uncommitted changes
-# under src/, include/ or python/src/.
+# built from other sources than the working tree's: the stamp is a hash of the files under src/,
+# include/ and cmake/ and of CMakeLists.txt (their contents, not the commit: a copied working tree
+# need not carry the git state it came from). The bindings (python/src/) are compiled by --ext.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stamp() { echo "$(git rev-parse HEAD)$(git status --porcelain -- src include python/src | grep -q . && echo -dirty)"; }
+stamp() { find src include cmake CMakeLists.txt -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
 case "${1:-}" in
   --library)
     nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
