@@ -14,8 +14,9 @@ entry's is 4 * rows * V. At V = 151936, serve = 256 and group = 896 take the 428
 First it checks the variant against the entry: the same logp / lse bits, and how far the
 gradients are (on a CPU grad_hidden has the same bits, each row's dz and its one fp32 product
 being the same; cuBLAS may pick another split of K for another M; grad_weight differs by the
-bf16 roundings of the other chunking). On a CPU (no CUDA device) it runs a small shape, checks only. Prints a table of median ms, the
-ratio to the entry and to torch's materializing path, and the peak extra memory.
+bf16 roundings of the other chunking). On a CPU (no CUDA device) it runs a small shape and checks
+only. On a GPU it prints a table of median ms, the ratio to the entry and to torch's materializing
+path, and the peak extra memory.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import torch.nn.functional as F
 
 import detlogp.torch as dt
 from detlogp import _detlogp as _ext
-from detlogp._torch.loss import _chunk_loss
+from detlogp._torch.backward import mm_fp32
+from detlogp._torch.loss import _chunk_loss, _mm
 from detlogp._torch.op import run_op
 from detlogp._torch.tensors import stream_of, vec
 from detlogp.bench.data import make_inputs
@@ -63,13 +65,13 @@ def compact_loss(h, w, t, g, serve: int, group: int):
             _ext.linear_logp_grad_from_logits((zc, t[rows], 1.0, None, v, 0, -100), ls, vec(g_logp), vec(g_lse), dz,
                                               stream, None, None, defer_errors=dz.is_cuda)  # fmt: skip
         dzg, hg = dz_all[: g1 - g0], h[g0:g1]
-        if h.is_cuda:
-            torch.mm(dzg, w, out=grad_h[g0:g1])
-            grad_w = torch.mm(dzg.t(), hg) if grad_w is None else grad_w.addmm_(dzg.t(), hg)
-        else:  # fp32 products, one rounding, as the entry's CPU path
-            grad_h[g0:g1] = (dzg.float() @ w.float()).to(h.dtype)
-            part = dzg.float().t() @ hg.float()
-            grad_w = part.to(w.dtype) if grad_w is None else (grad_w.float() + part).to(w.dtype)
+        grad_h[g0:g1] = _mm(dzg, w, h.dtype)  # the entry's GEMMs: cuBLAS, or fp32 products on a CPU
+        if grad_w is None:
+            grad_w = _mm(dzg.t(), hg, w.dtype)
+        elif h.is_cuda:
+            grad_w.addmm_(dzg.t(), hg)
+        else:
+            grad_w.copy_(grad_w.float() + mm_fp32(dzg.t(), hg))
     return loss, logp, lse, grad_h, grad_w
 
 
