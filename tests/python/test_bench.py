@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the benchmark needs it)")
 import torch.nn.functional as F  # noqa: E402
 
+import detlogp  # noqa: E402
 from detlogp import bench  # noqa: E402
 from detlogp.bench.run import COLUMNS  # noqa: E402
 
@@ -81,6 +82,7 @@ def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path
             assert r["batch_invariant"] == "yes", r
             assert "bit-identical" in r["invariance_detail"]
             assert float(r["max_abs_err_logp"]) < 1e-4, r
+            assert r["detlogp_backend"].startswith("cpu-"), r  # a CPU run, an SM90 GPU present or not
     assert float(entropy["max_abs_err_entropy"]) < 1e-4
     (mat,) = by[("torch-materializing", "trainer-forward")]
     assert 0 < float(mat["max_abs_err_logp"]) < 0.05  # bf16 logits: a visible rounding error
@@ -98,6 +100,22 @@ def test_quick_cpu_run_writes_the_csv_with_every_column_and_skip_reason(tmp_path
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert "PNG skipped: matplotlib is not installed" in proc.stdout
+
+
+def test_a_cpu_run_times_the_cpu_backend_unless_detlogp_backend_says_otherwise(monkeypatch):
+    """With an SM90 GPU present, auto serves host tensors there; a CPU run pins the CPU backend for
+    its duration (and restores the environment), and a DETLOGP_BACKEND already set still chooses."""
+    monkeypatch.delenv("DETLOGP_BACKEND", raising=False)
+    with bench._cpu_run_backend(torch.device("cpu")):
+        assert os.environ["DETLOGP_BACKEND"] == bench.CPU_BACKEND
+    assert "DETLOGP_BACKEND" not in os.environ
+    with bench._cpu_run_backend(torch.device("cuda")):
+        assert "DETLOGP_BACKEND" not in os.environ
+    monkeypatch.setenv("DETLOGP_BACKEND", "auto")
+    with bench._cpu_run_backend(torch.device("cpu")):
+        assert os.environ["DETLOGP_BACKEND"] == "auto"
+    assert os.environ["DETLOGP_BACKEND"] == "auto"
+    assert bench.CPU_BACKEND in {b["id"] for b in detlogp.backends()}
 
 
 def _shifted_linear(h, w, t):

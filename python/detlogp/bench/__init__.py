@@ -51,6 +51,8 @@ the same columns.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from typing import List, Optional
 
@@ -110,7 +112,8 @@ def _ints(text: str, flag: str) -> List[int]:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m detlogp.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when torch sees a CUDA device")
+    ap.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when torch sees a CUDA device; cpu "
+                    "times detlogp's CPU backend (unless DETLOGP_BACKEND says otherwise)")  # fmt: skip
     ap.add_argument("--heads", help=f"comma-separated of {', '.join(HEADS)}, or 'all' ({', '.join(MAIN_HEADS)}); "
                     "default qwen3-8b on a GPU, cpu-small on the CPU")  # fmt: skip
     ap.add_argument("--dim", type=int, help="a head of this D (with --vocab) instead of --heads")
@@ -187,16 +190,41 @@ def run(cfg) -> List[dict]:
     return Runner(cfg).run()
 
 
+CPU_BACKEND = "cpu-linear-logp-contract-v1"
+
+
+@contextlib.contextmanager
+def _cpu_run_backend(device):
+    """A CPU run times detlogp's CPU backend: on a machine with an SM90 GPU, `auto` would serve the
+    host tensors there (through host-to-device copies), which is not what a CPU run measures. A
+    DETLOGP_BACKEND already set still chooses."""
+    if device.type != "cpu" or os.environ.get("DETLOGP_BACKEND"):
+        yield
+        return
+    os.environ["DETLOGP_BACKEND"] = CPU_BACKEND
+    try:
+        yield
+    finally:
+        os.environ.pop("DETLOGP_BACKEND", None)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     from . import report
-    from .run import Runner
 
     if args.table:
         print(report.markdown(report.read_csv(args.table)))
         return 0
     cfg = config_from_args(args, argv)
+    with _cpu_run_backend(cfg.device):
+        return _main(args, cfg)
+
+
+def _main(args, cfg) -> int:
+    from . import report
+    from .run import Runner
+
     runner = Runner(cfg)
     if args.list:
         for m in runner.methods:
